@@ -1,0 +1,7 @@
+"""Efficient synchronous data-parallel training in JAX on MPI.
+
+Subpackages: ``comm`` (collectives), ``checkpoint``, ``train``, ``data``;
+modules ``trace`` (timeline) and ``imbalance`` (delay injection).
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,141 @@
+"""MPI start-up, the world object, dedicated communicators and fail-fast abort.
+
+MPI is initialised once per process with thread level MULTIPLE so that the
+progress thread (``research.comm.progress``) may call MPI while the main thread
+computes. Every background activity gets its own duplicated communicator: messages
+of different subsystems can then never match each other.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+import traceback
+from dataclasses import dataclass, field
+
+import mpi4py
+
+mpi4py.rc.thread_level = "multiple"
+mpi4py.rc.finalize = True
+from mpi4py import MPI  # noqa: E402
+
+# Environment variables that launchers set in every rank they start.
+_LAUNCHER_VARS = (
+    "PMI_RANK",  # MPICH hydra, Intel MPI
+    "PMI_SIZE",
+    "OMPI_COMM_WORLD_SIZE",  # Open MPI
+    "PMIX_RANK",
+    "MPI_LOCALRANKID",
+)
+
+
+def launched_by_mpi() -> bool:
+    """True when this process was started by mpiexec/mpirun/srun (before MPI init)."""
+    if any(v in os.environ for v in _LAUNCHER_VARS):
+        return True
+    # srun starts ranks with SLURM_PROCID; a plain `python` inside an sbatch script
+    # has SLURM_JOB_ID but no SLURM_STEP_ID, so it still relaunches itself.
+    return "SLURM_PROCID" in os.environ and "SLURM_STEP_ID" in os.environ
+
+
+def env_rank() -> int:
+    """This process's rank as the launcher announced it (0 when not launched)."""
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if var in os.environ:
+            try:
+                return int(os.environ[var])
+            except ValueError:
+                pass
+    return 0
+
+
+@dataclass(frozen=True)
+class World:
+    """The processes of one job: ``comm`` (a private dup of COMM_WORLD), rank, size."""
+
+    comm: MPI.Intracomm
+    rank: int
+    size: int
+    _dups: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    def dup(self, name: str) -> MPI.Intracomm:
+        """A communicator dedicated to one subsystem, created once per name.
+
+        ``Dup`` is collective: every rank must ask for the same names in the same
+        order (subsystems do so at construction, which all ranks run alike).
+        """
+        if name not in self._dups:
+            comm = self.comm.Dup()
+            comm.Set_name(f"research.{name}")
+            self._dups[name] = comm
+        return self._dups[name]
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def allgather(self, obj):
+        return self.comm.allgather(obj)
+
+    def bcast(self, obj, root: int = 0):
+        return self.comm.bcast(obj, root=root)
+
+    def log(self, *msg: object, all_ranks: bool = False) -> None:
+        """Print with a rank prefix (``r0 | ...``); by default only rank 0 prints."""
+        if all_ranks or self.rank == 0:
+            print(f"r{self.rank} |", *msg, flush=True)
+
+
+@functools.lru_cache(maxsize=1)
+def get_world() -> World:
+    """The world of this process; initialises MPI (thread level MULTIPLE) once."""
+    if not MPI.Is_initialized():  # pragma: no cover - mpi4py initialises on import
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    comm = MPI.COMM_WORLD.Dup()
+    comm.Set_name("research.world")
+    return World(comm=comm, rank=comm.Get_rank(), size=comm.Get_size())
+
+
+def abort(code: int = 1) -> None:
+    """End the whole job now: MPI_Abort in a real world, ``os._exit`` when alone."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+        MPI.COMM_WORLD.Abort(code)
+    os._exit(code)
+
+
+def install_abort_on_error() -> None:
+    """Make an uncaught exception in any thread of any rank end the whole job.
+
+    Without this, one rank dying leaves the others blocked in a collective until
+    the batch system's time limit. The traceback is printed with a rank prefix
+    first, then MPI_Abort takes every rank down with a non-zero exit.
+    """
+    rank = MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() else env_rank()
+
+    def _report(kind: str, exc_type, exc, tb) -> None:
+        lines = "".join(traceback.format_exception(exc_type, exc, tb)).rstrip()
+        prefixed = "\n".join(f"r{rank} | {line}" for line in lines.splitlines())
+        print(f"r{rank} | {kind}: aborting the job\n{prefixed}", file=sys.stderr, flush=True)
+
+    def _hook(exc_type, exc, tb):
+        if issubclass(exc_type, KeyboardInterrupt):
+            abort(130)
+        _report("uncaught exception", exc_type, exc, tb)
+        abort(1)
+
+    def _thread_hook(args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is SystemExit:
+            return
+        _report(f"uncaught exception in thread {args.thread.name if args.thread else '?'}",
+                args.exc_type, args.exc_value, args.exc_traceback)
+        abort(1)
+
+    sys.excepthook = _hook
+    threading.excepthook = _thread_hook
