@@ -1,0 +1,302 @@
+"""The timeline: per-rank Chrome trace events, one process per rank, one track per phase.
+
+Usage::
+
+    tracer = Tracer.start(run_dir, rank=world.rank, size=world.size, comm=world.comm)
+    set_tracer(tracer)                 # library code finds it with get_tracer()
+    with get_tracer().span("forward+backward", track="compute", step=3):
+        ...
+    tracer.close()                     # rank 0 merges every rank into trace.json
+
+Design choices (see also README "Timeline"):
+
+* Off by default it costs one attribute look-up: :class:`NullTracer.span` returns a
+  shared no-op context manager.
+* Each rank appends its events to ``trace/rank{r}.json``, a JSON array that is
+  rewritten in place so it always ends in ``]``: the file is valid JSON after every
+  flush, and a run killed midway leaves valid per-rank files. Rank 0 merges them
+  into ``trace.json`` at every flush (atomically, via rename) and at the end, so
+  ``trace.json`` is valid JSON whenever it exists.
+* Size is bounded: at most ``max_events`` events per rank (default 200,000, about
+  25 MB merged for 4 ranks); later events are counted, not stored, and the count is
+  recorded as a ``dropped_events`` metadata event.
+* Timestamps are microseconds since a barrier at start, so ranks line up.
+* Honesty under asynchronous dispatch: a span only measures host time. Code that
+  closes a span around jitted work calls :meth:`Tracer.block` on the result, which
+  blocks only while tracing is on (the cost: the host cannot run ahead and enqueue
+  the next step while the device finishes this one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+# Fixed track (thread) ids so tracks appear in the same order on every rank.
+TRACKS = {
+    "data": 1,
+    "compute": 2,
+    "delay": 3,
+    "comm": 4,
+    "comm-bg": 5,
+    "update": 6,
+    "eval": 7,
+    "checkpoint": 8,
+    "checkpoint-bg": 9,
+    "log": 10,
+}
+
+
+class _NullSpan:
+    __slots__ = ()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def set(self, **args: Any) -> None:
+        pass
+
+
+_NULL_SPAN = _NullSpan()
+
+
+class NullTracer:
+    """The tracer used when tracing is off: every call is a no-op."""
+
+    enabled = False
+
+    def span(self, name: str, track: str = "compute", **args: Any) -> _NullSpan:
+        return _NULL_SPAN
+
+    def instant(self, name: str, track: str = "compute", **args: Any) -> None:
+        pass
+
+    def complete(self, name: str, track: str, start_s: float, end_s: float,
+                 **args: Any) -> None:
+        pass
+
+    def counter(self, name: str, **values: float) -> None:
+        pass
+
+    @staticmethod
+    def block(x: Any) -> Any:
+        return x
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _Span:
+    __slots__ = ("_tracer", "_name", "_track", "_args", "_t0")
+
+    def __init__(self, tracer: Tracer, name: str, track: str, args: dict) -> None:
+        self._tracer, self._name, self._track, self._args = tracer, name, track, args
+
+    def __enter__(self):
+        self._t0 = time.perf_counter()
+        return self
+
+    def set(self, **args: Any) -> None:
+        """Attach arguments known only at the end of the span (bytes, counts)."""
+        self._args.update(args)
+
+    def __exit__(self, *exc):
+        self._tracer.complete(self._name, self._track, self._t0, time.perf_counter(),
+                              **self._args)
+        return False
+
+
+class Tracer:
+    """Collects this rank's events and writes them off the hot path."""
+
+    enabled = True
+
+    def __init__(self, run_dir: str | os.PathLike, rank: int, size: int,
+                 comm: Any = None, max_events: int = 200_000,
+                 flush_every: int = 5_000, merge_every_s: float = 30.0) -> None:
+        self.run_dir = Path(run_dir)
+        self.rank, self.size, self.comm = rank, size, comm
+        self.max_events = max_events
+        self.flush_every = flush_every
+        self.merge_every_s = merge_every_s
+        self._last_merge = time.perf_counter()
+        self._events: list[dict] = []
+        self._stored = 0
+        self._dropped = 0
+        self._lock = threading.Lock()
+        self._closed = False
+        (self.run_dir / "trace").mkdir(parents=True, exist_ok=True)
+        self._path = self.run_dir / "trace" / f"rank{rank}.json"
+        if comm is not None:
+            comm.Barrier()
+        self._t0 = time.perf_counter()
+        self._wall0 = time.time()
+        meta = [
+            {"ph": "M", "pid": rank, "tid": 0, "name": "process_name",
+             "args": {"name": f"rank {rank}"}},
+            {"ph": "M", "pid": rank, "tid": 0, "name": "process_sort_index",
+             "args": {"sort_index": rank}},
+        ]
+        for track, tid in TRACKS.items():
+            meta.append({"ph": "M", "pid": rank, "tid": tid, "name": "thread_name",
+                         "args": {"name": track}})
+            meta.append({"ph": "M", "pid": rank, "tid": tid,
+                         "name": "thread_sort_index", "args": {"sort_index": tid}})
+        with open(self._path, "w") as f:
+            f.write("[\n" + ",\n".join(json.dumps(e) for e in meta) + "\n]")
+
+    @classmethod
+    def start(cls, run_dir: str | os.PathLike, *, rank: int, size: int,
+              comm: Any = None, enabled: bool = True, **kw: Any) -> Tracer | NullTracer:
+        """A live tracer when ``enabled``, else the no-op :class:`NullTracer`."""
+        if not enabled:
+            return NullTracer()
+        return cls(run_dir, rank, size, comm, **kw)
+
+    # -- recording ---------------------------------------------------------------
+    def _us(self, t: float) -> float:
+        return round((t - self._t0) * 1e6, 1)
+
+    def _add(self, event: dict) -> None:
+        with self._lock:
+            if self._stored >= self.max_events:
+                self._dropped += 1
+                return
+            self._stored += 1
+            self._events.append(event)
+            pending = len(self._events)
+        if pending >= self.flush_every and threading.current_thread() is threading.main_thread():
+            self.flush()
+
+    def span(self, name: str, track: str = "compute", **args: Any) -> _Span:
+        """Context manager recording one complete ("X") event on ``track``."""
+        return _Span(self, name, track, args)
+
+    def complete(self, name: str, track: str, start_s: float, end_s: float,
+                 **args: Any) -> None:
+        """Record a phase measured elsewhere (``time.perf_counter`` seconds)."""
+        self._add({"ph": "X", "pid": self.rank, "tid": TRACKS.get(track, 99),
+                   "name": name, "cat": track, "ts": self._us(start_s),
+                   "dur": round((end_s - start_s) * 1e6, 1), "args": args})
+
+    def instant(self, name: str, track: str = "compute", **args: Any) -> None:
+        self._add({"ph": "i", "s": "t", "pid": self.rank, "tid": TRACKS.get(track, 99),
+                   "name": name, "cat": track, "ts": self._us(time.perf_counter()),
+                   "args": args})
+
+    def counter(self, name: str, **values: float) -> None:
+        self._add({"ph": "C", "pid": self.rank, "name": name,
+                   "ts": self._us(time.perf_counter()), "args": values})
+
+    @staticmethod
+    def block(x: Any) -> Any:
+        """Wait for jitted results so the span that ends here is honest."""
+        import jax
+
+        return jax.block_until_ready(x)
+
+    # -- writing -----------------------------------------------------------------
+    def flush(self) -> None:
+        """Append pending events to this rank's file, keeping it valid JSON."""
+        with self._lock:
+            events, self._events = self._events, []
+            dropped = self._dropped
+        if not events and not dropped:
+            return
+        if dropped:
+            events.append({"ph": "M", "pid": self.rank, "tid": 0,
+                           "name": "dropped_events",
+                           "args": {"count": dropped, "cap": self.max_events}})
+        payload = ",\n" + ",\n".join(json.dumps(e, separators=(",", ":"))
+                                     for e in events) + "\n]"
+        with open(self._path, "r+b") as f:
+            f.seek(-2, os.SEEK_END)  # overwrite the closing "\n]"
+            f.write(payload.encode())
+        now = time.perf_counter()
+        if self.rank == 0 and now - self._last_merge > self.merge_every_s:
+            # Keep trace.json current, so a run that dies still leaves a timeline.
+            self._last_merge = now
+            merge_traces(self.run_dir, self.size)
+
+    def close(self) -> None:
+        """Flush; rank 0 then merges all ranks into ``trace.json``. Collective."""
+        if self._closed:
+            return
+        self._closed = True
+        self.flush()
+        if self.comm is not None:
+            self.comm.Barrier()
+        if self.rank == 0:
+            merge_traces(self.run_dir, self.size)
+
+
+def read_rank_trace(path: Path) -> list[dict]:
+    """Events of one rank file; tolerates a file cut off mid-write."""
+    text = path.read_text()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        # A rank killed during a write: keep the complete lines before the cut.
+        events = []
+        for line in text.splitlines()[1:]:
+            line = line.rstrip(",").strip()
+            if not line or line == "]":
+                continue
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+        return events
+
+
+def merge_traces(run_dir: str | os.PathLike, size: int | None = None) -> Path:
+    """Merge ``trace/rank*.json`` into ``trace.json`` (atomic rename)."""
+    run_dir = Path(run_dir)
+    files = sorted((run_dir / "trace").glob("rank*.json"),
+                   key=lambda p: int(p.stem[4:]))
+    events: list[dict] = []
+    for path in files:
+        events.extend(read_rank_trace(path))
+    out = run_dir / "trace.json"
+    tmp = run_dir / "trace.json.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f,
+                  separators=(",", ":"))
+    os.replace(tmp, out)
+    return out
+
+
+_current: Tracer | NullTracer = NullTracer()
+
+
+def get_tracer() -> Tracer | NullTracer:
+    """The tracer of this process (a :class:`NullTracer` unless one was set)."""
+    return _current
+
+
+def set_tracer(tracer: Tracer | NullTracer) -> None:
+    global _current
+    _current = tracer
+
+
+@contextlib.contextmanager
+def tracing(tracer: Tracer | NullTracer):
+    """Install ``tracer`` for the duration of a block, then close it."""
+    prev = get_tracer()
+    set_tracer(tracer)
+    try:
+        yield tracer
+    finally:
+        tracer.close()
+        set_tracer(prev)
