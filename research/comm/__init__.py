@@ -1,9 +1,7 @@
 """Communication: MPI start-up, dense, partial, overlapped and sparse averaging.
 
 Depends on mpi4py, mpi4jax, numpy, jax and ``research.trace`` only; never on flax
-or ``models``.
+or ``models``. Submodules are imported explicitly (``research.comm.world``, ...):
+importing mpi4py initialises MPI, which a process about to relaunch itself under
+mpiexec must not do.
 """
-
-from research.comm.world import World, get_world
-
-__all__ = ["World", "get_world"]

@@ -21,35 +21,7 @@ mpi4py.rc.thread_level = "multiple"
 mpi4py.rc.finalize = True
 from mpi4py import MPI  # noqa: E402
 
-# Environment variables that launchers set in every rank they start.
-_LAUNCHER_VARS = (
-    "PMI_RANK",  # MPICH hydra, Intel MPI
-    "PMI_SIZE",
-    "OMPI_COMM_WORLD_SIZE",  # Open MPI
-    "PMIX_RANK",
-    "MPI_LOCALRANKID",
-)
-
-
-def launched_by_mpi() -> bool:
-    """True when this process was started by mpiexec/mpirun/srun (before MPI init)."""
-    if any(v in os.environ for v in _LAUNCHER_VARS):
-        return True
-    # srun starts ranks with SLURM_PROCID; a plain `python` inside an sbatch script
-    # has SLURM_JOB_ID but no SLURM_STEP_ID, so it still relaunches itself.
-    return "SLURM_PROCID" in os.environ and "SLURM_STEP_ID" in os.environ
-
-
-def env_rank() -> int:
-    """This process's rank as the launcher announced it (0 when not launched)."""
-    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        if var in os.environ:
-            try:
-                return int(os.environ[var])
-            except ValueError:
-                pass
-    return 0
-
+from research.comm.env import env_rank, launched_by_mpi  # noqa: E402,F401
 
 @dataclass(frozen=True)
 class World:

@@ -1,0 +1,1 @@
+"""One module per paper, each runnable as ``python -m experiments.NAME``."""

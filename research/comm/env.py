@@ -1,0 +1,38 @@
+"""What the launcher told this process, read from the environment without MPI.
+
+Importing mpi4py initialises MPI; a process that only decides whether to relaunch
+itself under mpiexec must not do that, so these helpers live apart from ``world``.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Environment variables that launchers set in every rank they start.
+_LAUNCHER_VARS = (
+    "PMI_RANK",  # MPICH hydra, Intel MPI
+    "PMI_SIZE",
+    "OMPI_COMM_WORLD_SIZE",  # Open MPI
+    "PMIX_RANK",
+    "MPI_LOCALRANKID",
+)
+
+
+def launched_by_mpi() -> bool:
+    """True when this process was started by mpiexec/mpirun/srun (before MPI init)."""
+    if any(v in os.environ for v in _LAUNCHER_VARS):
+        return True
+    # srun starts ranks with SLURM_PROCID and SLURM_STEP_ID; a plain `python` in an
+    # sbatch script has SLURM_JOB_ID but no step, so it still relaunches itself.
+    return "SLURM_PROCID" in os.environ and "SLURM_STEP_ID" in os.environ
+
+
+def env_rank() -> int:
+    """This process's rank as the launcher announced it (0 when not launched)."""
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if var in os.environ:
+            try:
+                return int(os.environ[var])
+            except ValueError:
+                pass
+    return 0

@@ -1,0 +1,94 @@
+"""The run folder: config.json, metrics.jsonl, trace.json, summary.json, figures.
+
+Only rank 0 writes the shared files; plot code reads nothing but these files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def default_run_dir(experiment: str) -> str:
+    """``runs/<experiment>-<UTC timestamp>`` (the timestamp is rank 0's)."""
+    return os.path.join("runs", f"{experiment}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+
+
+def versions() -> dict[str, str]:
+    out = {"python": sys.version.split()[0], "platform": platform.platform()}
+    for mod in ("jax", "jaxlib", "flax", "optax", "orbax.checkpoint", "mpi4py", "mpi4jax",
+                "numpy"):
+        try:
+            m = __import__(mod, fromlist=["__version__"])
+            out[mod] = getattr(m, "__version__", "?")
+        except Exception:  # noqa: BLE001 - a missing optional package is just reported
+            out[mod] = "missing"
+    try:
+        from mpi4py import MPI
+
+        out["mpi"] = MPI.Get_library_version().splitlines()[0].strip()
+    except Exception:  # noqa: BLE001
+        pass
+    return out
+
+
+def _jsonable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {k: _jsonable(v) for k, v in dataclasses.asdict(obj).items()}
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if hasattr(obj, "item") and getattr(obj, "ndim", 1) == 0:
+        return obj.item()
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Write JSON atomically (tmp + rename): a reader never sees half a file."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(_jsonable(obj), f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+class MetricsWriter:
+    """Appends one JSON object per line to ``metrics.jsonl`` (rank 0 only)."""
+
+    def __init__(self, run_dir: str | os.PathLike, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._f = open(Path(run_dir) / "metrics.jsonl", "a") if enabled else None
+
+    def write(self, row: dict[str, Any]) -> None:
+        if self._f is not None:
+            self._f.write(json.dumps(_jsonable(row)) + "\n")
+            self._f.flush()
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """All rows of ``metrics.jsonl``; a line cut off by a crash is skipped."""
+    rows = []
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return rows
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows

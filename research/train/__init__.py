@@ -1,0 +1,1 @@
+"""Training: TrainState, optimizer and schedules, pure steps, the loop."""

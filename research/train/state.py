@@ -1,0 +1,46 @@
+"""TrainState with batch statistics and a per-step RNG key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+from flax.training import train_state
+
+
+class TrainState(train_state.TrainState):
+    """Flax TrainState plus BatchNorm statistics and the dropout RNG key.
+
+    ``rng`` is the base key; step ``s`` uses ``fold_in(rng, s)`` so a resumed run
+    draws exactly the same dropout masks as one that never stopped.
+    """
+
+    batch_stats: Any = struct.field(default_factory=dict)
+    rng: jax.Array = struct.field(default=None)
+
+
+def create_train_state(model: nn.Module, example_x: Any, tx: optax.GradientTransformation,
+                       seed: int) -> TrainState:
+    """Initialise parameters from ``seed`` (identical on every rank)."""
+    init_key, dropout_key = jax.random.split(jax.random.PRNGKey(seed))
+    variables = jax.jit(lambda k, x: model.init({"params": k}, x, train=False))(
+        init_key, jnp.asarray(example_x[:1]))
+    return TrainState.create(
+        apply_fn=model.apply,
+        params=variables["params"],
+        tx=tx,
+        batch_stats=variables.get("batch_stats", {}),
+        rng=dropout_key,
+    )
+
+
+def param_count(tree: Any) -> int:
+    return int(sum(x.size for x in jax.tree_util.tree_leaves(tree)))
+
+
+def tree_bytes(tree: Any) -> int:
+    return int(sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree)))
