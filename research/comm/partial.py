@@ -1,0 +1,636 @@
+"""Partial allreduce: the solo and majority collectives of eager-SGD.
+
+Li, Ben-Nun, Di Girolamo, Alistarh, Hoefler, *Taming Unbalanced Training Workloads
+in Deep Learning with Partial Collective Operations*, PPoPP'20.
+
+Usage::
+
+    with PartialAllreduce(world.comm, mode="solo", sync_every=32) as pa:
+        for step in range(n):
+            avg, info = pa.reduce(grads)      # avg: round result, sum / P
+            ...
+        rest, info = pa.flush()               # what missed its round, delivered
+
+Semantics (exact)
+-----------------
+* Calls and rounds. The n-th ``reduce`` call of a rank (n = 1, 2, ...) hands in
+  gradient g_n and returns the result of round n. Rounds run 1, 2, 3, ... on every
+  rank in the same order on a private duplicate of ``comm``; the result of a round
+  is the sum of every rank's contribution divided by P (not by the number of
+  contributors), and every rank applies the identical sequence of round results,
+  so replicas never drift.
+* Contribution. When round r runs, each rank contributes everything it holds: g_r
+  if ``reduce`` call r has already handed it in (a *fresh* gradient), plus every
+  gradient that missed its own round (*carried*), or zeros. A gradient that missed
+  its round goes into the next round this rank takes part in, so every gradient
+  computed is applied exactly once (see ``flush``).
+* solo: the first rank whose call r arrives activates round r; the others join at
+  once with what they hold. The activator waits only for the round's
+  communication. A rank that arrives after round r ran takes its result at once.
+* majority: round r's initiator is ``initiator(r)``, drawn from an RNG seeded
+  identically on all ranks (no messages). Only the initiator's arrival activates
+  round r. An early non-initiator hands in g_r (which is then fresh) and waits for
+  the round; a late one takes its result at once.
+* Bounded staleness. With ``sync_every=K`` every K-th round (r % K == 0) is fully
+  synchronous: every rank waits for its own call r, so everything carried is
+  delivered there and a gradient is never applied more than K-1 rounds late.
+  ``K=1`` or ``mode="sync"`` makes every round synchronous, i.e. a plain allreduce
+  of the gradients divided by P. ``sync_every=None`` never forces a round.
+* ``flush()`` counts as the next call: a synchronous round with no fresh
+  gradient that delivers whatever any rank still carries, returning ``(tree,
+  info)`` (zeros when nothing was carried). ``close()`` runs one more synchronous
+  round that stops the background task and frees the communicator; it warns if
+  that round had to deliver carried gradients (call ``flush`` first to apply them).
+  Every rank must make the same number of ``reduce`` calls before ``flush`` or
+  ``close``; a mismatch is detected in the round and raised on every rank.
+* A fast rank may run ahead: rounds it activates run with the slow ranks' carried
+  gradients or zeros, and the slow ranks' results wait in a queue (at most K
+  rounds with ``sync_every=K``) until their own calls take them.
+
+How it runs
+-----------
+The rounds run on the rank's shared progress thread (``research.comm.progress``)
+as a time-sliced task: it advances a small state machine (await activation ->
+Iallreduce -> drain activation messages) without ever blocking in MPI, sleeps
+between tests (woken at once by a local ``reduce``), and yields the thread to
+other subsystems' tasks every few milliseconds. Activation in a partial round: a
+rank whose own call arrived first (solo) or the initiator (majority) sends a tiny
+activation message tagged with the round to every other rank; a rank that sees
+one (``Improbe``) joins. Several solo ranks may activate the same round at the same
+moment; each round's Iallreduce also sums a one-hot vector of activators, so after
+it every rank receives exactly the activation messages that were sent to it and
+none is ever left unreceived. Messages of round r+1 carry another tag, so rounds
+never mix. The buffer is one flat float32 array (float64 when any leaf is).
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import threading
+import time
+import warnings
+import weakref
+from typing import Any, Literal
+
+import jax
+import numpy as np
+from mpi4py import MPI
+
+from research.comm.base import Averager, CommInfo
+from research.comm.progress import get_progress
+from research.comm.registry import register_averager
+from research.trace import get_tracer
+
+Mode = Literal["solo", "majority", "sync"]
+MODES = ("solo", "majority", "sync")
+
+_REDUCE, _FLUSH, _STOP = "reduce", "flush", "stop"
+_WAIT, _REDUCING, _DRAIN, _DONE = "wait", "reducing", "drain", "done"
+# Metadata appended to the payload: fresh, flush, stop, carried, then P activators.
+_FRESH, _FLUSHF, _STOPF, _CARRIED, _NMETA = 0, 1, 2, 3, 4
+_DTYPE_CODES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1}
+_TAG_MOD = 30_000  # at most two rounds are ever in flight; MPI guarantees 32767 tags
+
+
+def _tag(r: int) -> int:
+    return 1 + r % _TAG_MOD
+
+
+def _wire_dtype(dtypes: list[np.dtype]) -> np.dtype:
+    """float64 when any leaf is float64, else float32 (bf16/f16 travel as float32)."""
+    return np.dtype(np.float64 if any(d == np.float64 for d in dtypes) else np.float32)
+
+
+@dataclasses.dataclass
+class _Deposit:
+    call: int
+    flat: np.ndarray | None
+    kind: str
+
+
+@dataclasses.dataclass
+class _Round:
+    """A completed round as this rank saw it (background -> compute thread)."""
+
+    round: int
+    total: np.ndarray  # sum over ranks of the payload
+    fresh: int  # ranks whose gradient of this round was in it
+    activators: int
+    carried_total: int  # late gradients delivered in it, over all ranks
+    my_calls: tuple[int, ...]  # which of this rank's gradients it carried
+    i_activated: bool
+    sync: bool
+    kind: str
+    seconds: float  # activation to completion, on this rank
+
+
+class PartialAllreduce:
+    """Solo / majority partial allreduce of a pytree (see module docstring).
+
+    Args:
+      comm: an ``MPI.Intracomm`` or a ``World``; duplicated here (collective), so
+        every rank must construct its instances in the same order.
+      mode: ``"solo"``, ``"majority"`` or ``"sync"``.
+      seed: seed of the majority initiator sequence (same on every rank).
+      sync_every: every ``sync_every``-th round is synchronous (None: never).
+      slice_s: how long one background task holds the shared progress thread.
+      max_sleep: longest sleep between tests while awaiting activation, seconds.
+    """
+
+    def __init__(
+        self,
+        comm: Any,
+        mode: Mode = "solo",
+        seed: int = 0,
+        sync_every: int | None = 32,
+        *,
+        slice_s: float = 0.02,
+        max_sleep: float = 1e-3,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if sync_every is not None and sync_every < 1:
+            raise ValueError(f"sync_every must be >= 1 or None, got {sync_every}")
+        base = getattr(comm, "comm", comm)  # a World carries its communicator
+        self._comm: MPI.Intracomm = base.Dup()
+        self._comm.Set_name(f"research.partial.{mode}")
+        self.rank, self.size = self._comm.Get_rank(), self._comm.Get_size()
+        self.mode, self.seed, self.sync_every = mode, int(seed), sync_every
+        self._slice_s, self._max_sleep = slice_s, max_sleep
+        # Shared between the compute thread and the background task.
+        self._cond = threading.Condition()
+        self._inbox: list[_Deposit] = []
+        self._done: dict[int, _Round] = {}
+        self._wake = False
+        self._error: BaseException | None = None
+        self._calls = 0
+        self._closed = False
+        self._abandoned = False
+        self._stopped = threading.Event()
+        self._treedef = None
+        self._shapes: list[tuple[int, ...]] = []
+        self._dtypes: list[np.dtype] = []
+        self._n: int | None = None
+        self._dtype: np.dtype | None = None
+        # Background state: touched by the progress thread only.
+        self._round = 1
+        self._phase = _WAIT
+        self._rec_header = np.zeros(3, np.int64)
+        self._consumed_from = -1
+        self._i_activated = False
+        self._sync_round = False
+        # Activation sends and drain receives, with the buffers they use.
+        self._pending: list[tuple[MPI.Request, np.ndarray]] = []
+        self._req: MPI.Request | None = None
+        self._buf: np.ndarray | None = None
+        self._recv: np.ndarray | None = None
+        self._my_calls: tuple[int, ...] = ()
+        self._kind = _REDUCE
+        self._t_act = 0.0
+        _OPEN.add(self)
+        self._schedule()
+
+    # -- public -------------------------------------------------------------------
+    def initiator(self, r: int) -> int:
+        """Round ``r``'s majority initiator: identical on every rank, no messages."""
+        return int(np.random.default_rng((self.seed, int(r))).integers(self.size))
+
+    def is_sync_round(self, r: int) -> bool:
+        """True when round ``r`` is synchronous by schedule (not counting flush)."""
+        return self.mode == "sync" or (
+            self.sync_every is not None and r % self.sync_every == 0
+        )
+
+    @property
+    def calls(self) -> int:
+        """Calls made so far (``reduce`` and ``flush``): the last round taken."""
+        return self._calls
+
+    def reduce(self, tree: Any) -> tuple[Any, CommInfo]:
+        """Hand in this step's gradients; return round ``n``'s result and a record.
+
+        Args:
+          tree: a pytree of jax or numpy float arrays, the same structure each call.
+
+        Returns:
+          ``(avg, info)``: ``avg`` has the structure of ``tree`` (numpy arrays of the
+          leaves' dtypes) and holds the round's sum divided by P; ``info.round`` is
+          the round, ``info.contributors`` the ranks whose fresh gradient is in it,
+          ``info.staleness`` the age in rounds of the oldest gradient of this rank
+          in it (0: fresh or none), ``info.wait_s`` how long this call waited,
+          ``info.extra["fresh"]`` whether this call's own gradient made the round.
+        """
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
+        self._set_template(leaves, treedef)
+        flat = np.empty(self._n, self._dtype)
+        off = 0
+        for leaf in leaves:
+            a = np.asarray(leaf).reshape(-1)
+            flat[off : off + a.size] = a
+            off += a.size
+        call, rec, waited = self._hand_in(_REDUCE, flat)
+        return self._unpack(rec.total), self._info(call, rec, waited)
+
+    def flush(self) -> tuple[Any, CommInfo]:
+        """Run a synchronous round that delivers every carried gradient.
+
+        Collective: every rank calls it after the same number of ``reduce`` calls.
+        Returns the round's ``(tree, info)``; ``info.extra["carried_total"]`` is how
+        many late gradients (over all ranks) it delivered (0: the tree is zeros).
+        """
+        if self._treedef is None:
+            raise RuntimeError("flush() before any reduce(): nothing to flush")
+        call, rec, waited = self._hand_in(_FLUSH, None)
+        return self._unpack(rec.total), self._info(call, rec, waited)
+
+    def close(self) -> None:
+        """Stop the background task after a final synchronous round. Collective.
+
+        Idempotent. Gradients still carried are dropped with a warning: call
+        :meth:`flush` first to apply them.
+        """
+        if self._closed:
+            return
+        if self._error is None and not self._abandoned and self._n is not None:
+            _, rec, _ = self._hand_in(_STOP, None)
+            if rec.carried_total:
+                warnings.warn(
+                    f"PartialAllreduce.close() dropped {rec.carried_total} "
+                    "carried gradients; call flush() first",
+                    stacklevel=2,
+                )
+        elif self._n is None and self._error is None and not self._abandoned:
+            # Never used on this rank: stop without a round. Every rank is in the
+            # same state (none called reduce), so no activation can be pending.
+            self._abandon()
+            self._comm.Free()
+        else:
+            self._abandon()
+        self._closed = True
+        _OPEN.discard(self)
+
+    def __enter__(self) -> PartialAllreduce:
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None:
+            # Another rank may not reach a collective close: stop locally only.
+            self._abandon()
+            self._closed = True
+            _OPEN.discard(self)
+        else:
+            self.close()
+
+    # -- compute-thread side --------------------------------------------------------
+    def _set_template(self, leaves: list, treedef: Any) -> None:
+        shapes = [tuple(np.shape(x)) for x in leaves]
+        dtypes = [np.dtype(x.dtype) for x in leaves]
+        if self._treedef is None:
+            n = int(sum(int(np.prod(s)) for s in shapes))
+            dtype = _wire_dtype(dtypes)
+            with self._cond:
+                self._treedef, self._shapes, self._dtypes = treedef, shapes, dtypes
+                self._n, self._dtype = n, dtype
+        elif treedef != self._treedef or shapes != self._shapes:
+            raise ValueError(
+                "reduce() got a tree of another structure or shape than its first call"
+            )
+
+    def _hand_in(self, kind: str, flat: np.ndarray | None) -> tuple[int, _Round, float]:
+        if self._closed:
+            raise RuntimeError("PartialAllreduce is closed")
+        with self._cond:
+            self._raise_if_failed()
+            self._calls += 1
+            call = self._calls
+            self._inbox.append(_Deposit(call, flat, kind))
+            self._wake = True
+            self._cond.notify_all()
+            t0 = time.perf_counter()
+            while call not in self._done:
+                self._raise_if_failed()
+                self._cond.wait(0.5)
+            rec = self._done.pop(call)
+            if rec.kind != kind:
+                # A peer's reduce() ran this round as a partial one before this
+                # rank's flush()/close() reached it.
+                self._error = RuntimeError(
+                    f"{kind}() met round {call} run as a partial round: every rank "
+                    "must make the same number of reduce() calls before "
+                    "flush()/close()"
+                )
+                self._raise_if_failed()
+        return call, rec, time.perf_counter() - t0
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(
+                f"partial allreduce failed in the background: {self._error}"
+            ) from self._error
+        if self._abandoned:
+            raise RuntimeError("PartialAllreduce was shut down")
+
+    def _unpack(self, total: np.ndarray) -> Any:
+        out, off = [], 0
+        for shape, dtype in zip(self._shapes, self._dtypes):
+            k = int(np.prod(shape))
+            leaf = np.empty(shape, dtype)
+            np.divide(
+                total[off : off + k].reshape(shape),
+                self.size,
+                out=leaf,
+                casting="unsafe",
+            )
+            out.append(leaf)
+            off += k
+        return jax.tree_util.tree_unflatten(self._treedef, out)
+
+    def _info(self, call: int, rec: _Round, waited: float) -> CommInfo:
+        staleness = call - min(rec.my_calls) if rec.my_calls else 0
+        extra = {
+            "fresh": call in rec.my_calls,
+            "carried": sum(1 for c in rec.my_calls if c != call),
+            "carried_total": rec.carried_total,
+            "activators": rec.activators,
+            "activated": rec.i_activated,
+            "sync": rec.sync,
+            "kind": rec.kind,
+            "round_s": rec.seconds,
+        }
+        return CommInfo(
+            bytes=int(rec.total.nbytes),
+            contributors=rec.fresh,
+            staleness=staleness,
+            wait_s=waited,
+            round=rec.round,
+            extra=extra,
+        )
+
+    # -- background task (progress thread) -------------------------------------------
+    def _schedule(self) -> None:
+        try:
+            get_progress().submit(self._slice)
+        except RuntimeError as exc:  # the progress thread was shut down under us
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+            self._stopped.set()
+
+    def _slice(self) -> None:
+        """Advance rounds for up to ``slice_s``, sleeping while idle; then requeue."""
+        try:
+            deadline = time.perf_counter() + self._slice_s
+            sleep = 20e-6
+            while True:
+                if self._abandoned:
+                    self._stopped.set()
+                    return
+                progressed = self._advance()
+                if self._phase == _DONE:
+                    self._stopped.set()
+                    return
+                if progressed:
+                    sleep = 20e-6
+                    continue
+                if time.perf_counter() >= deadline:
+                    break
+                with self._cond:
+                    if not self._wake:
+                        self._cond.wait(sleep)
+                    self._wake = False
+                # Awaiting a peer's activation may take a whole step: back off to
+                # max_sleep. A running Iallreduce only progresses inside Test, so
+                # poll it more often.
+                cap = self._max_sleep if self._phase == _WAIT else self._max_sleep / 4
+                sleep = min(sleep * 2, cap)
+        except BaseException as exc:  # noqa: BLE001 - handed to the compute thread
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+            self._stopped.set()
+            return
+        self._schedule()
+
+    def _advance(self) -> bool:
+        if self._phase == _WAIT:
+            return self._await_activation()
+        if self._phase == _REDUCING:
+            if not self._req.Test():
+                return False
+            self._begin_drain()
+            return True
+        if self._phase == _DRAIN:
+            reqs = [req for req, _ in self._pending]
+            if reqs and not MPI.Request.Testall(reqs):
+                return False
+            self._finish_round()
+            return True
+        return False
+
+    def _await_activation(self) -> bool:
+        r = self._round
+        with self._cond:
+            own = next((d for d in self._inbox if d.call == r), None)
+        if own is not None and (own.kind != _REDUCE or self.is_sync_round(r)):
+            return self._start_round(sync=True)
+        if self.is_sync_round(r):
+            return False  # a synchronous round waits for this rank's own call
+        status = MPI.Status()
+        msg = self._comm.Improbe(MPI.ANY_SOURCE, _tag(r), status)
+        if msg is not None:
+            msg.Recv(self._rec_header)  # arrived and matched: completes at once
+            self._consumed_from = status.Get_source()
+            rnd, n, code = (int(v) for v in self._rec_header)
+            if rnd != r:
+                raise RuntimeError(f"activation for round {rnd} arrived in round {r}")
+            self._check_peer_buffer(n, code)
+            return self._start_round(sync=False)
+        if own is not None and (self.mode == "solo" or self.initiator(r) == self.rank):
+            header = np.array([r, self._n, _DTYPE_CODES[self._dtype]], np.int64)
+            for dest in range(self.size):
+                if dest != self.rank:
+                    self._pending.append(
+                        (self._comm.Isend(header, dest, _tag(r)), header)
+                    )
+            self._i_activated = True
+            return self._start_round(sync=False)
+        return False
+
+    def _check_peer_buffer(self, n: int, code: int) -> None:
+        dtype = next(d for d, c in _DTYPE_CODES.items() if c == code)
+        with self._cond:
+            mine = (self._n, self._dtype)
+            if self._n is None:
+                # Joining before this rank's first reduce(): the activator's
+                # buffer size is the size of everyone's.
+                self._n, self._dtype = n, dtype
+        if mine[0] is not None and mine != (n, dtype):
+            raise ValueError(
+                f"ranks reduce different buffers: {n} x {dtype} from a "
+                f"peer, {mine[0]} x {mine[1]} here"
+            )
+
+    def _start_round(self, *, sync: bool) -> bool:
+        r = self._round
+        self._t_act = time.perf_counter()
+        with self._cond:
+            mine = [d for d in self._inbox if d.call <= r]
+            self._inbox = [d for d in self._inbox if d.call > r]
+            n, dtype = self._n, self._dtype
+        buf = np.zeros(n + _NMETA + self.size, dtype)
+        calls, kind = [], _REDUCE
+        for d in mine:
+            if d.kind != _REDUCE:
+                if d.call != r:
+                    raise RuntimeError(
+                        f"{d.kind}() of call {d.call} missed its round: ranks made "
+                        "different numbers of reduce() calls before flush()/close()"
+                    )
+                kind = d.kind
+                continue
+            buf[:n] += d.flat
+            calls.append(d.call)
+        buf[n + _FRESH] = float(r in calls)
+        buf[n + _FLUSHF] = float(kind == _FLUSH)
+        buf[n + _STOPF] = float(kind == _STOP)
+        buf[n + _CARRIED] = float(sum(c != r for c in calls))
+        buf[n + _NMETA + self.rank] = float(self._i_activated)
+        self._buf, self._recv = buf, np.empty_like(buf)
+        self._my_calls, self._kind, self._sync_round = tuple(calls), kind, sync
+        self._req = self._comm.Iallreduce(self._buf, self._recv, op=MPI.SUM)
+        self._phase = _REDUCING
+        return True
+
+    def _begin_drain(self) -> None:
+        # Every activator sent to every other rank: receive exactly those messages
+        # not consumed while awaiting activation, so none is ever left behind.
+        r, n = self._round, self._n
+        for src in np.flatnonzero(self._recv[n + _NMETA :] > 0.5):
+            src = int(src)
+            if src in (self.rank, self._consumed_from):
+                continue
+            hdr = np.empty(3, np.int64)
+            self._pending.append((self._comm.Irecv(hdr, src, _tag(r)), hdr))
+        self._phase = _DRAIN
+
+    def _finish_round(self) -> None:
+        r, n, meta = self._round, self._n, self._recv[self._n :]
+        t_end = time.perf_counter()
+        flushes, stops = int(round(meta[_FLUSHF])), int(round(meta[_STOPF]))
+        if flushes not in (0, self.size) or stops not in (0, self.size):
+            raise RuntimeError(
+                f"round {r}: {flushes} ranks flushed and {stops} closed out of "
+                f"{self.size}: every rank must make the same number of reduce() "
+                "calls before flush()/close()"
+            )
+        rec = _Round(
+            round=r,
+            total=self._recv[:n],
+            fresh=int(round(meta[_FRESH])),
+            activators=int(round(meta[_NMETA:].sum())),
+            carried_total=int(round(meta[_CARRIED])),
+            my_calls=self._my_calls,
+            i_activated=self._i_activated,
+            sync=self._sync_round,
+            kind=self._kind,
+            seconds=t_end - self._t_act,
+        )
+        get_tracer().complete(
+            f"{self.mode} round",
+            "comm-bg",
+            self._t_act,
+            t_end,
+            round=r,
+            contributors=rec.fresh,
+            activated=rec.i_activated,
+            sync=rec.sync,
+            kind=rec.kind,
+        )
+        self._pending, self._buf, self._recv, self._req = [], None, None, None
+        self._i_activated, self._consumed_from = False, -1
+        self._round += 1
+        self._phase = _DONE if rec.kind == _STOP else _WAIT
+        if rec.kind == _STOP:
+            self._comm.Free()
+        with self._cond:
+            self._done[r] = rec
+            self._cond.notify_all()
+
+    def _abandon(self, timeout: float = 2.0) -> None:
+        """Stop the background task locally (no collective)."""
+        if self._phase != _DONE and not self._stopped.is_set():
+            self._abandoned = True
+            with self._cond:
+                self._wake = True
+                self._cond.notify_all()
+            if not get_progress().in_thread:
+                self._stopped.wait(timeout)
+
+
+# Instances still open at interpreter exit are stopped locally before mpi4py's
+# own atexit handler (registered earlier, so it runs later) finalizes MPI: a
+# background task inside an MPI call would otherwise race MPI_Finalize.
+_OPEN: weakref.WeakSet[PartialAllreduce] = weakref.WeakSet()
+
+
+@atexit.register
+def _abandon_open() -> None:
+    for pa in list(_OPEN):
+        pa._abandon()
+
+
+# -- the averaging seam -------------------------------------------------------------
+class PartialAverager(Averager):
+    """Staged :class:`Averager` over :class:`PartialAllreduce` (registered modes).
+
+    ``reduce`` returns the round result to apply; ``flush`` returns None when no
+    rank carried anything (so the loop skips a zero update that momentum would
+    still turn into a step).
+    """
+
+    style = "staged"
+    mode: Mode = "solo"
+
+    def __init__(
+        self, world: Any, *, seed: int = 0, sync_every: int | None = 32, **options: Any
+    ) -> None:
+        self.pa = PartialAllreduce(
+            world, mode=self.mode, seed=seed, sync_every=sync_every, **options
+        )
+
+    def reduce(self, grads: Any) -> tuple[Any, CommInfo]:
+        return self.pa.reduce(grads)
+
+    def flush(self) -> tuple[Any, CommInfo] | None:
+        if self.pa._treedef is None:
+            return None
+        tree, info = self.pa.flush()
+        return (tree, info) if info.extra["carried_total"] else None
+
+    def close(self) -> None:
+        self.pa.close()
+
+
+@register_averager("solo")
+class SoloAverager(PartialAverager):
+    """eager-SGD with solo allreduce: the first rank to arrive starts the round."""
+
+    name = "solo"
+    mode = "solo"
+
+
+@register_averager("majority")
+class MajorityAverager(PartialAverager):
+    """eager-SGD with majority allreduce: a shared-random initiator starts it."""
+
+    name = "majority"
+    mode = "majority"
+
+
+@register_averager("sync")
+class SyncPartialAverager(PartialAverager):
+    """Every round synchronous: a host-side allreduce on the progress thread."""
+
+    name = "sync"
+    mode = "sync"

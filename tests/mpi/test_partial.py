@@ -1,0 +1,282 @@
+"""Invariants of the partial allreduce (eager-SGD), run under mpiexec -n 2 and -n 4.
+
+Expectations are written in terms of ``size`` so they hold at any rank count.
+Gradients are small integers in float32, so sums are exact and conservation is
+checked with equality, not a tolerance.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from research.comm.partial import PartialAllreduce, PartialAverager
+
+
+def tree_of(rank: int, step: int, seed: int = 0) -> dict:
+    """A small pytree of integer-valued floats, distinct per rank and step."""
+    rng = np.random.default_rng((seed, rank, step))
+    return {
+        "w": rng.integers(-8, 9, size=(3, 4)).astype(np.float32),
+        "b": [
+            rng.integers(-8, 9, size=5).astype(np.float32),
+            np.float32(rng.integers(-8, 9)),
+        ],
+    }
+
+
+def flat(tree) -> np.ndarray:
+    return np.concatenate(
+        [np.ravel(tree["w"]), np.ravel(tree["b"][0]), np.ravel(tree["b"][1])]
+    ).astype(np.float64)
+
+
+def digest(arrays) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def run_steps(pa, world, steps, delay_fn, seed=0):
+    """Run ``steps`` reduce calls with sleeps; returns (results, infos, own grads)."""
+    results, infos, own = [], [], np.zeros(18)
+    world.barrier()
+    for s in range(steps):
+        d = delay_fn(s)
+        if d:
+            time.sleep(d)
+        g = tree_of(world.rank, s, seed)
+        own += flat(g)
+        out, info = pa.reduce(g)
+        results.append(flat(out))
+        infos.append(info)
+    return results, infos, own
+
+
+@pytest.mark.parametrize(
+    "mode,sync_every", [("sync", None), ("solo", 1), ("majority", 1)]
+)
+def test_synchronous_rounds_equal_allreduce(world, mode, sync_every):
+    rng = np.random.default_rng(world.rank)
+    with PartialAllreduce(world.comm, mode=mode, sync_every=sync_every) as pa:
+        for r in range(1, 11):
+            tree = {
+                "x": rng.normal(size=(7, 3)).astype(np.float32),
+                "y": rng.normal(size=11),
+            }  # float64 leaf: a float64 buffer
+            out, info = pa.reduce(tree)
+            for key in tree:
+                ref = np.empty_like(tree[key])
+                world.comm.Allreduce(tree[key], ref, op=MPI.SUM)
+                # The float32 leaf travels in the float64 buffer: float32 rounding.
+                tol = 1e-6 if tree[key].dtype == np.float32 else 1e-12
+                np.testing.assert_allclose(
+                    out[key], ref / world.size, rtol=tol, atol=tol
+                )
+                assert out[key].dtype == tree[key].dtype
+            assert info.round == r
+            assert info.contributors == world.size
+            assert info.staleness == 0 and info.extra["fresh"] and info.extra["sync"]
+
+
+def predict_contributors(mode, size, delays, rounds, sync_every, initiator, margin):
+    """Fresh contributors per round from the semantics, for constant per-rank delays.
+
+    Model: rank j hands in call b at ``got[j] + delays[j]``; round b starts at the
+    arrival of the first rank (solo), of the initiator (majority) or of the last
+    rank (synchronous rounds); ranks that arrived by then are fresh; an early rank
+    gets the result when the round starts, a late one at its own arrival. Rounds
+    where a rank arrives within ``margin`` of the start are ambiguous (None).
+    """
+    got = [0.0] * size
+    out = []
+    for b in range(1, rounds + 1):
+        arrive = [got[j] + delays[j] for j in range(size)]
+        sync = sync_every is not None and b % sync_every == 0
+        if sync:
+            start = max(arrive)
+        elif mode == "solo":
+            start = min(arrive)
+        else:
+            start = arrive[initiator(b)]
+        fresh = sum(a <= start for a in arrive)
+        close = any(0 < abs(a - start) < margin for a in arrive)
+        out.append(None if close and not sync else fresh)
+        got = [max(a, start) for a in arrive]
+    return out
+
+
+@pytest.mark.parametrize(
+    "mode,sync_every", [("solo", 4), ("majority", None), ("majority", 3)]
+)
+def test_contributors_with_rank_proportional_delays(world, mode, sync_every):
+    d = 0.03  # rank r sleeps r * d before each call: far above round latency
+    with PartialAllreduce(world.comm, mode=mode, sync_every=sync_every, seed=7) as pa:
+        rounds = 12
+        _, infos, _ = run_steps(pa, world, rounds, lambda s: world.rank * d)
+        pa.flush()
+        expect = predict_contributors(
+            mode,
+            world.size,
+            [j * d for j in range(world.size)],
+            rounds,
+            sync_every,
+            pa.initiator,
+            margin=d / 3,
+        )
+    got = [i.contributors for i in infos]
+    checked = [(g, e) for g, e in zip(got, expect) if e is not None]
+    assert len(checked) >= rounds // 2, expect
+    assert all(g == e for g, e in checked), f"got {got}, expected {expect}"
+    if mode == "solo":
+        # Rank 0 never sleeps: it starts every partial round and is always fresh.
+        assert all(i.extra["fresh"] for i in infos) if world.rank == 0 else True
+        assert all(g == 1 for g, i in zip(got, infos) if not i.extra["sync"])
+
+
+@pytest.mark.parametrize(
+    "mode,sync_every",
+    [("solo", None), ("solo", 5), ("majority", None), ("majority", 4)],
+)
+def test_conservation_and_identical_results(world, mode, sync_every):
+    rng = np.random.default_rng((11, world.rank))
+    delays = rng.exponential(0.004, size=60) * (rng.random(60) < 0.5)
+    with PartialAllreduce(world.comm, mode=mode, sync_every=sync_every) as pa:
+        results, infos, own = run_steps(pa, world, 60, lambda s: delays[s], seed=3)
+        rest, finfo = pa.flush()
+    results.append(flat(rest))
+    # Every gradient computed is applied exactly once: P * sum(results) == sum(g).
+    everyone = world.comm.allreduce(own)
+    np.testing.assert_array_equal(world.size * np.sum(results, axis=0), everyone)
+    # Every rank applied the identical sequence of round results.
+    assert len(set(world.allgather(digest(results)))) == 1
+    assert [i.round for i in infos] == list(range(1, 61))
+    assert finfo.round == 61 and finfo.contributors == 0 and finfo.extra["sync"]
+    if sync_every is not None:
+        assert max(i.staleness for i in infos) <= sync_every - 1
+        assert all(
+            i.contributors == world.size for i in infos if i.round % sync_every == 0
+        )
+    assert min(i.contributors for i in infos) >= 1
+
+
+def test_identical_parameters_after_many_steps(world):
+    # SGD on a toy quadratic with random per-rank delays: replicas must match
+    # bit for bit after the same number of steps.
+    rng = np.random.default_rng((5, world.rank))
+    params = {"w": np.ones((4, 4), np.float32), "b": np.zeros(4, np.float32)}
+    with PartialAllreduce(world.comm, mode="solo", sync_every=8) as pa:
+        for _ in range(80):
+            time.sleep(rng.uniform(0, 0.003))
+            grads = {
+                k: v - rng.normal(size=v.shape).astype(np.float32)
+                for k, v in params.items()
+            }
+            avg, _ = pa.reduce(grads)
+            params = {k: params[k] - np.float32(0.1) * avg[k] for k in params}
+        rest, _ = pa.flush()
+        params = {k: params[k] - np.float32(0.1) * rest[k] for k in params}
+    assert len(set(world.allgather(digest(params.values())))) == 1
+
+
+def test_majority_initiator_sequence_is_shared(world):
+    with PartialAllreduce(world.comm, mode="majority", seed=42) as pa:
+        seq = [pa.initiator(r) for r in range(1, 201)]
+    assert all(other == seq for other in world.allgather(seq))
+    assert set(seq) == set(range(world.size))  # every rank gets to initiate
+
+
+@pytest.mark.parametrize("mode,sync_every", [("solo", None), ("majority", 32)])
+def test_thousand_rounds_random_delays(world, mode, sync_every):
+    rng = np.random.default_rng((99, world.rank))
+    own = np.zeros(3)
+    total = np.zeros(3)
+    t0 = time.perf_counter()
+    with PartialAllreduce(world.comm, mode=mode, sync_every=sync_every) as pa:
+        world.barrier()
+        for _ in range(1000):
+            if rng.random() < 0.3:
+                time.sleep(rng.uniform(0, 0.002))
+            g = rng.integers(-4, 5, size=3).astype(np.float32)
+            own += g
+            out, _ = pa.reduce(g)
+            total += out
+        rest, _ = pa.flush()
+        total += rest
+    np.testing.assert_array_equal(world.size * total, world.comm.allreduce(own))
+    assert time.perf_counter() - t0 < 60
+
+
+def test_background_sleeps_while_idle(world):
+    with PartialAllreduce(world.comm, mode="solo") as pa:
+        pa.reduce(np.zeros(4, np.float32))
+        world.barrier()
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        time.sleep(0.5)  # the background task awaits the next activation
+        cpu = time.process_time() - cpu0
+        wall = time.perf_counter() - wall0
+        pa.flush()
+    assert cpu < 0.2 * wall, f"idle progress task used {cpu:.3f} s CPU in {wall:.3f} s"
+
+
+def test_flush_then_no_message_left(world):
+    pa = PartialAllreduce(world.comm, mode="solo", sync_every=None)
+    # Rank 0 never sleeps and runs ahead; the others miss rounds and carry.
+    total = np.zeros(2)
+    for s in range(5):
+        time.sleep(0.01 * world.rank)
+        total += pa.reduce(np.full(2, s + 1.0, np.float32))[0]
+    out, info = pa.flush()
+    total += out
+    np.testing.assert_array_equal(total, np.full(2, 15.0))  # sum of 1..5
+    assert (info.extra["carried_total"] > 0) == (world.size > 1)
+    world.barrier()
+    assert not pa._comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+    pa.close()
+    pa.close()  # idempotent
+    with pytest.raises(RuntimeError):
+        pa.reduce(np.zeros(2, np.float32))
+
+
+def test_mismatched_calls_are_detected(world):
+    if world.size < 2:
+        pytest.skip("needs two ranks")
+    pa = PartialAllreduce(world.comm, mode="solo")
+    pa.reduce(np.zeros(2, np.float32))
+    # Rank 0 flushes while the others reduce: the round sees both (every rank
+    # raises) or a peer ran it as a partial round first (rank 0 raises).
+    try:
+        if world.rank == 0:
+            pa.flush()
+        else:
+            pa.reduce(np.zeros(2, np.float32))
+        raised = False
+    except RuntimeError as exc:
+        assert "same number of reduce() calls" in str(exc)
+        raised = True
+    assert raised or world.rank != 0
+    pa.__exit__(RuntimeError, None, None)  # local stop: a peer may have gone on
+
+
+def test_averager_adapter(world):
+    av = PartialAverager(world, sync_every=2)
+    tree = {"a": np.full(3, float(world.rank), np.float32)}
+    out, info = av.reduce(tree)
+    assert info.round == 1
+    out, info = av.reduce(tree)  # round 2 is synchronous
+    np.testing.assert_array_equal(out["a"], np.mean(range(world.size)))
+    assert av.flush() is None  # nothing carried after a synchronous round
+    av.close()
+
+
+def test_left_open_does_not_hang_finalize(world):
+    # Deliberately never closed: the atexit hook stops the task before
+    # MPI_Finalize. A hang here would time the whole file out.
+    pa = PartialAllreduce(world.comm, mode="majority")
+    pa.reduce(np.ones(2, np.float32))
+    pa.flush()
