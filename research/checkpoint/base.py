@@ -1,0 +1,206 @@
+"""What every checkpointing strategy shares: records, errors, tiers, restore.
+
+A strategy implements ``save(step, state, extra)`` (returns after the blocking
+part), ``wait()`` (until every requested checkpoint is committed or failed;
+raises the failure) and inherits ``restore(target)``, ``summary()`` and
+``close()``. Construction and ``restore`` are collective over the world.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from mpi4py import MPI
+
+from research.checkpoint.integrity import remove_tree
+from research.checkpoint.manifest import committed_steps, read_manifest, update_manifest
+from research.checkpoint.restore import Restored, restore_latest
+from research.checkpoint.tiers import Tier, clean_rank_dir, default_fast_root
+from research.comm.world import World
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint failed (on any rank); raised on the next ``save`` or ``wait``."""
+
+
+@dataclasses.dataclass
+class SaveRecord:
+    """What one checkpoint request cost this rank, and when it was committed.
+
+    Attributes:
+      step: the step checkpointed.
+      blocking_s: time the training thread spent in ``save``.
+      wait_s: part of ``blocking_s`` spent waiting for checkpoints in flight.
+      inflight: checkpoints still in flight when this one was requested.
+      skipped: the request was dropped (``on_busy="skip"``) or failed.
+      committed_s: request to global commit in the first tier (None: never).
+      persisted_s: request to global commit in the persistent tier.
+      bytes_written: bytes this rank wrote for it, all tiers.
+    """
+
+    step: int
+    blocking_s: float = 0.0
+    wait_s: float = 0.0
+    inflight: int = 0
+    skipped: bool = False
+    committed_s: float | None = None
+    persisted_s: float | None = None
+    bytes_written: int = 0
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+class Checkpointer:
+    """Base class: tiers, the commit communicator, records, restore and summary.
+
+    Args:
+      world: the job's world; construction is collective.
+      directory: persistent tier root (shared file system on a cluster).
+      fast_dir: fast tier root; ``"auto"`` picks a node-local folder (see
+        ``tiers.default_fast_root``), None uses the persistent tier only.
+      fsync: make the persistent tier's files and manifests durable.
+    """
+
+    name = "base"
+
+    def __init__(
+        self,
+        world: World,
+        directory: str | Path,
+        *,
+        fast_dir: str | Path | None = None,
+        fsync: bool = True,
+    ) -> None:
+        self.world = world
+        self.rank, self.size = world.rank, world.size
+        # A private communicator per instance: two checkpointers alive in one
+        # process (tests, the experiment's strategies) never match each other.
+        self.comm: MPI.Intracomm = world.dup("checkpoint").Dup()
+        persistent = Tier("persistent", Path(directory))
+        if fast_dir == "auto":
+            fast_dir = default_fast_root(persistent.root)
+        self.tiers = ([Tier("fast", Path(fast_dir))] if fast_dir else []) + [persistent]
+        self.fsync = fsync
+        self.records: dict[int, SaveRecord] = {}
+        self.restore_s: float | None = None
+        self._committed: dict[str, list[int]] = {}
+        self._load_committed_and_clean()
+
+    # -- bookkeeping shared with subclasses ---------------------------------------
+    def _load_committed_and_clean(self) -> None:
+        """Read what each tier has committed (rank 0) and drop every rank's leftovers.
+
+        Leftovers are Orbax temporary folders of a crashed write and shards of
+        steps that never became globally committed.
+        """
+        steps = None
+        if self.rank == 0:
+            steps = {
+                t.name: sorted(committed_steps(read_manifest(t.root)))
+                for t in self.tiers
+            }
+        steps = self.comm.bcast(steps, root=0)
+        self._committed = {k: list(v) for k, v in steps.items()}
+        for t in self.tiers:
+            clean_rank_dir(t, self.rank, set(self._committed[t.name]))
+
+    def committed_steps(self, tier: str | None = None) -> list[int]:
+        """Globally committed steps known to this process (ascending)."""
+        if tier is not None:
+            return list(self._committed.get(tier, []))
+        return sorted(set().union(*self._committed.values()))
+
+    # -- the interface ------------------------------------------------------------
+    def save(self, step: int, state: Any, extra: dict | None = None) -> SaveRecord:
+        raise NotImplementedError
+
+    def wait(self) -> None:
+        """Block until every requested checkpoint is committed or failed."""
+
+    def close(self) -> None:
+        """Finish outstanding work and release the communicator. Collective."""
+        if self.comm != MPI.COMM_NULL:
+            # After this barrier every manifest update of this instance is on disk.
+            self.comm.Barrier()
+            self.comm.Free()
+
+    def restore(self, target: Any, step: int | None = None) -> Restored | None:
+        """The newest globally committed step (or ``step``) that verifies, in any tier.
+
+        Collective: every rank returns the identical full state, shaped like
+        ``target``. Steps newer than the one restored are forgotten (manifest
+        entries and shards), so the resumed run writes them afresh.
+        """
+        self.wait()
+        t0 = time.perf_counter()
+        out = restore_latest(self.comm, self.tiers, target, step=step)
+        self.restore_s = time.perf_counter() - t0
+        if out is not None and step is None:
+            self._forget_after(out.step)
+        return out
+
+    def _forget_after(self, step: int) -> None:
+        for t in self.tiers:
+            newer = [s for s in self._committed[t.name] if s > step]
+            if not newer:
+                continue
+            if self.rank == 0:
+                update_manifest(t.root, tier=t.name, remove=newer, fsync=self.fsync)
+            self._committed[t.name] = [s for s in self._committed[t.name] if s <= step]
+        self.comm.Barrier()
+        for t in self.tiers:
+            clean_rank_dir(t, self.rank, set(self._committed[t.name]))
+
+    def _drop_old(self, tier: Tier, keep: int) -> None:
+        """Forget all but the newest ``keep`` committed steps of ``tier``.
+
+        Every rank calls it with the same committed list. Rank 0 drops the
+        manifest entries before deleting its own shards; other ranks may delete
+        first, which is harmless: only steps older than the newest committed
+        one go, and restore tries the newest first.
+        """
+        steps = sorted(self._committed.get(tier.name, []))
+        drop = steps[:-keep]
+        if not drop:
+            return
+        if self.rank == 0:
+            update_manifest(
+                tier.root,
+                tier=tier.name,
+                remove=drop,
+                fsync=self.fsync and tier.name == "persistent",
+            )
+        self._committed[tier.name] = steps[-keep:]
+        for s in drop:
+            remove_tree(tier.step_dir(self.rank, s))
+
+    def summary(self) -> dict[str, Any]:
+        """This rank's numbers: blocking, waits, commit latency, bytes, restore."""
+        recs = sorted(self.records.values(), key=lambda r: r.step)
+        done = [r for r in recs if not r.skipped]
+        return {
+            "strategy": self.name,
+            "saves": len(recs),
+            "skipped": sum(r.skipped for r in recs),
+            "stalled": sum(r.wait_s > 0 for r in recs),
+            "median_blocking_s": _median([r.blocking_s for r in recs]),
+            "max_blocking_s": max((r.blocking_s for r in recs), default=None),
+            "median_wait_s": _median([r.wait_s for r in recs]),
+            "median_committed_s": _median(
+                [r.committed_s for r in done if r.committed_s is not None]
+            ),
+            "median_persisted_s": _median(
+                [r.persisted_s for r in done if r.persisted_s is not None]
+            ),
+            "bytes_written": sum(r.bytes_written for r in recs),
+            "bytes_per_checkpoint": _median([r.bytes_written for r in done]),
+            "restore_s": self.restore_s,
+            "committed_steps": self.committed_steps(),
+            "records": [dataclasses.asdict(r) for r in recs],
+        }

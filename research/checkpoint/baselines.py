@@ -1,0 +1,286 @@
+"""The baselines DeepFreeze is measured against, in the same format.
+
+* ``rank0-sync``: rank 0 writes the whole state and training waits for it (the
+  Horovod/Keras norm: ``if hvd.rank() == 0: model.save(...)``); the other ranks
+  wait for rank 0 in the next step's allreduce.
+* ``orbax-sync``: every rank writes its size-balanced shard with Orbax's
+  blocking ``Checkpointer``, then the ranks agree before training resumes.
+* ``orbax-async-rank0``: rank 0 writes the whole state with Orbax's
+  ``AsyncCheckpointer``; the blocking part is Orbax's device-to-host copy of
+  the state, and a save waits behind the previous one (Orbax's own policy).
+
+All three write manifests and shards as DeepFreeze does, so one ``restore``
+serves every strategy, but they record no checksums (as their models do not),
+so restore cannot detect a corrupt file of theirs beyond what Orbax notices.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from research.checkpoint.agreement import allgather_json
+from research.checkpoint.base import Checkpointer, CheckpointError, SaveRecord
+from research.checkpoint.integrity import remove_tree
+from research.checkpoint.leaves import Flattener, is_key
+from research.checkpoint.manifest import make_entry, update_manifest
+from research.checkpoint.partition import partition_by_bytes
+from research.checkpoint.shard import new_checkpointer, shard_args
+from research.checkpoint.tiers import Tier, dir_bytes
+from research.comm.world import World
+from research.trace import get_tracer
+
+
+def _host(x: Any) -> Any:
+    """A leaf as Orbax takes it: key data for typed keys, the array otherwise."""
+    return jax.random.key_data(x) if is_key(x) else x
+
+
+class _Base(Checkpointer):
+    """Persistent tier only; ``keep`` newest steps."""
+
+    def __init__(
+        self,
+        world: World,
+        directory: str | Path,
+        *,
+        keep: int = 3,
+        compress: bool = False,
+        fsync: bool = True,
+    ) -> None:
+        super().__init__(world, directory, fast_dir=None, fsync=fsync)
+        self.keep, self.compress = keep, compress
+        self._flat = Flattener()
+        self.tier = self.tiers[0]
+
+    def _entry(self, step: int, owners: list[int], shards: list[dict]) -> dict:
+        specs = [s.as_dict() for s in self._flat.specs]
+        return make_entry(
+            step, self.name, self.size, specs, owners, {}, shards, time.time()
+        )
+
+    def _shard(self, step: int, extra: dict | None) -> dict:
+        path = self.tier.step_dir(self.rank, step)
+        return {
+            "shard": self.rank,
+            "rank": self.rank,
+            "path": Tier.rel(self.rank, step),
+            "bytes": dir_bytes(path),
+            "files": None,
+            "extra": dict(extra or {}),
+        }
+
+    def _meta(self, step: int, extra: dict | None) -> dict:
+        return {
+            "step": step,
+            "rank": self.rank,
+            "world_size": self.size,
+            "extra": dict(extra or {}),
+        }
+
+
+class Rank0Sync(_Base):
+    """Rank 0 saves the whole state synchronously; the others do nothing."""
+
+    name = "rank0-sync"
+    _ckptr = None
+
+    def save(self, step: int, state: Any, extra: dict | None = None) -> SaveRecord:
+        t0 = time.perf_counter()
+        rec = SaveRecord(step=int(step))
+        if self.rank == 0:
+            with get_tracer().span(
+                "checkpoint", "checkpoint", step=step, strategy=self.name
+            ):
+                leaves, _ = self._flat.flatten(state)
+                host = jax.device_get([_host(x) for x in leaves])
+                path = self.tier.step_dir(0, step)
+                remove_tree(path)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                if self._ckptr is None:
+                    self._ckptr = new_checkpointer(
+                        use_async=False, compress=self.compress
+                    )
+                self._ckptr.save(
+                    path,
+                    args=shard_args(
+                        dict(zip(self._flat.names, host)), self._meta(step, extra)
+                    ),
+                )
+                shard = self._shard(step, extra)
+                rec.bytes_written = shard["bytes"]
+                update_manifest(
+                    self.tier.root,
+                    tier=self.tier.name,
+                    fsync=self.fsync,
+                    add=[self._entry(step, [0] * len(leaves), [shard])],
+                )
+                self._committed.setdefault(self.tier.name, []).append(step)
+                self._drop_old(self.tier, self.keep)
+            rec.committed_s = rec.persisted_s = time.perf_counter() - t0
+        rec.blocking_s = time.perf_counter() - t0
+        self.records[rec.step] = rec
+        return rec
+
+
+class OrbaxSync(_Base):
+    """Every rank saves its balanced shard with Orbax's blocking Checkpointer."""
+
+    name = "orbax-sync"
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._ckptr = new_checkpointer(use_async=False, compress=self.compress)
+        self._owners: list[int] = []
+
+    def save(self, step: int, state: Any, extra: dict | None = None) -> SaveRecord:
+        t0 = time.perf_counter()
+        rec = SaveRecord(step=int(step))
+        with get_tracer().span(
+            "checkpoint", "checkpoint", step=step, strategy=self.name
+        ):
+            leaves, changed = self._flat.flatten(state)
+            if changed or not self._owners:
+                self._owners = partition_by_bytes(
+                    [s.nbytes for s in self._flat.specs], self.size
+                )
+            mine = [i for i, o in enumerate(self._owners) if o == self.rank]
+            host = jax.device_get([_host(leaves[i]) for i in mine])
+            path = self.tier.step_dir(self.rank, step)
+            remove_tree(path)
+            report: dict[str, Any] = {"rank": self.rank, "status": "ok"}
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._ckptr.save(
+                    path,
+                    args=shard_args(
+                        {self._flat.names[i]: a for i, a in zip(mine, host)},
+                        self._meta(step, extra),
+                    ),
+                )
+                report["shard"] = self._shard(step, extra)
+                rec.bytes_written = report["shard"]["bytes"]
+            except Exception as e:  # noqa: BLE001 - reported to every rank
+                report.update(status="error", error=f"{type(e).__name__}: {e}")
+            with get_tracer().span("commit", "checkpoint", step=step):
+                reports = allgather_json(self.comm, report)
+            failed = [r for r in reports if r["status"] != "ok"]
+            if failed:
+                remove_tree(path)
+                raise CheckpointError(
+                    f"checkpoint of step {step} failed: "
+                    + "; ".join(f"rank {r['rank']}: {r['error']}" for r in failed)
+                )
+            if self.rank == 0:
+                update_manifest(
+                    self.tier.root,
+                    tier=self.tier.name,
+                    fsync=self.fsync,
+                    add=[
+                        self._entry(step, self._owners, [r["shard"] for r in reports])
+                    ],
+                )
+            self._committed.setdefault(self.tier.name, []).append(step)
+            self._drop_old(self.tier, self.keep)
+        rec.blocking_s = rec.committed_s = rec.persisted_s = time.perf_counter() - t0
+        self.records[rec.step] = rec
+        return rec
+
+
+class OrbaxAsyncRank0(_Base):
+    """Rank 0 saves the whole state with Orbax's AsyncCheckpointer."""
+
+    name = "orbax-async-rank0"
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._ckptr = (
+            new_checkpointer(use_async=True, compress=self.compress)
+            if self.rank == 0
+            else None
+        )
+        self._watcher: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def save(self, step: int, state: Any, extra: dict | None = None) -> SaveRecord:
+        t0 = time.perf_counter()
+        rec = SaveRecord(step=int(step))
+        self.records[rec.step] = rec
+        if self.rank == 0:
+            tr = get_tracer()
+            with tr.span("checkpoint", "checkpoint", step=step, strategy=self.name):
+                rec.inflight = int(
+                    self._watcher is not None and self._watcher.is_alive()
+                )
+                with tr.span("wait for previous save", "checkpoint", step=step):
+                    self._join()  # Orbax's save would wait here anyway
+                rec.wait_s = time.perf_counter() - t0
+                self._raise()
+                leaves, _ = self._flat.flatten(state)
+                path = self.tier.step_dir(0, step)
+                remove_tree(path)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                # Orbax copies device arrays to host before returning (donation-safe).
+                self._ckptr.save(
+                    path,
+                    args=shard_args(
+                        dict(zip(self._flat.names, [_host(x) for x in leaves])),
+                        self._meta(step, extra),
+                    ),
+                )
+                n = len(leaves)
+                self._watcher = threading.Thread(
+                    target=self._commit_when_done,
+                    args=(step, rec, t0, extra, n),
+                    name="orbax-async-commit",
+                    daemon=True,
+                )
+                self._watcher.start()
+        rec.blocking_s = time.perf_counter() - t0
+        return rec
+
+    def _commit_when_done(
+        self, step: int, rec: SaveRecord, t0: float, extra: dict | None, n: int
+    ) -> None:
+        try:
+            with get_tracer().span("write", "checkpoint-bg", step=step):
+                self._ckptr.wait_until_finished()
+            shard = self._shard(step, extra)
+            rec.bytes_written = shard["bytes"]
+            with get_tracer().span("commit", "checkpoint-bg", step=step):
+                update_manifest(
+                    self.tier.root,
+                    tier=self.tier.name,
+                    fsync=self.fsync,
+                    add=[self._entry(step, [0] * n, [shard])],
+                )
+            self._committed.setdefault(self.tier.name, []).append(step)
+            self._drop_old(self.tier, self.keep)
+            rec.committed_s = rec.persisted_s = time.perf_counter() - t0
+        except BaseException as e:  # noqa: BLE001 - surfaced on the next save/wait
+            self._error = e
+
+    def _join(self) -> None:
+        if self._watcher is not None:
+            self._watcher.join()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise CheckpointError(f"asynchronous save failed: {err}") from err
+
+    def wait(self) -> None:
+        self._join()
+        self._raise()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            if self._ckptr is not None:
+                self._ckptr.close()
+            super().close()

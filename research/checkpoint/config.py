@@ -1,0 +1,95 @@
+"""Checkpointing configuration: pick a strategy by name and build it."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from research.checkpoint.base import Checkpointer
+from research.comm.world import World
+
+STRATEGIES = ("none", "rank0-sync", "orbax-sync", "orbax-async-rank0", "deepfreeze")
+
+
+@dataclasses.dataclass
+class CheckpointConfig:
+    """How, where and how often to checkpoint.
+
+    Attributes:
+      strategy: one of ``STRATEGIES``.
+      every: checkpoint after every ``every`` steps (0: never).
+      directory: persistent tier (default ``<run_dir>/checkpoints``).
+      fast_dir: DeepFreeze's fast tier: ``"auto"`` (``/dev/shm`` or ``$TMPDIR``),
+        a path, or None for the persistent tier only.
+      keep: committed steps kept in the persistent tier.
+      keep_fast: committed steps kept in the fast tier.
+      max_inflight: DeepFreeze checkpoints outstanding at once.
+      on_busy: DeepFreeze policy beyond ``max_inflight``: ``"wait"`` or ``"skip"``.
+      snapshot: DeepFreeze snapshot mode: auto, view, host or device.
+      compress: zstd-compress shard chunks (every strategy).
+      fsync: make persistent files durable.
+      resume: restore the newest committed step at the start of training.
+    """
+
+    strategy: str = "deepfreeze"
+    every: int = 10
+    directory: str = ""
+    fast_dir: str | None = "auto"
+    keep: int = 3
+    keep_fast: int = 2
+    max_inflight: int = 2
+    on_busy: str = "wait"
+    snapshot: str = "auto"
+    compress: bool = False
+    fsync: bool = True
+    resume: bool = True
+
+    def validate(self) -> str | None:
+        """A one-line problem, or None when the configuration is usable."""
+        if self.strategy not in STRATEGIES:
+            return (
+                f"unknown checkpoint strategy {self.strategy!r}; valid: "
+                + ", ".join(STRATEGIES)
+            )
+        if self.every < 0:
+            return "checkpoint interval must be >= 0"
+        if min(self.keep, self.keep_fast, self.max_inflight) < 1:
+            return "keep, keep_fast and max_inflight must be >= 1"
+        if self.on_busy not in ("wait", "skip"):
+            return f"on_busy must be 'wait' or 'skip', got {self.on_busy!r}"
+        return None
+
+    def create(
+        self, world: World, run_dir: str | Path | None = None, **kw: Any
+    ) -> Checkpointer | None:
+        """Build the strategy (collective); None for ``"none"``."""
+        problem = self.validate()
+        if problem:
+            raise ValueError(problem)
+        if self.strategy == "none":
+            return None
+        directory = self.directory or str(Path(run_dir or ".") / "checkpoints")
+        common = {"compress": self.compress, "fsync": self.fsync, "keep": self.keep}
+        if self.strategy == "deepfreeze":
+            from research.checkpoint.deepfreeze import DeepFreeze
+
+            return DeepFreeze(
+                world,
+                directory,
+                fast_dir=self.fast_dir,
+                keep_fast=self.keep_fast,
+                max_inflight=self.max_inflight,
+                on_busy=self.on_busy,
+                snapshot=self.snapshot,
+                **common,
+                **kw,
+            )
+        from research.checkpoint import baselines
+
+        cls = {
+            "rank0-sync": baselines.Rank0Sync,
+            "orbax-sync": baselines.OrbaxSync,
+            "orbax-async-rank0": baselines.OrbaxAsyncRank0,
+        }[self.strategy]
+        return cls(world, directory, **common, **kw)

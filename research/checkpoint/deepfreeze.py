@@ -1,0 +1,440 @@
+"""DeepFreeze: asynchronous, fine-grain, rank-sharded, multi-level checkpoints.
+
+``save(step, state)`` holds the training thread only for the snapshot of this
+rank's shard (``snapshot.py``: zero-copy views on CPU); one background thread
+per rank then, for each checkpoint in request order:
+
+1. moves the snapshot to host memory and computes each leaf's CRC-32;
+2. writes the shard as an Orbax item into the first tier with Orbax's
+   ``AsyncCheckpointer`` (tensorstore serialization and writes in Orbax's
+   threads; ``<step>.orbax-checkpoint-tmp`` renamed to ``<step>`` on success);
+3. agrees with every rank (``agreement.allgather_json`` on a private
+   communicator); when all shards are in, rank 0 adds the step to that tier's
+   manifest, last;
+4. flushes the shard to the persistent tier (verified copy into
+   ``<step>.flush-tmp``, renamed), agrees again, rank 0 updates that manifest;
+5. drops old steps: the newest ``keep`` persistent and ``keep_fast`` fast steps
+   stay.
+
+Checkpoints in flight: up to ``max_inflight`` requests may be outstanding (one
+being written, the next queued with its snapshot held). A request beyond that
+either waits in ``save`` until one finishes (``on_busy="wait"``, the default:
+the wait is part of the blocking time, recorded as ``wait_s``, drawn on the
+timeline and warned about once) or is dropped (``on_busy="skip"``: recorded as
+skipped and reported by every rank's commit round, so no rank commits it). A
+new checkpoint never replaces or interleaves with one being written.
+
+Failures (a full disk, a permission error, a corrupt fast-tier file) are
+reported in the commit round, so every rank raises ``CheckpointError`` on its
+next ``save`` or ``wait``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from research.checkpoint.agreement import allgather_json
+from research.checkpoint.base import Checkpointer, CheckpointError, SaveRecord
+from research.checkpoint.integrity import (
+    array_crc32,
+    copy_verified,
+    remove_tree,
+    scan_dir,
+)
+from research.checkpoint.leaves import Flattener
+from research.checkpoint.manifest import CheckpointWarning, make_entry, update_manifest
+from research.checkpoint.partition import partition_by_bytes
+from research.checkpoint.shard import new_checkpointer, shard_args
+from research.checkpoint.snapshot import Snapshotter
+from research.checkpoint.tiers import Tier
+from research.comm.world import World
+from research.trace import get_tracer
+
+FaultHook = Callable[[str, int], None]
+
+
+@dataclasses.dataclass
+class _Job:
+    step: int
+    record: SaveRecord
+    t_request: float
+    taken: list[Any] | None = None
+    names: list[str] = dataclasses.field(default_factory=list)
+    specs: list[dict] = dataclasses.field(default_factory=list)
+    owners: list[int] = dataclasses.field(default_factory=list)
+    extra: dict = dataclasses.field(default_factory=dict)
+    skipped: bool = False
+
+
+class DeepFreeze(Checkpointer):
+    """The DeepFreeze checkpointer (see the module docstring).
+
+    Args:
+      world: the job's world; construction, ``restore`` and ``close`` are collective.
+      directory: persistent tier root.
+      fast_dir: fast tier root (``"auto"``: ``/dev/shm`` or ``$TMPDIR``; None: none).
+      keep: committed steps kept in the persistent tier.
+      keep_fast: committed steps kept in the fast tier.
+      max_inflight: checkpoints that may be outstanding at once (>= 1).
+      on_busy: ``"wait"`` or ``"skip"`` when ``max_inflight`` are outstanding.
+      snapshot: ``"auto"``, ``"view"``, ``"host"`` or ``"device"`` (``snapshot.py``).
+      compress: zstd-compress shard chunks.
+      fsync: make persistent files and manifests durable.
+      fault_hook: ``hook(event, step)`` called by the background thread at
+        ``write-begin``, ``write-started``, ``written``, ``committed``,
+        ``flush-file`` and ``flushed`` (fault-injection tests).
+    """
+
+    name = "deepfreeze"
+
+    def __init__(
+        self,
+        world: World,
+        directory: str | Path,
+        *,
+        fast_dir: str | Path | None = "auto",
+        keep: int = 3,
+        keep_fast: int = 2,
+        max_inflight: int = 2,
+        on_busy: str = "wait",
+        snapshot: str = "auto",
+        compress: bool = False,
+        fsync: bool = True,
+        fault_hook: FaultHook | None = None,
+    ) -> None:
+        if on_busy not in ("wait", "skip"):
+            raise ValueError(f"on_busy must be 'wait' or 'skip', got {on_busy!r}")
+        if max_inflight < 1 or keep < 1 or keep_fast < 1:
+            raise ValueError("max_inflight, keep and keep_fast must be >= 1")
+        super().__init__(world, directory, fast_dir=fast_dir, fsync=fsync)
+        self.keep, self.keep_fast = keep, keep_fast
+        self.max_inflight, self.on_busy = max_inflight, on_busy
+        self.compress = compress
+        self._hook = fault_hook or (lambda event, step: None)
+        self._snap = Snapshotter(snapshot)
+        self._flat = Flattener()
+        self._owners: list[int] = []
+        self._mine: list[int] = []
+        self._ckptr = None  # Orbax AsyncCheckpointer, made by the background thread
+        self._queue: queue.Queue[_Job | None] = queue.Queue()
+        self._cv = threading.Condition()
+        self._inflight = 0
+        self._errors: list[CheckpointError] = []
+        self._broken: BaseException | None = None
+        self._warned_wait = False
+        self._closed = False
+        self._thread = threading.Thread(
+            target=self._run, daemon=True, name=f"deepfreeze-r{self.rank}"
+        )
+        self._thread.start()
+
+    @property
+    def snapshot_mode(self) -> str:
+        return self._snap.mode
+
+    # -- training thread ------------------------------------------------------------
+    def save(self, step: int, state: Any, extra: dict | None = None) -> SaveRecord:
+        """Snapshot this rank's shard and hand it to the background; see class doc."""
+        t0 = time.perf_counter()
+        tr = get_tracer()
+        rec = SaveRecord(step=int(step))
+        with tr.span("checkpoint", "checkpoint", step=step, strategy=self.name) as span:
+            self._raise_errors()
+            skip = self._admit(rec, step)
+            job = _Job(
+                step=int(step),
+                record=rec,
+                t_request=t0,
+                extra=dict(extra or {}),
+                skipped=skip,
+            )
+            if not skip:
+                leaves, changed = self._flat.flatten(state)
+                if changed or not self._owners:
+                    specs = self._flat.specs
+                    self._owners = partition_by_bytes(
+                        [s.nbytes for s in specs], self.size
+                    )
+                    self._mine = [
+                        i for i, o in enumerate(self._owners) if o == self.rank
+                    ]
+                with tr.span(
+                    "snapshot",
+                    "checkpoint",
+                    step=step,
+                    leaves=len(self._mine),
+                    mode=self._snap.mode,
+                ):
+                    job.taken = self._snap.take([leaves[i] for i in self._mine])
+                job.names = [self._flat.names[i] for i in self._mine]
+                job.specs = [s.as_dict() for s in self._flat.specs]
+                job.owners = list(self._owners)
+            self.records[rec.step] = rec
+            self._queue.put(job)
+            rec.blocking_s = time.perf_counter() - t0
+            span.set(wait_s=rec.wait_s, skipped=skip, inflight=rec.inflight)
+        return rec
+
+    def _admit(self, rec: SaveRecord, step: int) -> bool:
+        """Reserve an in-flight slot; True when the request is to be skipped."""
+        with self._cv:
+            rec.inflight = self._inflight
+            if self._inflight >= self.max_inflight:
+                if self.on_busy == "skip":
+                    rec.skipped = True
+                else:
+                    t = time.perf_counter()
+                    with get_tracer().span(
+                        "wait for checkpoints in flight",
+                        "checkpoint",
+                        step=step,
+                        inflight=self._inflight,
+                    ):
+                        while self._inflight >= self.max_inflight and not self._broken:
+                            self._cv.wait(0.5)
+                    rec.wait_s = time.perf_counter() - t
+                    if not self._warned_wait:
+                        self._warned_wait = True
+                        warnings.warn(
+                            f"r{self.rank} | checkpoint at step {step} waited "
+                            f"{rec.wait_s:.3f} s for {rec.inflight} checkpoint(s) "
+                            "still being written; lengthen the interval or raise "
+                            "max_inflight",
+                            CheckpointWarning,
+                            stacklevel=3,
+                        )
+            if self._broken is not None:
+                raise CheckpointError("the checkpoint thread stopped") from self._broken
+            # A skipped request still takes a slot: its commit round must run.
+            self._inflight += 1
+            return rec.skipped
+
+    def _raise_errors(self) -> None:
+        with self._cv:
+            if self._errors:
+                err = self._errors.pop(0)
+                raise err
+            if self._broken is not None:
+                raise CheckpointError("the checkpoint thread stopped") from self._broken
+
+    def wait(self) -> None:
+        """Block until every requested checkpoint is committed or failed; raise."""
+        with get_tracer().span("wait for checkpoints", "checkpoint"), self._cv:
+            while self._inflight > 0 and self._broken is None:
+                self._cv.wait(0.5)
+        self._raise_errors()
+
+    def close(self) -> None:
+        """Finish outstanding checkpoints (raising failures), stop. Collective."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.wait()
+        finally:
+            self._queue.put(None)
+            self._thread.join()
+            super().close()
+
+    # -- background thread -----------------------------------------------------------
+    def _run(self) -> None:
+        while (job := self._queue.get()) is not None:
+            try:
+                self._process(job)
+            except BaseException as e:  # noqa: BLE001 - agreement broke: stop for good
+                with self._cv:
+                    self._broken = e
+            finally:
+                with self._cv:
+                    self._inflight -= 1
+                    self._cv.notify_all()
+        if self._ckptr is not None:
+            self._ckptr.close()
+
+    def _process(self, job: _Job) -> None:
+        tr, first = get_tracer(), self.tiers[0]
+        report: dict[str, Any] = {"rank": self.rank, "status": "ok"}
+        local_exc: BaseException | None = None
+        if job.skipped:
+            report["status"] = "skipped"
+        else:
+            try:
+                report["shard"] = self._write(job, first)
+            except Exception as e:  # noqa: BLE001 - reported to every rank below
+                local_exc = e
+                report.update(status="error", error=f"{type(e).__name__}: {e}")
+            finally:
+                self._snap.release(job.taken)
+                job.taken = None
+        with tr.span("commit", "checkpoint-bg", step=job.step, tier=first.name):
+            reports = allgather_json(self.comm, report)
+            if not self._settle(job, first, reports, local_exc, "committed_s"):
+                remove_tree(first.step_dir(self.rank, job.step))
+                return
+        self._hook("committed", job.step)
+        shards = [r["shard"] for r in reports]
+        for tier in self.tiers[1:]:
+            report = {"rank": self.rank, "status": "ok"}
+            local_exc = None
+            try:
+                with tr.span(
+                    "flush", "checkpoint-bg", step=job.step, tier=tier.name
+                ) as sp:
+                    n = self._flush(job.step, shards[self.rank], first, tier)
+                    sp.set(bytes=n)
+                job.record.bytes_written += n
+            except Exception as e:  # noqa: BLE001
+                local_exc = e
+                report.update(status="error", error=f"{type(e).__name__}: {e}")
+            with tr.span("commit", "checkpoint-bg", step=job.step, tier=tier.name):
+                reports = allgather_json(self.comm, report)
+                if not self._settle(
+                    job,
+                    tier,
+                    [{**r, "shard": s} for r, s in zip(reports, shards)],
+                    local_exc,
+                    "persisted_s",
+                ):
+                    remove_tree(tier.step_dir(self.rank, job.step))
+                    remove_tree(tier.rank_dir(self.rank) / f"{job.step}.flush-tmp")
+                    return
+            self._hook("flushed", job.step)
+        with tr.span("retention", "checkpoint-bg", step=job.step):
+            self._retention()
+
+    def _settle(
+        self,
+        job: _Job,
+        tier: Tier,
+        reports: list[dict],
+        local_exc: BaseException | None,
+        field: str,
+    ) -> bool:
+        """Record the outcome of a commit round; rank 0 writes the manifest last."""
+        failed = [r for r in reports if r["status"] == "error"]
+        if failed:
+            msg = "; ".join(f"rank {r['rank']}: {r['error']}" for r in failed)
+            err = CheckpointError(
+                f"checkpoint of step {job.step} was not committed to "
+                f"the {tier.name} tier ({tier.root}): {msg}"
+            )
+            err.__cause__ = local_exc
+            with self._cv:
+                self._errors.append(err)
+            job.record.skipped = True
+            return False
+        if any(r["status"] != "ok" for r in reports):
+            job.record.skipped = True  # some rank skipped it: nobody commits it
+            return False
+        if self.rank == 0:
+            crcs: dict[str, int] = {}
+            for r in reports:
+                crcs.update(r["shard"].get("crc32", {}))
+            shards = [
+                {k: v for k, v in r["shard"].items() if k != "crc32"} for r in reports
+            ]
+            entry = make_entry(
+                job.step,
+                self.name,
+                self.size,
+                job.specs,
+                job.owners,
+                crcs,
+                shards,
+                time.time(),
+            )
+            update_manifest(
+                tier.root,
+                tier=tier.name,
+                add=[entry],
+                fsync=self.fsync and tier.name == "persistent",
+            )
+        self._committed.setdefault(tier.name, []).append(job.step)
+        setattr(job.record, field, time.perf_counter() - job.t_request)
+        if tier is self.tiers[-1] and field == "committed_s":
+            job.record.persisted_s = job.record.committed_s
+        return True
+
+    def _write(self, job: _Job, tier: Tier) -> dict[str, Any]:
+        """Write this rank's shard of ``job`` into ``tier``; returns its report."""
+        tr, step = get_tracer(), job.step
+        with tr.span("device-to-host", "checkpoint-bg", step=step):
+            host = self._snap.materialize(job.taken)
+        nbytes = sum(a.nbytes for a in host)
+        with tr.span("checksum", "checkpoint-bg", step=step, bytes=nbytes):
+            crcs = {n: array_crc32(a) for n, a in zip(job.names, host)}
+        path = tier.step_dir(self.rank, step)
+        remove_tree(path)  # a stale shard of an uncommitted earlier attempt
+        remove_tree(path.with_name(f"{step}.orbax-checkpoint-tmp"))
+        self._hook("write-begin", step)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if self._ckptr is None:
+            self._ckptr = new_checkpointer(use_async=True, compress=self.compress)
+        meta = {
+            "step": step,
+            "rank": self.rank,
+            "world_size": self.size,
+            "leaves": [
+                {**job.specs[i], "crc32": crcs[job.specs[i]["name"]]}
+                for i, o in enumerate(job.owners)
+                if o == self.rank
+            ],
+            "extra": job.extra,
+        }
+        with tr.span("serialize", "checkpoint-bg", step=step, bytes=nbytes):
+            self._ckptr.save(path, args=shard_args(dict(zip(job.names, host)), meta))
+        self._hook("write-started", step)
+        with tr.span("write", "checkpoint-bg", step=step, tier=tier.name):
+            self._ckptr.wait_until_finished()
+        with tr.span("checksum files", "checkpoint-bg", step=step):
+            files = scan_dir(path)
+        written = sum(size for size, _ in files.values())
+        job.record.bytes_written += written
+        self._hook("written", step)
+        return {
+            "shard": self.rank,
+            "rank": self.rank,
+            "path": Tier.rel(self.rank, step),
+            "bytes": written,
+            "files": files,
+            "extra": job.extra,
+            "crc32": crcs,
+        }
+
+    def _flush(self, step: int, shard: dict, src: Tier, dst: Tier) -> int:
+        """Verified copy of this rank's shard from ``src`` to ``dst`` (tmp, rename)."""
+        final = dst.step_dir(self.rank, step)
+        tmp = final.with_name(f"{step}.flush-tmp")
+        remove_tree(tmp)
+        remove_tree(final)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        n = copy_verified(
+            src.step_dir(self.rank, step),
+            tmp,
+            shard["files"],
+            fsync=self.fsync,
+            on_file=lambda i: self._hook("flush-file", step),
+        )
+        os.rename(tmp, final)
+        if self.fsync:
+            fd = os.open(final.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return n
+
+    def _retention(self) -> None:
+        """Keep the newest ``keep`` (persistent) / ``keep_fast`` (fast) steps."""
+        for tier in self.tiers:
+            self._drop_old(
+                tier, self.keep if tier is self.tiers[-1] else self.keep_fast
+            )

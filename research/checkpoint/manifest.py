@@ -1,0 +1,142 @@
+"""The manifest: which global steps are committed in a tier, and what they hold.
+
+``<tier root>/manifest.json`` is written by rank 0 only, and only after every
+rank reported its shard of a step committed, so a step listed there is
+globally committed; it is the last thing written for a step. The write is
+atomic (temporary file, fsync, rename), so a reader sees the old or the new
+manifest, never half of one. Layout::
+
+    {"format": "research.checkpoint/1", "tier": "persistent",
+     "steps": {"30": {"step": 30, "time": ..., "world_size": 4,
+                      "strategy": "deepfreeze",
+                      "leaves": [{"name": "params/Dense_0/kernel", "shape": [..],
+                                  "dtype": "float32", "kind": "array",
+                                  "shard": 1, "crc32": 123}, ...],
+                      "shards": [{"shard": 1, "path": "rank1/30", "bytes": ..,
+                                  "files": {"state/...": [size, crc32]},
+                                  "extra": {...}}, ...]}}}
+
+``shard`` is the rank that wrote the leaf; ``path`` is relative to the tier
+root, and each shard directory is a standard Orbax checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+FORMAT = "research.checkpoint/1"
+NAME = "manifest.json"
+
+# One process writes a tier's manifest from more than one thread (commit and
+# retention); read-modify-write must not interleave.
+_lock = threading.Lock()
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint was unusable (restore fell back) or a manifest unreadable."""
+
+
+def manifest_path(root: str | os.PathLike) -> Path:
+    return Path(root) / NAME
+
+
+def read_manifest(root: str | os.PathLike) -> dict[str, Any]:
+    """The manifest of a tier; an empty one when there is none (or it is unreadable)."""
+    path = manifest_path(root)
+    empty: dict[str, Any] = {"format": FORMAT, "steps": {}}
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return empty
+    except (OSError, json.JSONDecodeError) as e:
+        warnings.warn(
+            f"checkpoint manifest {path} is unreadable ({e}); ignoring it",
+            CheckpointWarning,
+            stacklevel=2,
+        )
+        return empty
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        warnings.warn(
+            f"checkpoint manifest {path} has an unknown format; ignoring it",
+            CheckpointWarning,
+            stacklevel=2,
+        )
+        return empty
+    return data
+
+
+def write_manifest(
+    root: str | os.PathLike, manifest: dict[str, Any], fsync: bool = True
+) -> None:
+    """Replace the manifest atomically (tmp file, fsync, rename, fsync dir)."""
+    path = manifest_path(root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{NAME}.tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, separators=(",", ":"))
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+    if fsync:
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def update_manifest(
+    root: str | os.PathLike,
+    *,
+    tier: str,
+    add: list[dict[str, Any]] = (),
+    remove: list[int] = (),
+    fsync: bool = True,
+) -> dict[str, Any]:
+    """Add step entries and drop steps, then write; returns the new manifest."""
+    with _lock:
+        m = read_manifest(root)
+        m["tier"] = tier
+        for step in remove:
+            m["steps"].pop(str(step), None)
+        for entry in add:
+            m["steps"][str(entry["step"])] = entry
+        write_manifest(root, m, fsync=fsync)
+        return m
+
+
+def committed_steps(manifest: dict[str, Any]) -> list[int]:
+    """Globally committed steps, newest first."""
+    return sorted((int(s) for s in manifest.get("steps", {})), reverse=True)
+
+
+def make_entry(
+    step: int,
+    strategy: str,
+    world_size: int,
+    specs: list[dict],
+    owners: list[int],
+    crcs: dict[str, int | None],
+    shards: list[dict[str, Any]],
+    time_s: float,
+) -> dict[str, Any]:
+    """One step's manifest entry from the leaf table and the per-shard reports."""
+    leaves = [
+        {**spec, "shard": owner, "crc32": crcs.get(spec["name"])}
+        for spec, owner in zip(specs, owners)
+    ]
+    return {
+        "step": int(step),
+        "time": time_s,
+        "world_size": world_size,
+        "strategy": strategy,
+        "leaves": leaves,
+        "shards": sorted(shards, key=lambda s: s["shard"]),
+    }

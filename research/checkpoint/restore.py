@@ -1,0 +1,221 @@
+"""Restore: the newest globally committed step that verifies, from any tier.
+
+Collective. Rank 0 reads the manifests of every tier and broadcasts the
+candidate steps, newest first. For a candidate, shard ``i`` is read by rank
+``i % size`` (its writer when the world size is unchanged, so a node reads
+its own fast tier), from the fast tier if there and sound, else from the
+persistent tier. A shard is sound when every file has its recorded size and
+CRC-32, Orbax reads it, and every leaf has its recorded CRC-32. The ranks then
+agree (allgather): if any shard of the step failed everywhere, all ranks move
+on to the previous committed step, each problem reported with the file it
+names. Otherwise each reader broadcasts its shards' leaves as one buffer, so
+every rank ends with the complete, identical state: each byte is read from
+storage once, and fast-tier shards on other nodes are reachable.
+
+The broadcasts are blocking MPI calls (they spin): restore runs before
+training, when there is nothing to overlap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from research.checkpoint.integrity import CorruptShardError, array_crc32, verify_dir
+from research.checkpoint.leaves import Flattener, check_compatible, rebuild
+from research.checkpoint.manifest import CheckpointWarning, read_manifest
+from research.checkpoint.shard import read_shard
+from research.checkpoint.tiers import Tier
+
+
+@dataclasses.dataclass
+class Restored:
+    """A restored checkpoint.
+
+    Attributes:
+      step: the global step restored.
+      state: the full state, shaped like the target (identical on every rank).
+      extras: each shard's ``extra`` (by writer rank); see :meth:`extra_for`.
+      tiers: the tier each shard read by this rank came from.
+      seconds: wall time of the restore on this rank.
+      problems: why newer steps (or other tiers) were passed over.
+    """
+
+    step: int
+    state: Any
+    extras: list[dict]
+    tiers: list[str]
+    seconds: float
+    problems: list[str]
+
+    def extra_for(self, rank: int) -> dict:
+        """The ``extra`` saved by ``rank`` (rank 0's when that rank wrote none)."""
+        if 0 <= rank < len(self.extras) and self.extras[rank]:
+            return self.extras[rank]
+        return self.extras[0] if self.extras else {}
+
+
+def _load(path, shard: dict, leaves: list[dict], verify: bool) -> dict[str, np.ndarray]:
+    """Read and check one shard; ``CorruptShardError`` names what is wrong."""
+    if verify and shard.get("files"):
+        verify_dir(path, shard["files"])
+    names = [leaf["name"] for leaf in leaves]
+    try:
+        arrays, _ = read_shard(path, names)
+    except Exception as e:  # noqa: BLE001 - any reader failure means "unusable"
+        raise CorruptShardError(
+            path, f"Orbax cannot read it: {type(e).__name__}: {str(e)[:300]}"
+        ) from e
+    for leaf in leaves:
+        a = arrays.get(leaf["name"])
+        if a is None:
+            raise CorruptShardError(path, f"leaf {leaf['name']} is missing")
+        if (
+            list(a.shape) != list(leaf["shape"])
+            or np.dtype(a.dtype).name != leaf["dtype"]
+        ):
+            raise CorruptShardError(
+                path,
+                f"leaf {leaf['name']} is {a.dtype}"
+                f"{list(a.shape)}, expected {leaf['dtype']}"
+                f"{leaf['shape']}",
+            )
+        if verify and leaf.get("crc32") is not None and array_crc32(a) != leaf["crc32"]:
+            raise CorruptShardError(path, f"leaf {leaf['name']}: crc32 mismatch")
+    return arrays
+
+
+def _candidates(comm: MPI.Intracomm, tiers: list[Tier]) -> list[tuple[int, dict]]:
+    """``[(step, {tier name: entry})]``, newest first, identical on every rank."""
+    cands: dict[int, dict[str, dict]] = {}
+    if comm.Get_rank() == 0:
+        for tier in tiers:
+            for s, entry in read_manifest(tier.root).get("steps", {}).items():
+                cands.setdefault(int(s), {})[tier.name] = entry
+    return comm.bcast(sorted(cands.items(), reverse=True), root=0)
+
+
+def _exchange(
+    comm: MPI.Intracomm, entry: dict, loaded: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """Broadcast each shard's leaves from its reader; every rank gets all leaves."""
+    size = comm.Get_size()
+    out: dict[str, np.ndarray] = {}
+    for i, shard in enumerate(entry["shards"]):
+        leaves = [leaf for leaf in entry["leaves"] if leaf["shard"] == shard["shard"]]
+        nbytes = [
+            int(np.prod(leaf["shape"], dtype=np.int64))
+            * np.dtype(leaf["dtype"]).itemsize
+            for leaf in leaves
+        ]
+        root = i % size
+        if comm.Get_rank() == root:
+            parts = [
+                np.ascontiguousarray(loaded[leaf["name"]]).reshape(-1).view(np.uint8)
+                for leaf in leaves
+            ]
+            buf = np.concatenate(parts) if parts else np.empty(0, np.uint8)
+        else:
+            buf = np.empty(sum(nbytes), np.uint8)
+        if size > 1 and buf.size:
+            comm.Bcast(buf, root=root)
+        off = 0
+        for leaf, n in zip(leaves, nbytes):
+            out[leaf["name"]] = (
+                buf[off : off + n].view(np.dtype(leaf["dtype"])).reshape(leaf["shape"])
+            )
+            off += n
+    return out
+
+
+def restore_latest(
+    comm: MPI.Intracomm,
+    tiers: list[Tier],
+    target: Any,
+    *,
+    step: int | None = None,
+    verify: bool = True,
+) -> Restored | None:
+    """Restore the newest usable committed step (or exactly ``step``); collective.
+
+    Args:
+      comm: communicator of the job (every rank calls).
+      tiers: tiers to look in, fastest first.
+      target: a state of the right structure (the freshly initialised one);
+        leaves are placed like its leaves (device, sharding, key type).
+      step: restore only this step (None: newest usable).
+      verify: check file and leaf CRC-32s (on by default).
+
+    Returns:
+      The restored checkpoint, or None when no committed step is usable.
+
+    Raises:
+      ValueError: the checkpoint's leaves do not match ``target``'s.
+    """
+    t0 = time.perf_counter()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    flat = Flattener()
+    flat.flatten(target)
+    problems: list[str] = []
+    for s, by_tier in _candidates(comm, tiers):
+        if step is not None and s != step:
+            continue
+        entry = next(iter(by_tier.values()))
+        check_compatible(flat.specs, entry["leaves"])
+        loaded: dict[str, np.ndarray] = {}
+        used: list[str] = []
+        mine_ok, mine_problems = True, []
+        for i, shard in enumerate(entry["shards"]):
+            if i % size != rank:
+                continue
+            leaves = [
+                leaf for leaf in entry["leaves"] if leaf["shard"] == shard["shard"]
+            ]
+            for tier in tiers:
+                if tier.name not in by_tier:
+                    continue
+                tshard = by_tier[tier.name]["shards"][i]
+                try:
+                    loaded.update(
+                        _load(tier.root / tshard["path"], tshard, leaves, verify)
+                    )
+                    used.append(tier.name)
+                    break
+                except CorruptShardError as e:
+                    msg = f"step {s}, {tier.name} tier: {e}"
+                    mine_problems.append(msg)
+                    warnings.warn(
+                        f"r{rank} | checkpoint unusable: {msg}",
+                        CheckpointWarning,
+                        stacklevel=2,
+                    )
+            else:
+                mine_ok = False
+        reports = comm.allgather((mine_ok, mine_problems))
+        for _, probs in reports:
+            problems.extend(probs)
+        if not all(ok for ok, _ in reports):
+            if rank == 0:
+                warnings.warn(
+                    f"r0 | checkpoint step {s} is unusable on some rank; "
+                    "falling back to the previous committed step",
+                    CheckpointWarning,
+                    stacklevel=2,
+                )
+            continue
+        arrays = _exchange(comm, entry, loaded)
+        state = rebuild(target, arrays)
+        return Restored(
+            step=s,
+            state=state,
+            extras=[sh.get("extra") or {} for sh in entry["shards"]],
+            tiers=used,
+            seconds=time.perf_counter() - t0,
+            problems=problems,
+        )
+    return None

@@ -1,0 +1,202 @@
+"""Checkpointing across ranks: commit agreement, sharding, restore, policies.
+
+Runs on every rank of ``mpiexec -n 2`` and ``-n 4``; expectations are written in
+terms of the world size.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from research.checkpoint import CheckpointConfig, CheckpointError, CheckpointWarning
+from research.checkpoint.deepfreeze import DeepFreeze
+from research.checkpoint.restore import restore_latest
+from research.checkpoint.tiers import Tier
+from tests.checkpoint_state import advance, host, identical, initial, state_at
+
+
+@pytest.fixture
+def shared(world):
+    """A folder every rank sees (rank 0 makes it), removed after the test."""
+    path = world.bcast(
+        tempfile.mkdtemp(prefix="ckpt-mpi-") if world.rank == 0 else None
+    )
+    yield Path(path)
+    world.barrier()
+    if world.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _train(ckpt, steps, every, extra_of=None):
+    """Run donated steps, checkpoint every ``every``; returns host copies by step."""
+    s, saved = initial(), {}
+    for k in range(1, steps + 1):
+        s = advance(s)
+        if k % every == 0:
+            saved[k] = host(s)
+            ckpt.save(k, s, extra=extra_of(k) if extra_of else None)
+    ckpt.wait()
+    return s, saved
+
+
+def test_deepfreeze_roundtrip_identical_on_every_rank(world, shared):
+    ckpt = DeepFreeze(world, shared / "p", fast_dir=shared / "f", fsync=False)
+    _, saved = _train(ckpt, 9, 3, lambda k: {"data": {"rank": world.rank, "k": k}})
+    assert ckpt.committed_steps("fast")[-1] == 9
+    assert ckpt.committed_steps("persistent") == [3, 6, 9]
+    r = ckpt.restore(state_at(0))
+    ckpt.close()
+    assert r.step == 9 and r.tiers and set(r.tiers) == {"fast"}
+    assert identical(r.state, saved[9])
+    assert r.extra_for(world.rank) == {"data": {"rank": world.rank, "k": 9}}
+    digests = world.allgather(
+        [x.tobytes() for x in __import__("jax").tree.leaves(host(r.state))]
+    )
+    assert all(d == digests[0] for d in digests)
+
+
+def test_each_rank_writes_only_its_balanced_shard(world, shared):
+    ckpt = DeepFreeze(world, shared / "p", fast_dir=None, fsync=False)
+    _train(ckpt, 2, 2)
+    ckpt.close()
+    m = json.loads((shared / "p" / "manifest.json").read_text())
+    entry = m["steps"]["2"]
+    assert [s["shard"] for s in entry["shards"]] == list(range(world.size))
+    owned = [
+        sum(
+            np.prod(leaf["shape"], dtype=np.int64) * 4
+            for leaf in entry["leaves"]
+            if leaf["shard"] == r
+        )
+        for r in range(world.size)
+    ]
+    assert sum(owned) > 0
+    # The big leaf bounds the balance; no rank owns nothing when leaves suffice.
+    assert all(o > 0 for o in owned)
+    mine = Path(shared / "p" / f"rank{world.rank}" / "2")
+    assert mine.is_dir() and (mine / "state").is_dir() and (mine / "shard").is_dir()
+
+
+@pytest.mark.parametrize("mode", ["view", "host", "device"])
+def test_donation_does_not_corrupt_a_snapshot(world, shared, mode):
+    ckpt = DeepFreeze(world, shared / mode, fast_dir=None, snapshot=mode)
+    s = state_at(3)
+    expected = host(s)
+    ckpt.save(3, s)
+    for _ in range(5):  # donated steps right after the snapshot
+        s = advance(s)
+    ckpt.wait()
+    r = ckpt.restore(state_at(0))
+    ckpt.close()
+    assert r.step == 3 and identical(r.state, expected)
+
+
+@pytest.mark.parametrize("strategy", ["rank0-sync", "orbax-sync", "orbax-async-rank0"])
+def test_baselines_roundtrip(world, shared, strategy):
+    ckpt = CheckpointConfig(
+        strategy=strategy, directory=str(shared / strategy), fsync=False
+    ).create(world)
+    _, saved = _train(ckpt, 4, 2)
+    r = ckpt.restore(state_at(0))
+    ckpt.close()
+    assert r.step == 4 and identical(r.state, saved[4])
+
+
+def test_wait_policy_blocks_and_records_the_wait(world, shared):
+    ckpt = DeepFreeze(world, shared / "p", fast_dir=shared / "f", max_inflight=1)
+    s = initial()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        recs = [ckpt.save(k, s) for k in (1, 2, 3)]
+    ckpt.wait()
+    assert recs[0].wait_s == 0
+    # Each later request found one in flight and waited for it; nothing dropped.
+    assert all(r.inflight <= 1 and not r.skipped for r in recs)
+    assert sum(r.wait_s > 0 for r in recs[1:]) >= 1
+    assert any(issubclass(w.category, CheckpointWarning) for w in caught)
+    assert ckpt.committed_steps("persistent")[-2:] == [2, 3]
+    ckpt.close()
+
+
+def test_skip_policy_commits_a_step_on_all_ranks_or_none(world, shared):
+    ckpt = DeepFreeze(
+        world, shared / "p", fast_dir=None, max_inflight=1, on_busy="skip"
+    )
+    s = state_at(1, scale=8)
+    recs = [ckpt.save(k, s) for k in range(1, 7)]
+    ckpt.wait()
+    committed = ckpt.committed_steps()
+    every = world.allgather(committed)
+    assert all(c == committed for c in every)
+    skipped = [r.step for r in recs if r.skipped]
+    assert not set(skipped) & set(committed)
+    assert committed  # the first request always goes through
+    ckpt.close()
+
+
+def test_restore_from_persistent_when_the_fast_tier_is_gone(world, shared):
+    ckpt = DeepFreeze(world, shared / "p", fast_dir=shared / "f", fsync=False)
+    _, saved = _train(ckpt, 4, 2)
+    ckpt.close()
+    world.barrier()
+    shutil.rmtree(shared / "f" / f"rank{world.rank}")
+    world.barrier()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CheckpointWarning)
+        ckpt = DeepFreeze(world, shared / "p", fast_dir=shared / "f", fsync=False)
+        r = ckpt.restore(state_at(0))
+    ckpt.close()
+    assert r.step == 4 and r.tiers == ["persistent"]
+    assert identical(r.state, saved[4])
+
+
+def test_retention_keeps_the_newest(world, shared):
+    ckpt = DeepFreeze(world, shared / "p", fast_dir=shared / "f", keep=2, keep_fast=1)
+    _train(ckpt, 8, 2)
+    ckpt.close()
+    world.barrier()
+    p = json.loads((shared / "p" / "manifest.json").read_text())
+    f = json.loads((shared / "f" / "manifest.json").read_text())
+    assert sorted(map(int, p["steps"])) == [6, 8]
+    assert sorted(map(int, f["steps"])) == [8]
+    assert sorted(x.name for x in (shared / "p" / f"rank{world.rank}").iterdir()) == [
+        "6",
+        "8",
+    ]
+    assert [x.name for x in (shared / "f" / f"rank{world.rank}").iterdir()] == ["8"]
+
+
+def test_a_failure_on_one_rank_surfaces_on_every_rank(world, shared):
+    last = world.size - 1
+
+    def hook(event, step):
+        if event == "write-begin" and step == 2 and world.rank == last:
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+
+    ckpt = DeepFreeze(world, shared / "p", fast_dir=shared / "f", fault_hook=hook)
+    s = initial()
+    ckpt.save(1, s)
+    ckpt.save(2, s)
+    with pytest.raises(CheckpointError, match=rf"rank {last}: OSError.*No space"):
+        ckpt.wait()
+    assert ckpt.committed_steps() == [1]
+    ckpt.close()
+
+
+def test_restore_with_another_world_size(world, shared):
+    """Each rank alone (a world of 1) restores everything from the persistent tier."""
+    ckpt = DeepFreeze(world, shared / "p", fast_dir=None, fsync=False)
+    _, saved = _train(ckpt, 2, 2)
+    ckpt.close()
+    alone = world.comm.Split(color=world.rank, key=0)
+    r = restore_latest(alone, [Tier("persistent", shared / "p")], state_at(0))
+    alone.Free()
+    assert r.step == 2 and identical(r.state, saved[2])
