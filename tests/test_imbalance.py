@@ -1,0 +1,113 @@
+"""Load-imbalance models and their command-line grammar (single process)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from research.imbalance import (
+    DistImbalance,
+    FixedImbalance,
+    Imbalance,
+    RandomImbalance,
+    parse_imbalance,
+)
+
+
+def table(imb: Imbalance, steps: int, size: int) -> np.ndarray:
+    return np.array([[imb.delay(s, r) for r in range(size)] for s in range(steps)])
+
+
+def test_none_never_sleeps():
+    imb = parse_imbalance("none", size=4)
+    assert type(imb) is Imbalance
+    assert not table(imb, 10, 4).any()
+    assert imb.describe() == {"name": "none", "spec": "none"}
+
+
+def test_fixed_sleeps_given_ranks_every_step():
+    imb = parse_imbalance("fixed:ranks=1,3:seconds=0.1", size=4)
+    assert isinstance(imb, FixedImbalance)
+    t = table(imb, 5, 4)
+    assert (t[:, [1, 3]] == 0.1).all() and not t[:, [0, 2]].any()
+
+
+def test_random_draws_exactly_k_shared_ranks():
+    imb = parse_imbalance("random:k=1:seconds=0.32", size=8, seed=3)
+    t = table(imb, 200, 8)
+    assert ((t > 0).sum(axis=1) == 1).all()
+    assert set(np.unique(t)) == {0.0, 0.32}
+    # Spread over ranks, not always the same one.
+    assert len(set(np.flatnonzero(t.max(axis=0)))) == 8
+    # Same seed, same draw (what every rank computes on its own).
+    again = parse_imbalance("random:k=1:seconds=0.32", size=8, seed=3)
+    assert (table(again, 200, 8) == t).all()
+    other = parse_imbalance("random:k=1:seconds=0.32", size=8, seed=4)
+    assert (table(other, 200, 8) != t).any()
+
+
+def test_random_k_range():
+    imb = parse_imbalance("random:k=1-2:seconds=0.5", size=4, seed=0)
+    counts = (table(imb, 300, 4) > 0).sum(axis=1)
+    assert set(counts) == {1, 2}
+    assert isinstance(imb, RandomImbalance) and imb.spec() == "random:k=1-2:seconds=0.5"
+
+
+@pytest.mark.parametrize(
+    "spec,mean",
+    [
+        ("dist:exponential:mean=0.05", 0.05),
+        ("dist:uniform:low=0.01:high=0.03", 0.02),
+        ("dist:lognormal:mean=0.04:sigma=0.5", 0.04),
+        ("dist:normal:mean=0.05:std=0.01", 0.05),
+    ],
+)
+def test_distributions_have_their_mean_and_differ_per_rank(spec, mean):
+    imb = parse_imbalance(spec, size=4, seed=1)
+    assert isinstance(imb, DistImbalance)
+    t = table(imb, 2000, 4)
+    assert (t >= 0).all()
+    assert abs(t.mean() - mean) < 0.1 * mean
+    assert (t[:, 0] != t[:, 1]).any()
+    assert parse_imbalance(imb.spec(), size=4, seed=1).spec() == imb.spec()
+
+
+def test_start_skips_early_steps():
+    imb = parse_imbalance("fixed:ranks=0:seconds=0.2:start=3", size=2)
+    assert [imb.delay(s, 0) for s in range(5)] == [0, 0, 0, 0.2, 0.2]
+    assert imb.spec() == "fixed:ranks=0:seconds=0.2:start=3"
+
+
+def test_spec_round_trips():
+    for spec in [
+        "fixed:ranks=1,3:seconds=0.1",
+        "random:k=2:seconds=0.32",
+        "dist:exponential:mean=0.05",
+    ]:
+        assert parse_imbalance(spec, size=4).spec() == spec
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("slow", "unknown imbalance model 'slow'"),
+        ("none:x=1", "takes no arguments"),
+        ("fixed:seconds=0.1", "missing ranks"),
+        ("fixed:ranks=4:seconds=0.1", "ranks must be in 0..3"),
+        ("fixed:ranks=a:seconds=0.1", "comma-separated integers"),
+        ("fixed:ranks=1:seconds=-1", "seconds must be >= 0"),
+        ("fixed:ranks=1:seconds=x", "seconds='x' is not a number"),
+        ("random:k=5:seconds=0.1", "k must satisfy"),
+        ("random:k=2-1:seconds=0.1", "is empty"),
+        ("random:k=1:secs=0.1", "unknown key 'secs'"),
+        ("random:k=1:k=2:seconds=1", "k given twice"),
+        ("random:k1", "expected key=value"),
+        ("dist:mean=0.1", "name a distribution first"),
+        ("dist:pareto:a=1", "unknown distribution 'pareto'"),
+        ("dist:uniform:low=0.2:high=0.1", "low <= high"),
+        ("dist:normal:mean=0.1", "missing std"),
+    ],
+)
+def test_bad_specs_raise_clear_errors(spec, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        parse_imbalance(spec, size=4)
