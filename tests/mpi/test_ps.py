@@ -1,0 +1,97 @@
+"""The asynchronous parameter server baseline, under mpiexec -n 2 and -n 4."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from research.comm.ps import ParameterServer, ParameterServerAverager, optimizer_update
+
+
+def sgd(lr):
+    return lambda params, grads: {k: params[k] - lr * grads[k] for k in params}
+
+
+def grads_of(rank, step):
+    rng = np.random.default_rng((rank, step))
+    return {
+        "w": rng.integers(-4, 5, size=(2, 3)).astype(np.float32),
+        "b": rng.integers(-4, 5, size=3).astype(np.float32),
+    }
+
+
+def test_every_push_is_applied_once(world):
+    init = {"w": np.zeros((2, 3), np.float32), "b": np.ones(3, np.float32)}
+    rng = np.random.default_rng(world.rank)
+    own = {"w": np.zeros((2, 3)), "b": np.zeros(3)}
+    rounds = []
+    with ParameterServer(world.comm) as ps:
+        ps.bind(init, sgd(0.5))
+        for s in range(25):
+            time.sleep(rng.uniform(0, 0.004))
+            g = grads_of(world.rank, s)
+            for k in own:
+                own[k] += g[k]
+            params, info = ps.push_pull(g)
+            assert info.staleness >= 0 and info.contributors == 1
+            rounds.append(info.round)
+        final, finfo = ps.finish()
+    # Plain SGD commutes: the final parameters are init - lr * (all gradients).
+    for k in init:
+        expect = init[k] - 0.5 * world.comm.allreduce(own[k])
+        np.testing.assert_array_equal(final[k], expect)
+        assert final[k].dtype == init[k].dtype
+    assert finfo.round == 25 * world.size
+    assert rounds == sorted(rounds) and len(set(rounds)) == 25
+    assert all(
+        o == world.comm.allgather(final["w"].tobytes())[0]
+        for o in world.comm.allgather(final["w"].tobytes())
+    )
+
+
+def test_workers_do_not_wait_for_each_other(world):
+    if world.size < 2:
+        pytest.skip("needs two ranks")
+    init = {"w": np.zeros(4, np.float32)}
+    steps, slow = 10, 0.05
+    with ParameterServer(world.comm) as ps:
+        ps.bind(init, sgd(0.1))
+        world.barrier()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            if world.rank == world.size - 1:
+                time.sleep(slow)  # one straggler
+            ps.push_pull({"w": np.ones(4, np.float32)})
+        elapsed = time.perf_counter() - t0
+        ps.finish()
+    if world.rank != world.size - 1:
+        assert elapsed < steps * slow / 2, f"a fast worker took {elapsed:.3f} s"
+
+
+def test_optimizer_update_and_averager(world):
+    optax = pytest.importorskip("optax")
+    init = {"w": np.full(3, 2.0, np.float32)}
+    av = ParameterServerAverager(world)
+    assert av.replaces_update
+    with pytest.raises(RuntimeError, match="bind"):
+        av.reduce(init)
+    av.bind(init, optax.sgd(0.1, momentum=0.9))
+    for s in range(5):
+        params, info = av.reduce({"w": np.full(3, float(world.rank + s), np.float32)})
+        assert params["w"].shape == (3,)
+    final, info = av.flush()
+    digests = world.comm.allgather(np.asarray(final["w"]).tobytes())
+    assert len(set(digests)) == 1
+    assert info.round == 5 * world.size
+    av.close()
+    av.close()
+
+
+def test_optimizer_update_matches_plain_sgd():
+    optax = pytest.importorskip("optax")
+    params = {"w": np.ones(3, np.float32)}
+    update = optimizer_update(optax.sgd(0.25), params)
+    out = update(params, {"w": np.full(3, 2.0, np.float32)})
+    np.testing.assert_allclose(out["w"], 0.5)
