@@ -26,7 +26,12 @@ class TrainState(train_state.TrainState):
 def create_train_state(model: nn.Module, example_x: Any, tx: optax.GradientTransformation,
                        seed: int) -> TrainState:
     """Initialise parameters from ``seed`` (identical on every rank)."""
-    init_key, dropout_key = jax.random.split(jax.random.PRNGKey(seed))
+    # Initialisation draws with the "rbg" generator: XLA:CPU compiles threefry's
+    # many per-parameter draws 3-4x slower (measured: resnet_tiny init 52 s vs
+    # 18 s on a loaded 2-core machine). The dropout key stays a raw threefry key
+    # (uint32[2]) so checkpoints hold a plain array.
+    init_key = jax.random.key(seed, impl="rbg")
+    dropout_key = jax.random.PRNGKey(seed + 1)
     variables = jax.jit(lambda k, x: model.init({"params": k}, x, train=False))(
         init_key, jnp.asarray(example_x[:1]))
     return TrainState.create(
