@@ -3,6 +3,11 @@
 Files under tests/mpi/ are meant to run inside ``mpiexec`` (every rank runs
 pytest); plain ``pytest`` reaches them through tests/test_mpi.py, which launches
 them with 2 and 4 ranks. They are not collected directly.
+
+The environment set here is inherited by every process a test starts: XLA gets
+one intra-op thread per process (ranks oversubscribe 2 cores), and all processes
+share a persistent compilation cache, since ranks and runs compile the same
+programs and compiling is most of this suite's time.
 """
 
 import os
@@ -10,5 +15,8 @@ import os
 os.environ.setdefault(
     "XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 )
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", f"/tmp/research-jax-cache-{os.getuid()}")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 collect_ignore_glob = [] if os.environ.get("RESEARCH_UNDER_MPI") else ["mpi/*"]

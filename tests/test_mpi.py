@@ -15,6 +15,14 @@ import pytest
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent
+# Ranks and runs compile the same programs: a persistent cache shared by every
+# process of the suite turns most compiles after the first into a disk read.
+COMPILE_CACHE_ENV = {
+    "JAX_COMPILATION_CACHE_DIR": os.environ.get(
+        "JAX_COMPILATION_CACHE_DIR", f"/tmp/research-jax-cache-{os.getuid()}"),
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+}
 FILES = sorted(p.name for p in (HERE / "mpi").glob("test_*.py"))
 
 
@@ -32,6 +40,7 @@ def run_under_mpiexec(np_: int, args: list[str], timeout: float = 300,
         PYTHONUNBUFFERED="1",
         PYTHONPATH=str(ROOT),
     )
+    env.update(COMPILE_CACHE_ENV)
     env.update(env_extra or {})
     cmd = [mpiexec(), "-n", str(np_), sys.executable, *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
