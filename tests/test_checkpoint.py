@@ -26,6 +26,7 @@ from research.checkpoint.integrity import (
 )
 from research.checkpoint.leaves import (
     Flattener,
+    LeafSpec,
     check_compatible,
     nest,
     rebuild,
@@ -37,7 +38,13 @@ from research.checkpoint.manifest import (
     update_manifest,
     write_manifest,
 )
-from research.checkpoint.partition import imbalance, partition_by_bytes, shard_bytes
+from research.checkpoint.partition import (
+    LOCAL,
+    imbalance,
+    partition_by_bytes,
+    plan,
+    shard_bytes,
+)
 from research.checkpoint.shard import new_checkpointer, read_shard, shard_args
 from research.checkpoint.snapshot import Snapshotter
 from research.checkpoint.tiers import (
@@ -56,17 +63,32 @@ def test_partition_is_balanced_and_deterministic():
     for parts in (1, 2, 3, 4, 8):
         owners = partition_by_bytes(sizes, parts)
         assert owners == partition_by_bytes(sizes, parts)
-        assert set(owners) == set(range(parts))
-        assert sum(shard_bytes(sizes, owners, parts)) == sum(sizes)
-        assert imbalance(sizes, owners, parts) < 1.02  # many small leaves: near perfect
-
-
-def test_partition_one_huge_leaf_bounds_the_balance():
-    sizes = [1000, 10, 10, 10, 10]
-    owners = partition_by_bytes(sizes, 2)
-    assert owners[0] != owners[1] and shard_bytes(sizes, owners, 2) == [1000, 40]
+        loads = [sum(b for b, o in zip(sizes, owners) if o == r) for r in range(parts)]
+        assert sum(loads) == sum(sizes) and max(loads) / (sum(sizes) / parts) < 1.02
     with pytest.raises(ValueError):
         partition_by_bytes(sizes, 0)
+
+
+def test_plan_cuts_large_leaves_and_keeps_local_ones_whole():
+    specs = [
+        LeafSpec("params/in/kernel", (4096, 1024), "float32"),  # 86% of the bytes
+        LeafSpec("params/in/bias", (1024,), "float32"),
+        LeafSpec("params/out/kernel", (1024, 600), "float32"),
+        LeafSpec("batch_stats/mean", (4096,), "float32"),
+        LeafSpec("rng", (2,), "uint32", "key"),
+    ]
+    for parts in (2, 4, 8):
+        units = plan(specs, parts, rank_local=("batch_stats",))
+        assert units == plan(specs, parts, rank_local=("batch_stats",))
+        assert imbalance([u for u in units if u.owner != LOCAL], parts) <= 1.25
+        blocks = sorted(u.rows for u in units if u.leaf == "params/in/kernel")
+        assert blocks[0][0] == 0 and blocks[-1][1] == 4096 and len(blocks) > 1
+        assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
+        local = [u for u in units if u.leaf == "batch_stats/mean"]
+        assert len(local) == 1 and local[0].owner == LOCAL and local[0].rows is None
+    whole = plan(specs, 4, split=False)
+    assert len(whole) == len(specs) and imbalance(whole, 4) > 3
+    assert sum(shard_bytes(plan(specs, 1), 1)) == sum(s.nbytes for s in specs)
 
 
 # -- named leaves ----------------------------------------------------------------------

@@ -9,6 +9,7 @@ compare bit for bit with a replay of the restored number of steps.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -31,14 +32,14 @@ def _run(*args: object, expect_ok: bool = True):
 
 
 def _results(proc) -> list[dict]:
-    out = []
-    for line in proc.stdout.splitlines():
-        if " | RESULT " not in line:
-            continue
+    # mpiexec forwards each rank's output in chunks, so two ranks' lines can run
+    # together: decode every JSON object that follows a RESULT marker.
+    dec, out, text = json.JSONDecoder(), [], proc.stdout
+    for m in re.finditer(r" \| RESULT ", text):
         try:
-            out.append(json.loads(line.split(" | RESULT ", 1)[1]))
+            out.append(dec.raw_decode(text, m.end())[0])
         except json.JSONDecodeError:
-            pytest.fail(f"garbled result line {line!r}\n--- stdout\n{proc.stdout}")
+            pytest.fail(f"garbled result at {m.end()}\n--- stdout\n{text}")
     return sorted(out, key=lambda r: (r.get("case", ""), r["rank"]))
 
 

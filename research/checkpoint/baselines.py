@@ -22,14 +22,16 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 
 from research.checkpoint.agreement import allgather_json
 from research.checkpoint.base import Checkpointer, CheckpointError, SaveRecord
 from research.checkpoint.integrity import remove_tree
 from research.checkpoint.leaves import Flattener, is_key
 from research.checkpoint.manifest import make_entry, update_manifest
-from research.checkpoint.partition import partition_by_bytes
+from research.checkpoint.partition import Unit, plan
 from research.checkpoint.shard import new_checkpointer, shard_args
+from research.checkpoint.snapshot import cut
 from research.checkpoint.tiers import Tier, dir_bytes
 from research.comm.world import World
 from research.trace import get_tracer
@@ -57,10 +59,17 @@ class _Base(Checkpointer):
         self._flat = Flattener()
         self.tier = self.tiers[0]
 
-    def _entry(self, step: int, owners: list[int], shards: list[dict]) -> dict:
+    def _entry(self, step: int, units: list[Unit], shards: list[dict]) -> dict:
         specs = [s.as_dict() for s in self._flat.specs]
         return make_entry(
-            step, self.name, self.size, specs, owners, {}, shards, time.time()
+            step,
+            self.name,
+            self.size,
+            specs,
+            [u.as_dict() for u in units],
+            {},
+            shards,
+            time.time(),
         )
 
     def _shard(self, step: int, extra: dict | None) -> dict:
@@ -117,7 +126,7 @@ class Rank0Sync(_Base):
                     self.tier.root,
                     tier=self.tier.name,
                     fsync=self.fsync,
-                    add=[self._entry(step, [0] * len(leaves), [shard])],
+                    add=[self._entry(step, plan(self._flat.specs, 1), [shard])],
                 )
                 self._committed.setdefault(self.tier.name, []).append(step)
                 self._drop_old(self.tier, self.keep)
@@ -135,7 +144,7 @@ class OrbaxSync(_Base):
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self._ckptr = new_checkpointer(use_async=False, compress=self.compress)
-        self._owners: list[int] = []
+        self._units: list[Unit] = []
 
     def save(self, step: int, state: Any, extra: dict | None = None) -> SaveRecord:
         t0 = time.perf_counter()
@@ -144,12 +153,14 @@ class OrbaxSync(_Base):
             "checkpoint", "checkpoint", step=step, strategy=self.name
         ):
             leaves, changed = self._flat.flatten(state)
-            if changed or not self._owners:
-                self._owners = partition_by_bytes(
-                    [s.nbytes for s in self._flat.specs], self.size
-                )
-            mine = [i for i, o in enumerate(self._owners) if o == self.rank]
-            host = jax.device_get([_host(leaves[i]) for i in mine])
+            if changed or not self._units:
+                self._units = plan(self._flat.specs, self.size)
+            index = {n: i for i, n in enumerate(self._flat.names)}
+            mine = [u for u in self._units if u.owner == self.rank]
+            host = [
+                cut(np.asarray(jax.device_get(_host(leaves[index[u.leaf]]))), u.rows)
+                for u in mine
+            ]
             path = self.tier.step_dir(self.rank, step)
             remove_tree(path)
             report: dict[str, Any] = {"rank": self.rank, "status": "ok"}
@@ -158,7 +169,7 @@ class OrbaxSync(_Base):
                 self._ckptr.save(
                     path,
                     args=shard_args(
-                        {self._flat.names[i]: a for i, a in zip(mine, host)},
+                        {u.name: a for u, a in zip(mine, host)},
                         self._meta(step, extra),
                     ),
                 )
@@ -180,9 +191,7 @@ class OrbaxSync(_Base):
                     self.tier.root,
                     tier=self.tier.name,
                     fsync=self.fsync,
-                    add=[
-                        self._entry(step, self._owners, [r["shard"] for r in reports])
-                    ],
+                    add=[self._entry(step, self._units, [r["shard"] for r in reports])],
                 )
             self._committed.setdefault(self.tier.name, []).append(step)
             self._drop_old(self.tier, self.keep)
@@ -232,10 +241,9 @@ class OrbaxAsyncRank0(_Base):
                         self._meta(step, extra),
                     ),
                 )
-                n = len(leaves)
                 self._watcher = threading.Thread(
                     target=self._commit_when_done,
-                    args=(step, rec, t0, extra, n),
+                    args=(step, rec, t0, extra),
                     name="orbax-async-commit",
                     daemon=True,
                 )
@@ -244,7 +252,7 @@ class OrbaxAsyncRank0(_Base):
         return rec
 
     def _commit_when_done(
-        self, step: int, rec: SaveRecord, t0: float, extra: dict | None, n: int
+        self, step: int, rec: SaveRecord, t0: float, extra: dict | None
     ) -> None:
         try:
             with get_tracer().span("write", "checkpoint-bg", step=step):
@@ -256,7 +264,7 @@ class OrbaxAsyncRank0(_Base):
                     self.tier.root,
                     tier=self.tier.name,
                     fsync=self.fsync,
-                    add=[self._entry(step, [0] * n, [shard])],
+                    add=[self._entry(step, plan(self._flat.specs, 1), [shard])],
                 )
             self._committed.setdefault(self.tier.name, []).append(step)
             self._drop_old(self.tier, self.keep)

@@ -30,6 +30,9 @@ class CheckpointConfig:
       compress: zstd-compress shard chunks (every strategy).
       fsync: make persistent files durable.
       resume: restore the newest committed step at the start of training.
+      rank_local: DeepFreeze: name prefixes of leaves that differ between ranks
+        (BatchNorm statistics); each rank saves and gets back its own. The
+        baselines save one copy (rank 0's or the owner's) for all ranks.
     """
 
     strategy: str = "deepfreeze"
@@ -44,6 +47,7 @@ class CheckpointConfig:
     compress: bool = False
     fsync: bool = True
     resume: bool = True
+    rank_local: tuple[str, ...] = ("batch_stats",)
 
     def validate(self) -> str | None:
         """A one-line problem, or None when the configuration is usable."""
@@ -82,6 +86,7 @@ class CheckpointConfig:
                 max_inflight=self.max_inflight,
                 on_busy=self.on_busy,
                 snapshot=self.snapshot,
+                rank_local=tuple(self.rank_local),
                 **common,
                 **kw,
             )

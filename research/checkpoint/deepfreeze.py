@@ -51,7 +51,7 @@ from research.checkpoint.integrity import (
 )
 from research.checkpoint.leaves import Flattener
 from research.checkpoint.manifest import CheckpointWarning, make_entry, update_manifest
-from research.checkpoint.partition import partition_by_bytes
+from research.checkpoint.partition import LOCAL, Unit, plan
 from research.checkpoint.shard import new_checkpointer, shard_args
 from research.checkpoint.snapshot import Snapshotter
 from research.checkpoint.tiers import Tier
@@ -67,9 +67,9 @@ class _Job:
     record: SaveRecord
     t_request: float
     taken: list[Any] | None = None
-    names: list[str] = dataclasses.field(default_factory=list)
+    names: list[str] = dataclasses.field(default_factory=list)  # this rank's units
     specs: list[dict] = dataclasses.field(default_factory=list)
-    owners: list[int] = dataclasses.field(default_factory=list)
+    units: list[dict] = dataclasses.field(default_factory=list)  # every rank's
     extra: dict = dataclasses.field(default_factory=dict)
     skipped: bool = False
 
@@ -88,6 +88,9 @@ class DeepFreeze(Checkpointer):
       snapshot: ``"auto"``, ``"view"``, ``"host"`` or ``"device"`` (``snapshot.py``).
       compress: zstd-compress shard chunks.
       fsync: make persistent files and manifests durable.
+      rank_local: name prefixes of leaves that differ between ranks (e.g.
+        ``"batch_stats"``): every rank writes its own copy and gets it back on
+        restore (with the same world size; otherwise rank 0's copy).
       fault_hook: ``hook(event, step)`` called by the background thread at
         ``write-begin``, ``write-started``, ``written``, ``committed``,
         ``flush-file`` and ``flushed`` (fault-injection tests).
@@ -108,6 +111,7 @@ class DeepFreeze(Checkpointer):
         snapshot: str = "auto",
         compress: bool = False,
         fsync: bool = True,
+        rank_local: tuple[str, ...] = (),
         fault_hook: FaultHook | None = None,
     ) -> None:
         if on_busy not in ("wait", "skip"):
@@ -118,11 +122,12 @@ class DeepFreeze(Checkpointer):
         self.keep, self.keep_fast = keep, keep_fast
         self.max_inflight, self.on_busy = max_inflight, on_busy
         self.compress = compress
+        self.rank_local = tuple(rank_local)
         self._hook = fault_hook or (lambda event, step: None)
         self._snap = Snapshotter(snapshot)
         self._flat = Flattener()
-        self._owners: list[int] = []
-        self._mine: list[int] = []
+        self._units: list[Unit] = []
+        self._mine: list[Unit] = []
         self._ckptr = None  # Orbax AsyncCheckpointer, made by the background thread
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._cv = threading.Condition()
@@ -158,30 +163,35 @@ class DeepFreeze(Checkpointer):
             )
             if not skip:
                 leaves, changed = self._flat.flatten(state)
-                if changed or not self._owners:
-                    specs = self._flat.specs
-                    self._owners = partition_by_bytes(
-                        [s.nbytes for s in specs], self.size
-                    )
-                    self._mine = [
-                        i for i, o in enumerate(self._owners) if o == self.rank
-                    ]
+                if changed or not self._units:
+                    self._plan(self._flat)
                 with tr.span(
                     "snapshot",
                     "checkpoint",
                     step=step,
-                    leaves=len(self._mine),
+                    units=len(self._mine),
                     mode=self._snap.mode,
                 ):
-                    job.taken = self._snap.take([leaves[i] for i in self._mine])
-                job.names = [self._flat.names[i] for i in self._mine]
-                job.specs = [s.as_dict() for s in self._flat.specs]
-                job.owners = list(self._owners)
+                    job.taken = self._snap.take(
+                        [leaves[self._index[u.leaf]] for u in self._mine],
+                        [u.rows for u in self._mine],
+                    )
+                job.names = [u.name for u in self._mine]
+                job.specs = self._specs
+                job.units = self._unit_dicts
             self.records[rec.step] = rec
             self._queue.put(job)
             rec.blocking_s = time.perf_counter() - t0
             span.set(wait_s=rec.wait_s, skipped=skip, inflight=rec.inflight)
         return rec
+
+    def _plan(self, flat: Flattener) -> None:
+        """Partition a new state structure into units and keep this rank's."""
+        self._units = plan(flat.specs, self.size, self.rank_local)
+        self._mine = [u for u in self._units if u.owner in (self.rank, LOCAL)]
+        self._index = {n: i for i, n in enumerate(flat.names)}
+        self._specs = [s.as_dict() for s in flat.specs]
+        self._unit_dicts = [u.as_dict() for u in self._units]
 
     def _admit(self, rec: SaveRecord, step: int) -> bool:
         """Reserve an in-flight slot; True when the request is to be skipped."""
@@ -335,18 +345,22 @@ class DeepFreeze(Checkpointer):
             job.record.skipped = True  # some rank skipped it: nobody commits it
             return False
         if self.rank == 0:
+            local = {u["name"] for u in job.units if u["shard"] == LOCAL}
             crcs: dict[str, int] = {}
+            shards = []
             for r in reports:
-                crcs.update(r["shard"].get("crc32", {}))
-            shards = [
-                {k: v for k, v in r["shard"].items() if k != "crc32"} for r in reports
-            ]
+                sc = r["shard"].get("crc32", {})
+                crcs.update({n: c for n, c in sc.items() if n not in local})
+                shard = {k: v for k, v in r["shard"].items() if k != "crc32"}
+                # Rank-local leaves have one CRC per shard, not one per leaf.
+                shard["local_crc32"] = {n: c for n, c in sc.items() if n in local}
+                shards.append(shard)
             entry = make_entry(
                 job.step,
                 self.name,
                 self.size,
                 job.specs,
-                job.owners,
+                job.units,
                 crcs,
                 shards,
                 time.time(),
@@ -382,10 +396,10 @@ class DeepFreeze(Checkpointer):
             "step": step,
             "rank": self.rank,
             "world_size": self.size,
-            "leaves": [
-                {**job.specs[i], "crc32": crcs[job.specs[i]["name"]]}
-                for i, o in enumerate(job.owners)
-                if o == self.rank
+            "units": [
+                {**u, "crc32": crcs[u["name"]]}
+                for u in job.units
+                if u["shard"] in (self.rank, LOCAL)
             ],
             "extra": job.extra,
         }

@@ -27,7 +27,7 @@ class LeafSpec:
     name: str
     shape: tuple[int, ...]
     dtype: str
-    kind: str = "array"  # "array" | "key" (typed PRNG key, stored as key data)
+    kind: str = "array"  # "array" | "key" (typed PRNG key data) | "scalar" (Python)
 
     @property
     def nbytes(self) -> int:
@@ -64,6 +64,10 @@ def spec_of(name: str, x: Any) -> LeafSpec:
     if is_key(x):
         data = jax.random.key_data(x)
         return LeafSpec(name, tuple(data.shape), np.dtype(data.dtype).name, "key")
+    if isinstance(x, (bool, int, float, complex)):
+        # A Python number (flax's TrainState.step before the first update): its
+        # dtype is whatever a checkpoint of the running state recorded.
+        return LeafSpec(name, (), np.asarray(x).dtype.name, "scalar")
     arr = x if hasattr(x, "dtype") and hasattr(x, "shape") else np.asarray(x)
     return LeafSpec(name, tuple(int(d) for d in arr.shape), np.dtype(arr.dtype).name)
 
@@ -135,7 +139,8 @@ def _like(target: Any, value: np.ndarray) -> Any:
     if isinstance(target, np.generic):
         return type(target)(value)
     if isinstance(target, (bool, int, float, complex)):
-        return type(target)(value.item())
+        # As jit makes it from a Python number: a weakly typed scalar array.
+        return jnp.asarray(value.item())
     return jnp.asarray(value)
 
 
@@ -152,6 +157,8 @@ def check_compatible(specs: Sequence[LeafSpec], stored: Sequence[dict]) -> None:
         )
     for name, s in have.items():
         d = want[name]
+        if s.kind == "scalar" and tuple(d["shape"]) == ():
+            continue
         if tuple(d["shape"]) != s.shape or d["dtype"] != s.dtype:
             raise ValueError(
                 f"checkpoint does not match the state at {name}: stored "

@@ -9,15 +9,21 @@ manifest, never half of one. Layout::
     {"format": "research.checkpoint/1", "tier": "persistent",
      "steps": {"30": {"step": 30, "time": ..., "world_size": 4,
                       "strategy": "deepfreeze",
-                      "leaves": [{"name": "params/Dense_0/kernel", "shape": [..],
-                                  "dtype": "float32", "kind": "array",
-                                  "shard": 1, "crc32": 123}, ...],
+                      "leaves": [{"name": "params/Dense_0/kernel",
+                                  "shape": [4096, 1024], "dtype": "float32",
+                                  "kind": "array"}, ...],
+                      "units": [{"name": "params/Dense_0/kernel/rows_0_512",
+                                 "leaf": "params/Dense_0/kernel", "rows": [0, 512],
+                                 "shape": [512, 1024], "dtype": "float32",
+                                 "shard": 1, "crc32": 123}, ...],
                       "shards": [{"shard": 1, "path": "rank1/30", "bytes": ..,
                                   "files": {"state/...": [size, crc32]},
-                                  "extra": {...}}, ...]}}}
+                                  "local_crc32": {...}, "extra": {...}}, ...]}}}
 
-``shard`` is the rank that wrote the leaf; ``path`` is relative to the tier
-root, and each shard directory is a standard Orbax checkpoint.
+A unit is what one rank wrote: a whole leaf, or a block of rows of a large one
+(``partition.py``); ``shard`` is its writer (-1: every rank wrote its own copy,
+with the CRCs under the shard's ``local_crc32``). ``path`` is relative to the
+tier root, and each shard directory is a standard Orbax checkpoint.
 """
 
 from __future__ import annotations
@@ -122,21 +128,18 @@ def make_entry(
     strategy: str,
     world_size: int,
     specs: list[dict],
-    owners: list[int],
+    units: list[dict],
     crcs: dict[str, int | None],
     shards: list[dict[str, Any]],
     time_s: float,
 ) -> dict[str, Any]:
-    """One step's manifest entry from the leaf table and the per-shard reports."""
-    leaves = [
-        {**spec, "shard": owner, "crc32": crcs.get(spec["name"])}
-        for spec, owner in zip(specs, owners)
-    ]
+    """One step's manifest entry: leaves, units (who wrote what), shard reports."""
     return {
         "step": int(step),
         "time": time_s,
         "world_size": world_size,
         "strategy": strategy,
-        "leaves": leaves,
+        "leaves": list(specs),
+        "units": [{**u, "crc32": crcs.get(u["name"])} for u in units],
         "shards": sorted(shards, key=lambda s: s["shard"]),
     }

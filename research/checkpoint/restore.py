@@ -10,7 +10,10 @@ agree (allgather): if any shard of the step failed everywhere, all ranks move
 on to the previous committed step, each problem reported with the file it
 names. Otherwise each reader broadcasts its shards' leaves as one buffer, so
 every rank ends with the complete, identical state: each byte is read from
-storage once, and fast-tier shards on other nodes are reachable.
+storage once, and fast-tier shards on other nodes are reachable. Rank-local
+leaves (``partition.LOCAL``: BatchNorm statistics, which differ between
+data-parallel ranks) come back to the rank that wrote them, so a resumed run
+continues exactly; with another world size every rank gets rank 0's copy.
 
 The broadcasts are blocking MPI calls (they spin): restore runs before
 training, when there is nothing to overlap.
@@ -29,6 +32,7 @@ from mpi4py import MPI
 from research.checkpoint.integrity import CorruptShardError, array_crc32, verify_dir
 from research.checkpoint.leaves import Flattener, check_compatible, rebuild
 from research.checkpoint.manifest import CheckpointWarning, read_manifest
+from research.checkpoint.partition import LOCAL
 from research.checkpoint.shard import read_shard
 from research.checkpoint.tiers import Tier
 
@@ -60,33 +64,28 @@ class Restored:
         return self.extras[0] if self.extras else {}
 
 
-def _load(path, shard: dict, leaves: list[dict], verify: bool) -> dict[str, np.ndarray]:
-    """Read and check one shard; ``CorruptShardError`` names what is wrong."""
+def _load(path, shard: dict, units: list[dict], verify: bool) -> dict[str, np.ndarray]:
+    """Read and check one shard's units; ``CorruptShardError`` says what is wrong."""
     if verify and shard.get("files"):
         verify_dir(path, shard["files"])
-    names = [leaf["name"] for leaf in leaves]
     try:
-        arrays, _ = read_shard(path, names)
+        arrays, _ = read_shard(path, [u["name"] for u in units])
     except Exception as e:  # noqa: BLE001 - any reader failure means "unusable"
         raise CorruptShardError(
             path, f"Orbax cannot read it: {type(e).__name__}: {str(e)[:300]}"
         ) from e
-    for leaf in leaves:
-        a = arrays.get(leaf["name"])
+    for u in units:
+        a = arrays.get(u["name"])
         if a is None:
-            raise CorruptShardError(path, f"leaf {leaf['name']} is missing")
-        if (
-            list(a.shape) != list(leaf["shape"])
-            or np.dtype(a.dtype).name != leaf["dtype"]
-        ):
+            raise CorruptShardError(path, f"{u['name']} is missing")
+        if list(a.shape) != list(u["shape"]) or np.dtype(a.dtype).name != u["dtype"]:
             raise CorruptShardError(
                 path,
-                f"leaf {leaf['name']} is {a.dtype}"
-                f"{list(a.shape)}, expected {leaf['dtype']}"
-                f"{leaf['shape']}",
+                f"{u['name']} is {a.dtype}{list(a.shape)}, expected "
+                f"{u['dtype']}{u['shape']}",
             )
-        if verify and leaf.get("crc32") is not None and array_crc32(a) != leaf["crc32"]:
-            raise CorruptShardError(path, f"leaf {leaf['name']}: crc32 mismatch")
+        if verify and u.get("crc32") is not None and array_crc32(a) != u["crc32"]:
+            raise CorruptShardError(path, f"{u['name']}: crc32 mismatch")
     return arrays
 
 
@@ -100,37 +99,103 @@ def _candidates(comm: MPI.Intracomm, tiers: list[Tier]) -> list[tuple[int, dict]
     return comm.bcast(sorted(cands.items(), reverse=True), root=0)
 
 
+def _nbytes(u: dict) -> int:
+    return int(np.prod(u["shape"], dtype=np.int64)) * np.dtype(u["dtype"]).itemsize
+
+
 def _exchange(
     comm: MPI.Intracomm, entry: dict, loaded: dict[str, np.ndarray]
 ) -> dict[str, np.ndarray]:
-    """Broadcast each shard's leaves from its reader; every rank gets all leaves."""
+    """Broadcast each shard's units from its reader; every rank gets all units."""
     size = comm.Get_size()
     out: dict[str, np.ndarray] = {}
     for i, shard in enumerate(entry["shards"]):
-        leaves = [leaf for leaf in entry["leaves"] if leaf["shard"] == shard["shard"]]
-        nbytes = [
-            int(np.prod(leaf["shape"], dtype=np.int64))
-            * np.dtype(leaf["dtype"]).itemsize
-            for leaf in leaves
-        ]
+        units = [u for u in entry["units"] if u["shard"] == shard["shard"]]
         root = i % size
         if comm.Get_rank() == root:
             parts = [
-                np.ascontiguousarray(loaded[leaf["name"]]).reshape(-1).view(np.uint8)
-                for leaf in leaves
+                np.ascontiguousarray(loaded[u["name"]]).reshape(-1).view(np.uint8)
+                for u in units
             ]
             buf = np.concatenate(parts) if parts else np.empty(0, np.uint8)
         else:
-            buf = np.empty(sum(nbytes), np.uint8)
+            buf = np.empty(sum(_nbytes(u) for u in units), np.uint8)
         if size > 1 and buf.size:
             comm.Bcast(buf, root=root)
         off = 0
-        for leaf, n in zip(leaves, nbytes):
-            out[leaf["name"]] = (
-                buf[off : off + n].view(np.dtype(leaf["dtype"])).reshape(leaf["shape"])
+        for u in units:
+            n = _nbytes(u)
+            out[u["name"]] = (
+                buf[off : off + n].view(np.dtype(u["dtype"])).reshape(u["shape"])
             )
             off += n
     return out
+
+
+def _assemble(entry: dict, units: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Whole leaves from their units (row blocks concatenated in order)."""
+    pieces: dict[str, list[tuple[int, np.ndarray]]] = {}
+    for u in entry["units"]:
+        if u["name"] in units:
+            start = u["rows"][0] if u.get("rows") else 0
+            pieces.setdefault(u["leaf"], []).append((start, units[u["name"]]))
+    out = {}
+    for leaf, parts in pieces.items():
+        parts.sort(key=lambda p: p[0])
+        out[leaf] = (
+            parts[0][1]
+            if len(parts) == 1
+            else np.concatenate([p for _, p in parts], axis=0)
+        )
+    return out
+
+
+def _read_mine(
+    s: int,
+    entry: dict,
+    by_tier: dict,
+    tiers: list[Tier],
+    rank: int,
+    size: int,
+    verify: bool,
+):
+    """Read the shards this rank is responsible for, each from the first sound tier."""
+    loaded: dict[str, np.ndarray] = {}
+    own_local: dict[int, dict[str, np.ndarray]] = {}  # shard -> rank-local units
+    used: list[str] = []
+    ok, problems = True, []
+    for i, shard in enumerate(entry["shards"]):
+        if i % size != rank:
+            continue
+        owned = [u for u in entry["units"] if u["shard"] == shard["shard"]]
+        for tier in tiers:
+            if tier.name not in by_tier:
+                continue
+            tshard = by_tier[tier.name]["shards"][i]
+            crcs = tshard.get("local_crc32") or {}
+            local = [
+                {**u, "crc32": crcs.get(u["name"])}
+                for u in entry["units"]
+                if u["shard"] == LOCAL
+            ]
+            try:
+                got = _load(tier.root / tshard["path"], tshard, owned + local, verify)
+            except CorruptShardError as e:
+                msg = f"step {s}, {tier.name} tier: {e}"
+                problems.append(msg)
+                warnings.warn(
+                    f"r{rank} | checkpoint unusable: {msg}",
+                    CheckpointWarning,
+                    stacklevel=3,
+                )
+                continue
+            loaded.update({u["name"]: got[u["name"]] for u in owned})
+            own_local[i] = {u["name"]: got[u["name"]] for u in local}
+            used.append(tier.name)
+            break
+        else:
+            ok = False
+    return loaded, own_local, used, ok, problems
 
 
 def restore_latest(
@@ -149,7 +214,7 @@ def restore_latest(
       target: a state of the right structure (the freshly initialised one);
         leaves are placed like its leaves (device, sharding, key type).
       step: restore only this step (None: newest usable).
-      verify: check file and leaf CRC-32s (on by default).
+      verify: check file and unit CRC-32s (on by default).
 
     Returns:
       The restored checkpoint, or None when no committed step is usable.
@@ -167,36 +232,10 @@ def restore_latest(
             continue
         entry = next(iter(by_tier.values()))
         check_compatible(flat.specs, entry["leaves"])
-        loaded: dict[str, np.ndarray] = {}
-        used: list[str] = []
-        mine_ok, mine_problems = True, []
-        for i, shard in enumerate(entry["shards"]):
-            if i % size != rank:
-                continue
-            leaves = [
-                leaf for leaf in entry["leaves"] if leaf["shard"] == shard["shard"]
-            ]
-            for tier in tiers:
-                if tier.name not in by_tier:
-                    continue
-                tshard = by_tier[tier.name]["shards"][i]
-                try:
-                    loaded.update(
-                        _load(tier.root / tshard["path"], tshard, leaves, verify)
-                    )
-                    used.append(tier.name)
-                    break
-                except CorruptShardError as e:
-                    msg = f"step {s}, {tier.name} tier: {e}"
-                    mine_problems.append(msg)
-                    warnings.warn(
-                        f"r{rank} | checkpoint unusable: {msg}",
-                        CheckpointWarning,
-                        stacklevel=2,
-                    )
-            else:
-                mine_ok = False
-        reports = comm.allgather((mine_ok, mine_problems))
+        loaded, own_local, used, ok, mine = _read_mine(
+            s, entry, by_tier, tiers, rank, size, verify
+        )
+        reports = comm.allgather((ok, mine))
         for _, probs in reports:
             problems.extend(probs)
         if not all(ok for ok, _ in reports):
@@ -208,8 +247,12 @@ def restore_latest(
                     stacklevel=2,
                 )
             continue
-        arrays = _exchange(comm, entry, loaded)
-        state = rebuild(target, arrays)
+        units = _exchange(comm, entry, loaded)
+        if len(entry["shards"]) == size:
+            units.update(own_local.get(rank, {}))  # this rank wrote shard ``rank``
+        else:
+            units.update(comm.bcast(own_local.get(0), root=0) or {})
+        state = rebuild(target, _assemble(entry, units))
         return Restored(
             step=s,
             state=state,

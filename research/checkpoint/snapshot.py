@@ -39,8 +39,12 @@ from research.checkpoint.leaves import is_key
 MODES = ("auto", "view", "host", "device")
 
 
-def _copy_all(xs: list[jax.Array]) -> list[jax.Array]:
-    return [jnp.copy(x) for x in xs]
+def cut(a: Any, rows: tuple[int, int] | None) -> Any:
+    return a if rows is None else a[rows[0] : rows[1]]
+
+
+def _copy_all(xs: list[jax.Array], rows: tuple) -> list[jax.Array]:
+    return [jnp.copy(x) if r is None else x[r[0] : r[1]] for x, r in zip(xs, rows)]
 
 
 class Snapshotter:
@@ -54,27 +58,38 @@ class Snapshotter:
         self.mode = mode
         self._free: list[list[np.ndarray]] = []  # host mode: buffer sets to reuse
         self._lock = threading.Lock()  # release() runs in the background thread
-        self._copy = jax.jit(_copy_all)
+        self._copy = jax.jit(_copy_all, static_argnums=1)
 
-    def take(self, leaves: list[Any]) -> list[Any]:
-        """Capture ``leaves`` so that donating them later cannot change the capture."""
+    def take(
+        self, leaves: list[Any], rows: list[tuple[int, int] | None] | None = None
+    ) -> list[Any]:
+        """Capture ``leaves`` (or row blocks of them) so donation cannot change them.
+
+        Args:
+          leaves: the state's leaves to capture (this rank's units).
+          rows: per leaf, ``(a, b)`` to capture rows ``a:b`` only, or None.
+        """
+        rows = list(rows) if rows is not None else [None] * len(leaves)
         out: list[Any] = [None] * len(leaves)
         device_idx: list[int] = []
-        bufs = self._buffers_for(leaves) if self.mode == "host" else None
-        for i, x in enumerate(leaves):
+        bufs = self._buffers_for(leaves, rows) if self.mode == "host" else None
+        for i, (x, r) in enumerate(zip(leaves, rows)):
             if is_key(x):
-                out[i] = np.array(jax.random.key_data(x))
+                out[i] = cut(np.array(jax.random.key_data(x)), r)
             elif not isinstance(x, jax.Array):
-                out[i] = np.array(x, copy=True)  # numpy may be mutated in place
+                out[i] = np.array(cut(np.asarray(x), r), copy=True)  # may change
             elif self.mode == "view":
-                out[i] = np.asarray(x)
+                out[i] = cut(np.asarray(x), r)
             elif self.mode == "host":
-                np.copyto(bufs[i], np.asarray(x))
+                np.copyto(bufs[i], cut(np.asarray(x), r))
                 out[i] = bufs[i]
             else:
                 device_idx.append(i)
         if device_idx:
-            copies = self._copy([leaves[i] for i in device_idx])
+            copies = self._copy(
+                [leaves[i] for i in device_idx],
+                tuple(tuple(rows[i]) if rows[i] else None for i in device_idx),
+            )
             for i, c in zip(device_idx, copies):
                 out[i] = c
         return out
@@ -89,12 +104,15 @@ class Snapshotter:
             with self._lock:
                 self._free = [list(taken)]  # one spare set: saves are sequential
 
-    def _buffers_for(self, leaves: list[Any]) -> list[np.ndarray | None]:
+    def _buffers_for(self, leaves: list[Any], rows: list) -> list[np.ndarray | None]:
         shapes = [
-            (tuple(x.shape), np.dtype(x.dtype))
+            (
+                tuple(x.shape) if r is None else (r[1] - r[0], *x.shape[1:]),
+                np.dtype(x.dtype),
+            )
             if isinstance(x, jax.Array) and not is_key(x)
             else None
-            for x in leaves
+            for x, r in zip(leaves, rows)
         ]
         with self._lock:
             cand = self._free.pop() if self._free else None

@@ -1,0 +1,95 @@
+"""The training-loop hook: resume at start, checkpoint every N steps, finish at end.
+
+    from research.checkpoint import CheckpointConfig
+    from research.checkpoint.callback import CheckpointCallback
+
+    cb = CheckpointCallback(CheckpointConfig(strategy="deepfreeze", every=10))
+    Trainer(cfg, world, callbacks=[cb]).run()
+
+What a checkpoint holds: the whole TrainState (parameters, optimizer state,
+batch statistics, step, RNG key) plus each rank's data position, so a resumed
+run continues exactly like one that never stopped.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from research.checkpoint.base import Checkpointer
+from research.checkpoint.config import CheckpointConfig
+from research.train.loop import Callback, Trainer
+from research.train.periodic import itstime
+
+
+class CheckpointCallback(Callback):
+    """Checkpoints a :class:`research.train.loop.Trainer` with one strategy.
+
+    Args:
+      config: strategy, interval, tiers, policies.
+      **kw: passed to the strategy's constructor (e.g. ``fault_hook``).
+
+    Attributes:
+      ckpt: the checkpointer (None for strategy ``"none"``), made at train start.
+      resumed_from: the step restored at train start, or None.
+    """
+
+    def __init__(self, config: CheckpointConfig, **kw: Any) -> None:
+        problem = config.validate()
+        if problem:
+            raise ValueError(problem)
+        self.config = config
+        self.ckpt: Checkpointer | None = None
+        self.resumed_from: int | None = None
+        self._kw = kw
+        self._world = None
+        self._end_s = 0.0
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        self._world = trainer.world
+        self.ckpt = self.config.create(trainer.world, trainer.run_dir, **self._kw)
+        if self.ckpt is None or not self.config.resume:
+            return
+        restored = self.ckpt.restore(trainer.state)
+        if restored is not None:
+            extra = restored.extra_for(trainer.world.rank)
+            trainer.restore(restored.state, restored.step, extra.get("data"))
+            self.resumed_from = restored.step
+            trainer.world.log(
+                f"resumed from step {restored.step} "
+                f"({restored.seconds:.2f} s, tiers {restored.tiers})"
+            )
+
+    def on_step_end(self, trainer: Trainer, step: int) -> None:
+        if self.ckpt is not None and itstime(
+            step, self.config.every, trainer.total_steps, last=False
+        ):
+            self.ckpt.save(
+                step,
+                trainer.state,
+                extra={"data": trainer.loader.position, "step": step},
+            )
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        if self.ckpt is not None:
+            t0 = time.perf_counter()
+            self.ckpt.close()  # waits for checkpoints in flight, raises their failures
+            self._end_s = time.perf_counter() - t0
+
+    def summary(self) -> dict[str, Any]:
+        """Per-rank checkpoint numbers (collective: every rank calls it)."""
+        if self.ckpt is None:
+            return {"checkpoint": {"strategy": "none"}}
+        mine = self.ckpt.summary()
+        mine["close_s"] = self._end_s
+        mine["resumed_from"] = self.resumed_from
+        records = mine.pop("records")
+        per_rank = self._world.allgather(mine) if self._world else [mine]
+        return {
+            "checkpoint": {
+                "strategy": self.ckpt.name,
+                "every": self.config.every,
+                "per_rank": per_rank,
+                "records": records if self._world.rank == 0 else None,
+            }
+        }
