@@ -90,6 +90,7 @@ _WAIT, _REDUCING, _DRAIN, _DONE = "wait", "reducing", "drain", "done"
 # Metadata appended to the payload: fresh, flush, stop, carried, then P activators.
 _FRESH, _FLUSHF, _STOPF, _CARRIED, _NMETA = 0, 1, 2, 3, 4
 _DTYPE_CODES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1}
+_REDUCE_SLEEP = 50e-6  # longest sleep between Tests of a running round
 _TAG_MOD = 30_000  # at most two rounds are ever in flight; MPI guarantees 32767 tags
 
 
@@ -146,7 +147,7 @@ class PartialAllreduce:
         sync_every: int | None = 32,
         *,
         slice_s: float = 0.02,
-        max_sleep: float = 1e-3,
+        max_sleep: float = 5e-4,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -400,9 +401,10 @@ class PartialAllreduce:
                         self._cond.wait(sleep)
                     self._wake = False
                 # Awaiting a peer's activation may take a whole step: back off to
-                # max_sleep. A running Iallreduce only progresses inside Test, so
-                # poll it more often.
-                cap = self._max_sleep if self._phase == _WAIT else self._max_sleep / 4
+                # max_sleep. A running Iallreduce only progresses inside Test, and
+                # each of its steps needs every rank's Test: a 50 us cap measured
+                # 2.2 ms for 600 KB on 4 ranks against 3.7 ms with 250 us.
+                cap = self._max_sleep if self._phase == _WAIT else _REDUCE_SLEEP
                 sleep = min(sleep * 2, cap)
         except BaseException as exc:  # noqa: BLE001 - handed to the compute thread
             with self._cond:
