@@ -1,0 +1,105 @@
+"""Averaging strategies by name: ``get_averager("fused", world, bucket_bytes=...)``.
+
+How a new strategy registers (e.g. ``solo`` in ``research/comm/partial.py``)::
+
+    from research.comm.base import Averager
+    from research.comm.registry import register_averager
+
+    @register_averager("solo")
+    class SoloAllreduce(Averager):
+        def __init__(self, world, *, staleness_bound=32): ...
+
+then append ``"research.comm.partial"`` to :data:`STRATEGY_MODULES` below. The
+registry imports those modules lazily, on the first ``get_averager`` or
+``list_averagers`` call, so import order never matters: the strategy modules
+import this one (not the other way round at import time), and a user never has to
+import a strategy module just to make its name known. Code outside
+``research/comm`` (an experiment's own strategy) calls :func:`add_strategy_module`
+or simply imports its module before asking for the name.
+
+A factory is any callable ``factory(world, **options) -> Averager``; a class is
+the usual one.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from research.comm.base import Averager
+
+#: Modules whose import registers strategies. Append yours (see module docstring).
+STRATEGY_MODULES: list[str] = [
+    "research.comm.dense",
+]
+
+_REGISTRY: dict[str, Callable[..., Averager]] = {}
+
+F = TypeVar("F", bound=Callable[..., Averager])
+
+
+def register_averager(name: str) -> Callable[[F], F]:
+    """Class (or factory) decorator that makes ``name`` available to get_averager.
+
+    Re-registering the same object under the same name is allowed (a reloaded
+    module); a different object under a taken name is an error.
+    """
+
+    def deco(factory: F) -> F:
+        old = _REGISTRY.get(name)
+        if old is not None and _qualname(old) != _qualname(factory):
+            raise ValueError(
+                f"averager {name!r} is already registered by {_qualname(old)}"
+            )
+        _REGISTRY[name] = factory
+        if isinstance(factory, type) and factory.__dict__.get("name") in (None, "base"):
+            factory.name = name  # type: ignore[attr-defined]
+        return factory
+
+    return deco
+
+
+def add_strategy_module(module: str) -> None:
+    """Register a module to import before names are looked up (idempotent)."""
+    if module not in STRATEGY_MODULES:
+        STRATEGY_MODULES.append(module)
+
+
+def _load_strategy_modules() -> None:
+    for module in list(STRATEGY_MODULES):
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            # A name listed before its module landed is skipped; a missing
+            # dependency *inside* an existing module is a real error.
+            if exc.name != module:
+                raise
+
+
+def list_averagers() -> list[str]:
+    """Names accepted by :func:`get_averager`, sorted."""
+    _load_strategy_modules()
+    return sorted(_REGISTRY)
+
+
+def get_averager(name: str, world: Any, **options: Any) -> Averager:
+    """Build the strategy registered as ``name``.
+
+    Args:
+      name: one of :func:`list_averagers`.
+      world: the :class:`research.comm.world.World` it communicates in.
+      **options: keyword arguments of the strategy's constructor.
+
+    Raises:
+      ValueError: ``name`` is unknown; the message lists the valid names.
+    """
+    _load_strategy_modules()
+    if name not in _REGISTRY:
+        valid = ", ".join(sorted(_REGISTRY))
+        raise ValueError(f"unknown averager {name!r}; valid averagers: {valid}")
+    return _REGISTRY[name](world, **options)
+
+
+def _qualname(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', obj)}"

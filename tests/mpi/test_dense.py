@@ -1,0 +1,182 @@
+"""Dense averaging under mpiexec: fused (mpi4jax in jit) and host (mpi4py) agree
+with the exact mean, on every rank, for mixed dtypes and many leaves."""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from research.comm.base import Averager
+from research.comm.dense import FusedAllreduce, HostAllreduce
+from research.comm.registry import get_averager, list_averagers
+from research.trace import Tracer, tracing
+
+MIXED_SMALL = dict(bucket_bytes=16_384, alone_bytes=32_768)  # a few of each kind
+
+
+def rank_tree(rank: int, n_leaves: int = 24) -> dict:
+    """Rank-dependent gradients: float32 and bfloat16, odd shapes, a scalar."""
+    rng = np.random.default_rng(1000 + rank)
+    tree = {}
+    for i in range(n_leaves):
+        shape = [(), (7,), (3, 5), (33, 17), (2, 3, 4, 5), (1500,)][i % 6]
+        dtype = jnp.bfloat16 if i % 5 == 3 else jnp.float32
+        tree[f"layer{i:02d}"] = jnp.asarray(rng.standard_normal(shape) + rank, dtype)
+    tree["big"] = jnp.asarray(rng.standard_normal((64, 200)) * (rank + 1), jnp.float32)
+    return tree
+
+
+def exact_mean(world, tree) -> dict:
+    """The mean of every rank's tree, in float64, from an allgather."""
+    trees = world.allgather(jax.tree.map(lambda x: np.asarray(x, np.float64), tree))
+    return jax.tree.map(lambda *xs: np.mean(np.stack(xs), axis=0), *trees)
+
+
+def assert_mean(out, tree, expected) -> None:
+    for got, orig, want in zip(
+        jax.tree.leaves(out),
+        jax.tree.leaves(tree),
+        jax.tree.leaves(expected),
+        strict=True,
+    ):
+        assert got.shape == orig.shape
+        assert np.dtype(got.dtype) == np.dtype(orig.dtype)
+        if np.dtype(orig.dtype) == np.dtype(jnp.bfloat16):
+            # Summed in float32, rounded once to bfloat16 (8 mantissa bits).
+            np.testing.assert_allclose(
+                np.asarray(got, np.float64), want, rtol=2**-8, atol=2**-8
+            )
+        else:
+            np.testing.assert_allclose(
+                np.asarray(got, np.float64), want, rtol=1e-6, atol=1e-6
+            )
+
+
+def checksum(tree) -> int:
+    crc = 0
+    for leaf in jax.tree.leaves(tree):
+        crc = zlib.crc32(np.ascontiguousarray(np.asarray(leaf)).tobytes(), crc)
+    return crc
+
+
+def assert_identical_on_all_ranks(world, tree) -> None:
+    sums = world.allgather(checksum(tree))
+    assert len(set(sums)) == 1, f"ranks disagree: {sums}"
+
+
+# -- registry ----------------------------------------------------------------
+
+
+def test_registry_names_and_errors(world) -> None:
+    names = list_averagers()
+    assert {"fused", "host"} <= set(names)
+    avg = get_averager("fused", world, bucket_bytes=1 << 20)
+    assert isinstance(avg, FusedAllreduce) and avg.style == "fused"
+    host = get_averager("host", world)
+    assert isinstance(host, HostAllreduce) and host.style == "staged"
+    assert isinstance(host, Averager)
+    with pytest.raises(ValueError, match="fused") as err:
+        get_averager("no-such-strategy", world)
+    assert "host" in str(err.value)
+
+
+# -- values ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        MIXED_SMALL,
+        dict(bucket_bytes=16_384, alone_bytes=None),
+        dict(bucket_bytes=1 << 30),
+        dict(bucket_bytes=16_384, sequential=False),
+    ],
+    ids=["solo+fused", "all-fused", "one-bucket", "unsequenced"],
+)
+def test_fused_is_exact_mean(world, options) -> None:
+    tree = rank_tree(world.rank)
+    avg = FusedAllreduce(world, **options)
+
+    @jax.jit
+    def step(t):  # averaging inside a larger jitted function, as in a train step
+        return avg.average_in_jit(jax.tree.map(lambda x: x * 1, t))
+
+    out = step(tree)
+    assert_mean(out, tree, exact_mean(world, tree))
+    assert_identical_on_all_ranks(world, out)
+    assert avg.bytes_per_call(tree) == avg.plan(tree).nbytes > 0
+
+
+def test_host_is_exact_mean_and_reports(world) -> None:
+    tree = rank_tree(world.rank)
+    avg = HostAllreduce(world, bucket_bytes=4096)
+    expected = exact_mean(world, tree)
+    for step in (1, 2):
+        out, info = avg.reduce(tree)
+        assert_mean(out, tree, expected)
+        assert_identical_on_all_ranks(world, out)
+        assert all(isinstance(x, np.ndarray) for x in jax.tree.leaves(out))
+        assert info.bytes == avg.plan(tree).nbytes > 0
+        assert info.contributors == world.size
+        assert info.staleness == 0 and info.round == step and info.wait_s > 0
+    out, _ = HostAllreduce(world, as_jax=True).reduce(tree)
+    assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(out))
+
+
+def test_fused_and_host_agree(world) -> None:
+    tree = rank_tree(world.rank, n_leaves=120)
+    fused = jax.jit(FusedAllreduce(world, **MIXED_SMALL).average_in_jit)(tree)
+    host, _ = HostAllreduce(world, bucket_bytes=40_000).reduce(tree)
+    for a, b in zip(jax.tree.leaves(fused), jax.tree.leaves(host), strict=True):
+        tol = 2**-7 if np.dtype(a.dtype) == np.dtype(jnp.bfloat16) else 1e-6
+        np.testing.assert_allclose(
+            np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=tol, atol=tol
+        )
+
+
+def test_host_result_survives_next_call(world) -> None:
+    avg = HostAllreduce(world, bucket_bytes=4096)
+    first, _ = avg.reduce(rank_tree(world.rank))
+    kept = jax.tree.map(np.copy, first)
+    avg.reduce(rank_tree(world.rank + 7))  # reuses the buckets, not the results
+    for a, b in zip(jax.tree.leaves(first), jax.tree.leaves(kept), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_host_span_on_comm_track(world, tmp_path) -> None:
+    tree = rank_tree(world.rank, n_leaves=6)
+    avg = HostAllreduce(world, bucket_bytes=4096)
+    with tracing(Tracer(tmp_path, rank=world.rank, size=1)):
+        _, info = avg.reduce(tree)
+    events = json.loads((tmp_path / "trace" / f"rank{world.rank}.json").read_text())
+    spans = [e for e in events if e.get("ph") == "X" and e["cat"] == "comm"]
+    assert len(spans) == 1 and spans[0]["args"]["bytes"] == info.bytes
+
+
+# -- size 1 -------------------------------------------------------------------
+
+
+class _Alone:
+    """A world of one whose communicator must never be touched."""
+
+    rank, size = 0, 1
+
+    def dup(self, name):  # pragma: no cover - the point is that it is not called
+        raise AssertionError("size 1 must not create communicators")
+
+
+def test_size_one_skips_mpi() -> None:
+    tree = rank_tree(0, n_leaves=5)
+    fused = FusedAllreduce(_Alone())
+    out = jax.jit(fused.average_in_jit)(tree)
+    text = jax.jit(fused.average_in_jit).lower(tree).as_text()
+    assert "mpi" not in text
+    for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(tree), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    out, info = HostAllreduce(_Alone()).reduce(tree)
+    assert out is tree and info.contributors == 1 and info.bytes == 0

@@ -1,0 +1,196 @@
+"""Single-process tests of tensor fusion (research.comm.fusion)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from research.comm.fusion import FusionPlan, HostBuffers, wire_dtype
+
+
+def mixed_tree(seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+
+    def arr(shape, dtype):
+        return jnp.asarray(rng.standard_normal(shape).astype(np.float32), dtype)
+
+    return {
+        "conv": {
+            "kernel": arr((3, 3, 4, 8), jnp.float32),
+            "bias": arr((8,), jnp.float32),
+        },
+        "bn": [arr((8,), jnp.bfloat16), arr((8,), jnp.bfloat16)],
+        "scalar": arr((), jnp.float32),
+        "empty": jnp.zeros((0, 3), jnp.float32),
+        "half": arr((5, 7), jnp.float16),
+        "host": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "count": jnp.arange(10, dtype=jnp.int32),
+        "dense": arr((64, 33), jnp.float32),
+    }
+
+
+def assert_tree_equal(a, b) -> None:
+    la, ta = jax.tree.flatten(a)
+    lb, tb = jax.tree.flatten(b)
+    assert ta == tb
+    for x, y in zip(la, lb, strict=True):
+        assert x.shape == y.shape and np.dtype(x.dtype) == np.dtype(y.dtype)
+        np.testing.assert_array_equal(
+            np.asarray(x, np.float64), np.asarray(y, np.float64)
+        )
+
+
+@pytest.mark.parametrize("bucket_bytes", [12, 100, 1000, 64 * 2**20])
+def test_round_trip_jnp(bucket_bytes: int) -> None:
+    tree = mixed_tree()
+    plan = FusionPlan.for_tree(tree, bucket_bytes)
+    buckets = plan.pack(tree)
+    assert [b.dtype for b in buckets] == [b.dtype for b in plan.buckets]
+    assert all(b.nbytes <= max(bucket_bytes, b.dtype.itemsize) for b in plan.buckets)
+    assert_tree_equal(plan.unpack(buckets), tree)
+
+
+@pytest.mark.parametrize("bucket_bytes", [12, 100, 1000, 64 * 2**20])
+def test_round_trip_host(bucket_bytes: int) -> None:
+    tree = mixed_tree()
+    plan = FusionPlan.for_tree(tree, bucket_bytes)
+    host = HostBuffers(plan)
+    bufs = host.pack(tree)
+    assert bufs is host.buffers
+    assert_tree_equal(host.unpack(), tree)
+    # Host and jnp packing agree element for element.
+    for hb, jb in zip(bufs, plan.pack(tree), strict=True):
+        np.testing.assert_array_equal(hb, np.asarray(jb))
+
+
+def test_host_path_reuses_buffers_and_scales() -> None:
+    tree = mixed_tree()
+    host = HostBuffers(FusionPlan.for_tree(tree, 256))
+    ids = [id(b) for b in host.buffers]
+    ptrs = [b.ctypes.data for b in host.buffers]
+    for seed in range(3):
+        t = mixed_tree(seed)
+        host.pack(t)
+        assert [id(b) for b in host.buffers] == ids
+        assert [b.ctypes.data for b in host.buffers] == ptrs
+    out = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), tree)
+    res = host.unpack(scale=2, out=out)
+    assert jax.tree.leaves(res)[0] is jax.tree.leaves(out)[0]  # filled in place
+    want = jax.tree.map(lambda x: np.asarray(x, np.float64) / 2, t)
+    for got, exp, orig in zip(
+        jax.tree.leaves(res), jax.tree.leaves(want), jax.tree.leaves(t), strict=True
+    ):
+        if np.issubdtype(np.dtype(orig.dtype), np.integer):
+            exp = np.trunc(exp)
+        tol = 1e-2 if np.dtype(orig.dtype).itemsize == 2 else 1e-6
+        np.testing.assert_allclose(np.asarray(got, np.float64), exp, rtol=tol)
+
+
+def test_bucket_count_follows_threshold() -> None:
+    # 10 float32 leaves of 1000 elements: 40,000 bytes in one dtype group.
+    tree = [jnp.zeros((1000,), jnp.float32) for _ in range(10)]
+    assert len(FusionPlan.for_tree(tree, 10**6).buckets) == 1
+    assert len(FusionPlan.for_tree(tree, 40_000).buckets) == 1
+    assert len(FusionPlan.for_tree(tree, 39_996).buckets) == 2
+    assert len(FusionPlan.for_tree(tree, 4000).buckets) == 10
+    plan = FusionPlan.for_tree(tree, 12_000)  # 4 even buckets, leaves straddle
+    assert [b.size for b in plan.buckets] == [2500] * 4
+    assert plan.nbytes == 40_000
+    # A leaf larger than the threshold is split, so no bucket exceeds it.
+    big = FusionPlan.for_tree({"w": jnp.zeros((100, 100))}, 4000)
+    assert len(big.buckets) == 10 and max(b.nbytes for b in big.buckets) == 4000
+
+
+def test_groups_by_wire_dtype() -> None:
+    tree = mixed_tree()
+    plan = FusionPlan.for_tree(tree, 64 * 2**20)
+    assert sorted(str(b.dtype) for b in plan.buckets) == ["float32", "int32"]
+    assert wire_dtype(jnp.bfloat16) == np.float32
+    assert wire_dtype(np.float16) == np.float32
+    assert wire_dtype(np.int8) == np.int8
+
+
+def test_plan_from_shapes_and_matches() -> None:
+    tree = mixed_tree()
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+    plan = FusionPlan.for_tree(shapes, 500)
+    assert plan.matches(tree)
+    assert not plan.matches({"other": jnp.zeros(3)})
+    assert_tree_equal(plan.unpack(plan.pack(tree)), tree)
+
+
+def test_jit_compatible() -> None:
+    tree = mixed_tree()
+    plan = FusionPlan.for_tree(tree, 300)
+
+    @jax.jit
+    def scale_via_buckets(t):
+        return plan.unpack([b * 2 for b in plan.pack(t)])
+
+    out = scale_via_buckets(tree)
+    for got, orig in zip(jax.tree.leaves(out), jax.tree.leaves(tree), strict=True):
+        assert np.dtype(got.dtype) == np.dtype(orig.dtype)
+        np.testing.assert_allclose(
+            np.asarray(got, np.float64), 2 * np.asarray(orig, np.float64), rtol=1e-6
+        )
+    # Packing alone is jittable and returns the planned buckets.
+    packed = jax.jit(plan.pack)(tree)
+    assert [p.shape for p in packed] == [(b.size,) for b in plan.buckets]
+
+
+def test_rejects_bad_threshold_and_bucket_count() -> None:
+    with pytest.raises(ValueError):
+        FusionPlan.for_tree([jnp.zeros(3)], 0)
+    plan = FusionPlan.for_tree([jnp.zeros(3)], 64)
+    with pytest.raises(ValueError):
+        plan.unpack([])
+
+
+def test_alone_bytes_makes_solo_zero_copy_buckets() -> None:
+    tree = {
+        "big": jnp.arange(3000, dtype=jnp.float32).reshape(30, 100),  # 12,000 B
+        "small": [jnp.ones((10,), jnp.float32) for _ in range(5)],
+        "big_bf16": jnp.ones((4000,), jnp.bfloat16),  # 16,000 B on the wire
+    }
+    plan = FusionPlan.for_tree(tree, bucket_bytes=100, alone_bytes=10_000)
+    # Solo buckets first, whole and unsplit although larger than bucket_bytes.
+    assert [b.size for b in plan.buckets[:2]] == [3000, 4000]
+    assert plan.zero_copy(0)  # float32 leaf: a reshape, no copy
+    assert not plan.zero_copy(1)  # bfloat16 travels as float32: a cast
+    assert all(b.nbytes <= 100 for b in plan.buckets[2:])
+    assert not any(plan.zero_copy(i) for i in range(2, len(plan.buckets)))
+    assert_tree_equal(plan.unpack(plan.pack(tree)), tree)
+    host = HostBuffers(plan)
+    host.pack(tree)
+    assert_tree_equal(host.unpack(), tree)
+
+
+def test_host_outputs_recycled_only_when_dropped() -> None:
+    tree = mixed_tree()
+    host = HostBuffers(FusionPlan.for_tree(tree, 256))
+    host.pack(tree)
+
+    def data_ptr(result) -> int:
+        return jax.tree.leaves(result)[0].__array_interface__["data"][0]
+
+    first = host.unpack()
+    kept = jax.tree.map(np.copy, first)
+    second = host.unpack()  # ``first`` is alive: a different buffer
+    assert data_ptr(second) != data_ptr(first)
+    host.pack(mixed_tree(seed=5))
+    third = host.unpack()  # ``first`` and ``second`` alive: a third buffer
+    assert len({data_ptr(first), data_ptr(second), data_ptr(third)}) == 3
+    assert_tree_equal(first, kept)  # never overwritten while referenced
+    ptr = data_ptr(second)
+    del second
+    assert data_ptr(host.unpack()) == ptr  # dropped: reused, nothing allocated
+    # A view kept by someone else (jax may wrap numpy without copying) pins it.
+    leaf = jax.tree.leaves(first)[3]
+    ptr, before = data_ptr(first), leaf.copy()
+    del first
+    host.pack(mixed_tree(seed=9))
+    for _ in range(4):
+        assert data_ptr(host.unpack()) != ptr
+    np.testing.assert_array_equal(leaf, before)
