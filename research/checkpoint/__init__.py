@@ -10,24 +10,34 @@
 Modules: ``deepfreeze`` (the checkpointer), ``baselines``, ``restore``,
 ``snapshot`` (donation-proof capture), ``partition`` (size-balanced shards),
 ``agreement`` (MPI commit rounds), ``manifest``, ``tiers``, ``shard`` (Orbax
-items), ``integrity`` (CRC-32s), ``leaves`` (named leaves), ``callback`` (the
-training-loop hook), ``config``.
+items), ``writer`` (the helper process that writes and flushes shards),
+``integrity`` (CRC-32s), ``leaves`` (named leaves), ``callback`` (the
+training-loop hook), ``config``, ``bench`` (the interleaved measurement).
 """
 
-from research.checkpoint.base import Checkpointer, CheckpointError, SaveRecord
-from research.checkpoint.config import STRATEGIES, CheckpointConfig
-from research.checkpoint.integrity import CorruptShardError
-from research.checkpoint.manifest import CheckpointWarning
-from research.checkpoint.restore import Restored, restore_latest
+from typing import Any
 
-__all__ = [
-    "STRATEGIES",
-    "CheckpointConfig",
-    "CheckpointError",
-    "CheckpointWarning",
-    "Checkpointer",
-    "CorruptShardError",
-    "Restored",
-    "SaveRecord",
-    "restore_latest",
-]
+# Lazy exports: ``research.checkpoint.writer`` runs in a helper process that must
+# not import mpi4py (under mpiexec that would start a second MPI rank).
+_EXPORTS = {
+    "Checkpointer": "base",
+    "CheckpointError": "base",
+    "SaveRecord": "base",
+    "STRATEGIES": "config",
+    "CheckpointConfig": "config",
+    "CorruptShardError": "integrity",
+    "CheckpointWarning": "manifest",
+    "Restored": "restore",
+    "restore_latest": "restore",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'research.checkpoint' has no attribute {name!r}")
+    import importlib
+
+    return getattr(
+        importlib.import_module(f"research.checkpoint.{_EXPORTS[name]}"), name
+    )

@@ -1,39 +1,149 @@
-"""Measure one checkpointing strategy inside a real training run (in the MPI job).
+"""Measure checkpointing strategies inside one training run, interleaved.
 
-:func:`run_one` trains with a :class:`~research.train.loop.Trainer`, checkpointing
-every N steps with one strategy, and returns what the DeepFreeze table needs:
-blocking time per checkpoint (slowest rank), time until committed, the wall
-time of the steps after warm-up (end-to-end cost), bytes written per rank and,
-afterwards, the time to restore the newest checkpoint.
+Comparing whole runs one after another is hopeless on a shared machine: the
+same run without checkpoints took 17 s and 71 s here minutes apart. So one
+training run (a :class:`~research.train.loop.Trainer`) carries every strategy:
+the steps are cut into windows of ``window`` steps, each window belongs to one
+``(strategy, interval)`` arm (``none`` windows are the reference), an arm
+checkpoints every ``interval`` steps of its window, and a gap of ``gap`` steps
+without checkpoints follows each arm's window so that background work left
+over (a flush) is charged to the arm that caused it; whatever is still in
+flight at the end of the gap is waited for there, and charged too. Arms come
+in a shuffled order per round, so slow drifts of the machine's load hit every
+arm alike.
+
+The cost of an arm is ``(time of its window + gap) - (window + gap) x the
+median step time of the reference windows``; its overhead is that cost over
+the reference time of the window. Blocking time, time until committed and
+bytes written are measured per checkpoint; restore time once per strategy
+after training. Before measuring, each strategy writes one checkpoint to pay
+its one-time costs (Orbax set-up, compilation of the device copy).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import random
 import shutil
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from research.checkpoint.callback import CheckpointCallback
+from research.checkpoint.base import Checkpointer
 from research.checkpoint.config import CheckpointConfig
 from research.comm.world import World
 from research.train.config import TrainConfig
 from research.train.loop import Callback, Trainer
 
 
-class StepClock(Callback):
-    """Wall-clock time at the end of every step (after the other callbacks' work)."""
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """Steps ``(start, start + window]`` belong to ``arm``; ``gap`` steps follow."""
 
-    def __init__(self) -> None:
-        self.times: dict[int, float] = {}
+    arm: str
+    strategy: str
+    interval: int
+    start: int
+    window: int
+    gap: int
+    round: int
+
+
+def schedule(
+    arms: dict[str, tuple[str, int]],
+    *,
+    rounds: int,
+    window: int,
+    gap: int,
+    warm: int,
+    reference_every: int = 4,
+    seed: int = 0,
+) -> list[Slot]:
+    """Shuffled rounds of arm windows, with reference (``none``) windows among them.
+
+    Args:
+      arms: ``{arm: (strategy, interval)}``; arms named ``none*`` are references.
+      rounds: how many times each arm is measured.
+      window, gap: steps per window and per following gap.
+      warm: steps before the first window (compilation, one-time costs).
+      reference_every: a reference window after every this many arm windows.
+      seed: shuffling seed (the same on every rank).
+    """
+    rng = random.Random(seed)
+    slots: list[Slot] = []
+    step = warm
+    names = [a for a in arms if a != "none"]
+    for r in range(rounds):
+        order = names[:]
+        rng.shuffle(order)
+        seq = ["none"]
+        for i, a in enumerate(order, 1):
+            seq.append(a)
+            if i % reference_every == 0 and i < len(order):
+                seq.append("none")
+        for a in seq:
+            strategy, interval = arms.get(a, ("none", 0))
+            slots.append(Slot(a, strategy, interval, step, window, gap, r))
+            step += window + gap
+    return slots
+
+
+class Interleaved(Callback):
+    """Runs the schedule: saves with the active arm's checkpointer, times windows."""
+
+    def __init__(
+        self,
+        configs: dict[str, CheckpointConfig],
+        arms: dict[str, tuple],
+        slots: list[Slot],
+        warm_saves_at: int,
+    ) -> None:
+        self.configs, self.arms, self.slots = configs, arms, slots
+        self.warm_saves_at = warm_saves_at
+        self.ckpts: dict[str, Checkpointer] = {}
+        self.clock: dict[int, float] = {}
+        self._due: dict[int, str] = {}
+        self._drain: dict[int, str] = {}
+        for s in slots:
+            if s.strategy != "none":
+                for k in range(s.start, s.start + s.window, s.interval):
+                    self._due[k] = s.arm
+                self._drain[s.start + s.window + s.gap] = s.strategy
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        for name, cfg in self.configs.items():
+            self.ckpts[name] = cfg.create(trainer.world, trainer.run_dir)
 
     def on_step_end(self, trainer: Trainer, step: int) -> None:
-        self.times[step] = time.perf_counter()
+        # An arm's background work is finished at the end of its gap and the
+        # wait charged to it: no arm pays for another, and two strategies never
+        # write at once (Orbax is not safe for concurrent saves in one process).
+        drain = self._drain.get(step)
+        if drain is not None:
+            self.ckpts[drain].wait()
+        # The clock is read before any checkpoint of this step: a window's time
+        # includes the blocking of the checkpoint taken at its first step.
+        self.clock[step] = time.perf_counter()
+        if step == self.warm_saves_at:
+            for ck in self.ckpts.values():
+                ck.save(step, trainer.state, extra={"data": trainer.loader.position})
+                ck.wait()
+            for ck in self.ckpts.values():
+                ck.records.pop(step, None)  # one-time costs, not measured
+        arm = self._due.get(step)
+        if arm is not None:
+            strategy = self.arms[arm][0]
+            self.ckpts[strategy].save(
+                step, trainer.state, extra={"data": trainer.loader.position}
+            )
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        for ck in self.ckpts.values():
+            ck.wait()
 
 
-def _median(xs: list[float]) -> float | None:
+def _median(xs: list[float | None]) -> float | None:
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
 
@@ -44,106 +154,169 @@ def _worst(records: list[dict], key: str) -> float | None:
     return max(vals) if vals else None
 
 
-def run_one(
+def run_interleaved(
     world: World,
     train: TrainConfig,
-    ckpt: CheckpointConfig,
+    configs: dict[str, CheckpointConfig],
+    arms: dict[str, tuple[str, int]],
     *,
-    warm_steps: int = 3,
+    rounds: int = 2,
+    window: int = 10,
+    gap: int = 5,
+    warm: int = 6,
     restore: bool = True,
+    seed: int = 0,
 ) -> dict[str, Any]:
-    """Train once with ``ckpt``; every rank returns the same result dict.
+    """Train once through the schedule; every rank returns the same results.
 
     Args:
       world: the job's world (collective).
-      train: the run (its ``run_dir`` holds the run's files and checkpoints).
-      ckpt: strategy and interval; ``resume`` is ignored (a fresh run).
-      warm_steps: steps excluded from the end-to-end time (compilation).
-      restore: time a restore of the newest checkpoint after training.
+      train: the training run; ``steps`` is set from the schedule.
+      configs: one checkpoint configuration per strategy (``resume`` ignored).
+      arms: ``{arm: (strategy, interval)}``; include ``"none": ("none", 0)``.
+      rounds, window, gap, warm, seed: see :func:`schedule`.
+      restore: time a restore of each strategy's newest checkpoint afterwards.
     """
-    ckpt = dataclasses.replace(ckpt, resume=False)
-    run_dir = Path(train.run_dir)
-    if not ckpt.directory:
-        ckpt = dataclasses.replace(ckpt, directory=str(run_dir / "checkpoints"))
-    clock = StepClock()
-    cb = CheckpointCallback(ckpt) if ckpt.strategy != "none" else None
-    # The clock goes last so a step's end includes its checkpoint's blocking.
-    trainer = Trainer(train, world, callbacks=[c for c in (cb, clock) if c])
+    configs = {
+        n: dataclasses.replace(
+            c,
+            resume=False,
+            directory=c.directory or str(Path(train.run_dir) / "checkpoints" / n),
+        )
+        for n, c in configs.items()
+    }
+    slots = schedule(arms, rounds=rounds, window=window, gap=gap, warm=warm, seed=seed)
+    train = dataclasses.replace(train, steps=slots[-1].start + window + gap + 1)
+    cb = Interleaved(configs, arms, slots, warm_saves_at=max(1, warm - gap))
+    trainer = Trainer(train, world, callbacks=[cb])
     summary = trainer.run()
-    steps = sorted(clock.times)
-    first, last = min(warm_steps, steps[-1] - 1), steps[-1]
-    timed_s = clock.times[last] - clock.times[first]
+    clock = world.allgather(cb.clock)
+    # A step ends when the slowest rank ends it (the next allreduce waits).
+    t = {k: max(c[k] for c in clock) for k in clock[0]}
+    per_step = [
+        t[k + 1] - t[k]
+        for s in slots
+        if s.arm == "none"
+        for k in range(s.start, s.start + s.window + s.gap)
+    ]
+    base = statistics.median(per_step)
+    windows = []
+    for s in slots:
+        spent = t[s.start + s.window + s.gap] - t[s.start]
+        ref = (s.window + s.gap) * base
+        windows.append(
+            {
+                **dataclasses.asdict(s),
+                "seconds": spent,
+                "cost_s": spent - ref,
+                "overhead": (spent - ref) / (s.window * base),
+            }
+        )
     out: dict[str, Any] = {
-        "strategy": ckpt.strategy,
-        "interval": ckpt.every,
         "ranks": world.size,
         "model": train.model,
-        "steps": last,
-        "timed_steps": last - first,
-        "timed_s": max(world.allgather(timed_s)),
+        "steps": train.steps,
         "median_step_s": summary["median_step_s"],
-        "run_dir": str(run_dir),
+        "reference_step_s": base,
+        "window": window,
+        "gap": gap,
+        "rounds": rounds,
+        "windows": windows,
+        "run_dir": train.run_dir,
+        "arms": {},
+        "strategies": {},
     }
-    if cb is None:
-        return out
-    recs = world.allgather(
-        [
-            dataclasses.asdict(r)
-            for r in sorted(cb.ckpt.records.values(), key=lambda r: r.step)
-        ]
-    )
+    for arm, (strategy, interval) in arms.items():
+        ws = [w for w in windows if w["arm"] == arm]
+        out["arms"][arm] = {
+            "strategy": strategy,
+            "interval": interval,
+            "overhead": _median([w["overhead"] for w in ws]),
+            "cost_s": _median([w["cost_s"] for w in ws]),
+        }
+    for name, ck in cb.ckpts.items():
+        out["strategies"][name] = _strategy_stats(world, name, ck, slots)
+        ck.close()
+        if restore:
+            out["strategies"][name]["restore_s"] = _time_restore(
+                world, configs[name], trainer
+            )
+        _remove_checkpoints(world, ck)
+    return out
+
+
+def _strategy_stats(
+    world: World, key: str, ck: Checkpointer, slots: list[Slot]
+) -> dict[str, Any]:
+    """Per-checkpoint numbers of one strategy, by interval, over every rank."""
+    recs = world.allgather([dataclasses.asdict(r) for r in ck.records.values()])
     by_step: dict[int, list[dict]] = {}
     for rank_recs in recs:
         for r in rank_recs:
             by_step.setdefault(r["step"], []).append(r)
-    # The training is synchronous: a checkpoint costs what its slowest rank pays.
-    blocking = [max(r["blocking_s"] for r in rs) for rs in by_step.values()]
-    committed = [_worst(rs, "committed_s") for rs in by_step.values()]
-    persisted = [_worst(rs, "persisted_s") for rs in by_step.values()]
-    per_rank_bytes = [
-        _median([r["bytes_written"] for r in rank_recs]) or 0 for rank_recs in recs
-    ]
-    out.update(
-        {
-            "checkpoints": len(by_step),
-            "blocking_s": blocking,
-            "median_blocking_s": _median(blocking),
-            "median_wait_s": _median(
-                [max(r["wait_s"] for r in rs) for rs in by_step.values()]
-            ),
-            "stalled": sum(any(r["wait_s"] > 0 for r in rs) for rs in by_step.values()),
-            "skipped": sum(any(r["skipped"] for r in rs) for rs in by_step.values()),
-            "median_committed_s": _median(committed),
-            "median_persisted_s": _median(persisted),
-            "bytes_per_rank": per_rank_bytes,
-            "snapshot_mode": getattr(cb.ckpt, "snapshot_mode", None),
-        }
-    )
-    if restore:
-        out["restore_s"], out["restored_step"] = _time_restore(world, ckpt, trainer)
-    _remove_checkpoints(world, cb)
+    interval_of = {
+        k: s.interval
+        for s in slots
+        if s.strategy == key
+        for k in range(s.start, s.start + s.window)
+    }
+    out: dict[str, Any] = {
+        "by_interval": {},
+        "snapshot_mode": getattr(ck, "snapshot_mode", None),
+    }
+    for k, rs in by_step.items():
+        d = out["by_interval"].setdefault(
+            str(interval_of.get(k, 0)),
+            {
+                "blocking_s": [],
+                "wait_s": [],
+                "committed_s": [],
+                "persisted_s": [],
+                "skipped": 0,
+                "stalled": 0,
+                "checkpoints": 0,
+                "bytes_per_rank": [[] for _ in range(world.size)],
+            },
+        )
+        d["checkpoints"] += 1
+        # The training is synchronous: a checkpoint costs what its slowest rank pays.
+        d["blocking_s"].append(max(r["blocking_s"] for r in rs))
+        d["wait_s"].append(max(r["wait_s"] for r in rs))
+        d["committed_s"].append(_worst(rs, "committed_s"))
+        d["persisted_s"].append(_worst(rs, "persisted_s"))
+        d["skipped"] += any(r["skipped"] for r in rs)
+        d["stalled"] += any(r["wait_s"] > 0 for r in rs)
+    for rank, rank_recs in enumerate(recs):
+        for r in rank_recs:
+            key = str(interval_of.get(r["step"], 0))
+            if not r["skipped"]:
+                out["by_interval"][key]["bytes_per_rank"][rank].append(
+                    r["bytes_written"]
+                )
+    for d in out["by_interval"].values():
+        for key in ("blocking_s", "wait_s", "committed_s", "persisted_s"):
+            d["median_" + key] = _median(d[key])
+        d["bytes_per_rank"] = [_median(b) or 0 for b in d["bytes_per_rank"]]
     return out
 
 
-def _time_restore(
-    world: World, ckpt: CheckpointConfig, trainer: Trainer
-) -> tuple[float, int | None]:
+def _time_restore(world: World, cfg: CheckpointConfig, trainer: Trainer) -> float:
     """Slowest rank's time to restore the newest checkpoint with a new checkpointer."""
-    fresh = ckpt.create(world, trainer.run_dir)
+    fresh = cfg.create(world, trainer.run_dir)
     world.barrier()
     t0 = time.perf_counter()
-    restored = fresh.restore(trainer.state)
+    fresh.restore(trainer.state)
     dt = time.perf_counter() - t0
     fresh.close()
-    return max(world.allgather(dt)), (restored.step if restored else None)
+    return max(world.allgather(dt))
 
 
-def _remove_checkpoints(world: World, cb: CheckpointCallback) -> None:
+def _remove_checkpoints(world: World, ck: Checkpointer) -> None:
     """Free the tiers (the fast one is memory) once measured."""
     world.barrier()
-    for tier in cb.ckpt.tiers:
+    for tier in ck.tiers:
         shutil.rmtree(tier.rank_dir(world.rank), ignore_errors=True)
     world.barrier()
     if world.rank == 0:
-        for tier in cb.ckpt.tiers:
+        for tier in ck.tiers:
             shutil.rmtree(tier.root, ignore_errors=True)

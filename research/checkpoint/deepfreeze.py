@@ -1,17 +1,21 @@
 """DeepFreeze: asynchronous, fine-grain, rank-sharded, multi-level checkpoints.
 
 ``save(step, state)`` holds the training thread only for the snapshot of this
-rank's shard (``snapshot.py``: zero-copy views on CPU); one background thread
-per rank then, for each checkpoint in request order:
+rank's shard (``snapshot.py``: zero-copy views on CPU, leaf by leaf), then
+returns. A background thread per rank takes the checkpoints in request order:
 
-1. moves the snapshot to host memory and computes each leaf's CRC-32;
-2. writes the shard as an Orbax item into the first tier with Orbax's
-   ``AsyncCheckpointer`` (tensorstore serialization and writes in Orbax's
-   threads; ``<step>.orbax-checkpoint-tmp`` renamed to ``<step>`` on success);
-3. agrees with every rank (``agreement.allgather_json`` on a private
-   communicator); when all shards are in, rank 0 adds the step to that tier's
-   manifest, last;
-4. flushes the shard to the persistent tier (verified copy into
+1. copies the snapshot into a transfer file in ``/dev/shm`` (one memcpy, no
+   GIL) and releases it, so the next step can reuse the buffers;
+2. has the writer (``writer.py``; by default a niced helper process per rank,
+   so Orbax's Python competes neither for the GIL nor for priority with the
+   training) compute each unit's CRC-32 and write the shard as an Orbax item
+   into the first tier with Orbax's ``AsyncCheckpointer``
+   (``<step>.orbax-checkpoint-tmp`` renamed to ``<step>``), then record the
+   size and CRC-32 of every file written;
+3. agrees with every rank (``agreement.allgather_json``, a private
+   communicator, sleeping waits); when all shards are in, rank 0 adds the step
+   to that tier's manifest, last;
+4. has the writer flush the shard to the persistent tier (verified copy into
    ``<step>.flush-tmp``, renamed), agrees again, rank 0 updates that manifest;
 5. drops old steps: the newest ``keep`` persistent and ``keep_fast`` fast steps
    stay.
@@ -34,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import queue
+import tempfile
 import threading
 import time
 import warnings
@@ -41,24 +46,37 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from research.checkpoint.agreement import allgather_json
 from research.checkpoint.base import Checkpointer, CheckpointError, SaveRecord
-from research.checkpoint.integrity import (
-    array_crc32,
-    copy_verified,
-    remove_tree,
-    scan_dir,
-)
+from research.checkpoint.integrity import remove_tree
 from research.checkpoint.leaves import Flattener
 from research.checkpoint.manifest import CheckpointWarning, make_entry, update_manifest
 from research.checkpoint.partition import LOCAL, Unit, plan
-from research.checkpoint.shard import new_checkpointer, shard_args
 from research.checkpoint.snapshot import Snapshotter
 from research.checkpoint.tiers import Tier
+from research.checkpoint.writer import Writer, WriterProcess
 from research.comm.world import World
 from research.trace import get_tracer
 
 FaultHook = Callable[[str, int], None]
+
+
+class WriterError(RuntimeError):
+    """The writer failed; its message is the original error (``OSError: ...``)."""
+
+
+def _describe(e: BaseException) -> str:
+    return str(e) if isinstance(e, WriterError) else f"{type(e).__name__}: {e}"
+
+
+def _transfer_path(first: Tier, rank: int) -> Path:
+    """Where snapshots go for the writer: memory (``/dev/shm``) when there is one."""
+    base = Path("/dev/shm")
+    if not (base.is_dir() and os.access(base, os.W_OK)):
+        base = Path(tempfile.gettempdir())
+    return base / f"research-xfer-{os.getpid()}-{id(first):x}-r{rank}"
 
 
 @dataclasses.dataclass
@@ -91,6 +109,9 @@ class DeepFreeze(Checkpointer):
       rank_local: name prefixes of leaves that differ between ranks (e.g.
         ``"batch_stats"``): every rank writes its own copy and gets it back on
         restore (with the same world size; otherwise rank 0's copy).
+      writer: ``"process"`` (a niced helper process per rank writes) or
+        ``"thread"`` (the background thread writes, in this process).
+      nice: niceness of the helper process.
       fault_hook: ``hook(event, step)`` called by the background thread at
         ``write-begin``, ``write-started``, ``written``, ``committed``,
         ``flush-file`` and ``flushed`` (fault-injection tests).
@@ -112,23 +133,33 @@ class DeepFreeze(Checkpointer):
         compress: bool = False,
         fsync: bool = True,
         rank_local: tuple[str, ...] = (),
+        writer: str = "process",
+        nice: int = 10,
         fault_hook: FaultHook | None = None,
     ) -> None:
         if on_busy not in ("wait", "skip"):
             raise ValueError(f"on_busy must be 'wait' or 'skip', got {on_busy!r}")
         if max_inflight < 1 or keep < 1 or keep_fast < 1:
             raise ValueError("max_inflight, keep and keep_fast must be >= 1")
+        if writer not in ("process", "thread"):
+            raise ValueError(f"writer must be 'process' or 'thread', got {writer!r}")
         super().__init__(world, directory, fast_dir=fast_dir, fsync=fsync)
         self.keep, self.keep_fast = keep, keep_fast
         self.max_inflight, self.on_busy = max_inflight, on_busy
         self.compress = compress
         self.rank_local = tuple(rank_local)
         self._hook = fault_hook or (lambda event, step: None)
+        self._hooked = fault_hook is not None
+        self.writer = writer
+        # Started now, so its imports (jax, Orbax) overlap the training's start.
+        self._proc = WriterProcess.shared(nice) if writer == "process" else None
+        self._local = Writer() if writer == "thread" else None
+        self._xfer = _transfer_path(self.tiers[0], self.rank)
+        self._buf: np.memmap | None = None
         self._snap = Snapshotter(snapshot)
         self._flat = Flattener()
         self._units: list[Unit] = []
         self._mine: list[Unit] = []
-        self._ckptr = None  # Orbax AsyncCheckpointer, made by the background thread
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._cv = threading.Condition()
         self._inflight = 0
@@ -266,8 +297,18 @@ class DeepFreeze(Checkpointer):
                 with self._cv:
                     self._inflight -= 1
                     self._cv.notify_all()
-        if self._ckptr is not None:
-            self._ckptr.close()
+        if self._local is not None:
+            self._local.close()
+        self._buf = None
+        self._xfer.unlink(missing_ok=True)
+
+    def _request(self, req: dict, progress) -> dict[str, Any]:
+        if self._proc is not None:
+            return self._proc.request(req, progress)
+        try:
+            return self._local.handle(req, progress)
+        except Exception as e:  # noqa: BLE001 - same shape as the helper's replies
+            return {"ok": False, "error": f"{type(e).__name__}: {e}"}
 
     def _process(self, job: _Job) -> None:
         tr, first = get_tracer(), self.tiers[0]
@@ -280,7 +321,7 @@ class DeepFreeze(Checkpointer):
                 report["shard"] = self._write(job, first)
             except Exception as e:  # noqa: BLE001 - reported to every rank below
                 local_exc = e
-                report.update(status="error", error=f"{type(e).__name__}: {e}")
+                report.update(status="error", error=_describe(e))
             finally:
                 self._snap.release(job.taken)
                 job.taken = None
@@ -303,7 +344,7 @@ class DeepFreeze(Checkpointer):
                 job.record.bytes_written += n
             except Exception as e:  # noqa: BLE001
                 local_exc = e
-                report.update(status="error", error=f"{type(e).__name__}: {e}")
+                report.update(status="error", error=_describe(e))
             with tr.span("commit", "checkpoint-bg", step=job.step, tier=tier.name):
                 reports = allgather_json(self.comm, report)
                 if not self._settle(
@@ -380,71 +421,92 @@ class DeepFreeze(Checkpointer):
     def _write(self, job: _Job, tier: Tier) -> dict[str, Any]:
         """Write this rank's shard of ``job`` into ``tier``; returns its report."""
         tr, step = get_tracer(), job.step
-        with tr.span("device-to-host", "checkpoint-bg", step=step):
+        with tr.span("device-to-host", "checkpoint-bg", step=step) as span:
             host = self._snap.materialize(job.taken)
-        nbytes = sum(a.nbytes for a in host)
-        with tr.span("checksum", "checkpoint-bg", step=step, bytes=nbytes):
-            crcs = {n: array_crc32(a) for n, a in zip(job.names, host)}
-        path = tier.step_dir(self.rank, step)
-        remove_tree(path)  # a stale shard of an uncommitted earlier attempt
-        remove_tree(path.with_name(f"{step}.orbax-checkpoint-tmp"))
-        self._hook("write-begin", step)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if self._ckptr is None:
-            self._ckptr = new_checkpointer(use_async=True, compress=self.compress)
+            units, size = self._stage(host, job)
+            span.set(bytes=size)
+        self._snap.release(job.taken)
+        job.taken = None  # the snapshot's buffers may now be reused or donated
         meta = {
             "step": step,
             "rank": self.rank,
             "world_size": self.size,
-            "units": [
-                {**u, "crc32": crcs[u["name"]]}
-                for u in job.units
-                if u["shard"] in (self.rank, LOCAL)
-            ],
+            "units": [u for u in job.units if u["shard"] in (self.rank, LOCAL)],
             "extra": job.extra,
         }
-        with tr.span("serialize", "checkpoint-bg", step=step, bytes=nbytes):
-            self._ckptr.save(path, args=shard_args(dict(zip(job.names, host)), meta))
-        self._hook("write-started", step)
-        with tr.span("write", "checkpoint-bg", step=step, tier=tier.name):
-            self._ckptr.wait_until_finished()
-        with tr.span("checksum files", "checkpoint-bg", step=step):
-            files = scan_dir(path)
-        written = sum(size for size, _ in files.values())
-        job.record.bytes_written += written
+        req = {
+            "op": "write",
+            "path": str(tier.step_dir(self.rank, step)),
+            "buffer": str(self._xfer),
+            "size": size,
+            "units": units,
+            "meta": meta,
+            "compress": self.compress,
+            "pause": self._hooked,
+        }
+        self._hook("write-begin", step)
+        with tr.span(
+            "serialize+write",
+            "checkpoint-bg",
+            step=step,
+            bytes=size,
+            tier=tier.name,
+            writer=self.writer,
+        ):
+            rep = self._request(req, lambda event: self._hook(event, step))
+        if not rep["ok"]:
+            raise WriterError(rep["error"])
+        job.record.bytes_written += rep["bytes"]
         self._hook("written", step)
         return {
             "shard": self.rank,
             "rank": self.rank,
             "path": Tier.rel(self.rank, step),
-            "bytes": written,
-            "files": files,
+            "bytes": rep["bytes"],
+            "files": rep["files"],
             "extra": job.extra,
-            "crc32": crcs,
+            "crc32": rep["crc32"],
         }
+
+    def _stage(self, host: list, job: _Job) -> tuple[list[dict], int]:
+        """Copy the snapshot into the transfer file the writer maps (aligned)."""
+        units, off = [], 0
+        for name, a in zip(job.names, host):
+            units.append(
+                {
+                    "name": name,
+                    "shape": list(a.shape),
+                    "dtype": np.dtype(a.dtype).name,
+                    "offset": off,
+                    "nbytes": int(a.nbytes),
+                }
+            )
+            off += -(-int(a.nbytes) // 64) * 64
+        size = max(off, 64)
+        if self._buf is None or self._buf.size < size:
+            self._buf = None
+            with open(self._xfer, "wb") as f:
+                f.truncate(size)
+            self._buf = np.memmap(self._xfer, dtype=np.uint8, mode="r+", shape=(size,))
+        for u, a in zip(units, host):
+            dst = self._buf[u["offset"] : u["offset"] + u["nbytes"]]
+            np.copyto(dst.view(a.dtype).reshape(a.shape), a)  # releases the GIL
+        return units, size
 
     def _flush(self, step: int, shard: dict, src: Tier, dst: Tier) -> int:
         """Verified copy of this rank's shard from ``src`` to ``dst`` (tmp, rename)."""
-        final = dst.step_dir(self.rank, step)
-        tmp = final.with_name(f"{step}.flush-tmp")
-        remove_tree(tmp)
-        remove_tree(final)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        n = copy_verified(
-            src.step_dir(self.rank, step),
-            tmp,
-            shard["files"],
-            fsync=self.fsync,
-            on_file=lambda i: self._hook("flush-file", step),
-        )
-        os.rename(tmp, final)
-        if self.fsync:
-            fd = os.open(final.parent, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        return n
+        req = {
+            "op": "flush",
+            "src": str(src.step_dir(self.rank, step)),
+            "dst": str(dst.step_dir(self.rank, step)),
+            "files": shard["files"],
+            "fsync": self.fsync,
+            "pause": self._hooked,
+        }
+        rep = self._request(req, lambda event: self._hook(event, step))
+        if not rep["ok"]:
+            raise WriterError(rep["error"])
+        return rep["bytes"]
 
     def _retention(self) -> None:
         """Keep the newest ``keep`` (persistent) / ``keep_fast`` (fast) steps."""

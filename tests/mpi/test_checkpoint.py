@@ -47,8 +47,11 @@ def _train(ckpt, steps, every, extra_of=None):
     return s, saved
 
 
-def test_deepfreeze_roundtrip_identical_on_every_rank(world, shared):
-    ckpt = DeepFreeze(world, shared / "p", fast_dir=shared / "f", fsync=False)
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_deepfreeze_roundtrip_identical_on_every_rank(world, shared, writer):
+    ckpt = DeepFreeze(
+        world, shared / "p", fast_dir=shared / "f", fsync=False, writer=writer
+    )
     _, saved = _train(ckpt, 9, 3, lambda k: {"data": {"rank": world.rank, "k": k}})
     assert ckpt.committed_steps("fast")[-1] == 9
     assert ckpt.committed_steps("persistent") == [3, 6, 9]

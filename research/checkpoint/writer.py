@@ -1,0 +1,261 @@
+"""The DeepFreeze writer: serializes and writes shards with Orbax, flushes tiers.
+
+It runs in a helper process per rank (``python -m research.checkpoint.writer``,
+started by :class:`WriterProcess`), for two reasons measured on a CPU-bound
+host: Orbax's Python (asyncio, metadata) in a thread of the training process
+competes for the GIL with the training thread and with the communication
+thread, and a separate process can be niced so that the operating system runs
+it in the gaps the training leaves. It never imports mpi4py (under mpiexec
+that would start another MPI rank); agreement and manifests stay in the rank.
+
+Protocol: JSON lines on stdin/stdout. The array bytes travel through a file
+in ``/dev/shm`` that both processes map (one copy, no pickling):
+
+* ``{"op": "write", "path", "buffer", "size", "units": [{"name", "shape",
+  "dtype", "offset", "nbytes"}], "meta", "compress", "pause"}`` -> CRC-32 of
+  every unit, Orbax async save into ``path`` (tmp + rename), then the files'
+  sizes and CRC-32s;
+* ``{"op": "flush", "src", "dst", "files", "fsync", "pause"}`` -> verified copy
+  into ``<dst>.flush-tmp``, renamed to ``dst``;
+* ``{"op": "remove", "paths"}``; ``{"op": "exit"}``.
+
+With ``pause`` the writer reports ``{"op": "progress", "event": ...}`` in the
+middle of the work (Orbax writes in flight; the first file flushed) and waits
+for ``{"op": "continue"}``: fault tests kill the rank at that moment.
+:class:`Writer` serves the same requests inside the rank (``writer="thread"``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from research.checkpoint.integrity import (
+    array_crc32,
+    copy_verified,
+    remove_tree,
+    scan_dir,
+)
+
+Progress = Callable[[str], None]
+
+
+class Writer:
+    """Handles write/flush/remove requests (in the helper process or a thread)."""
+
+    def __init__(self) -> None:
+        self._ckptrs: dict[bool, Any] = {}
+
+    def handle(self, req: dict, progress: Progress) -> dict[str, Any]:
+        op = req["op"]
+        if op == "write":
+            return self.write(req, progress)
+        if op == "flush":
+            return self.flush(req, progress)
+        if op == "remove":
+            for p in req["paths"]:
+                remove_tree(Path(p))
+            return {"ok": True}
+        raise ValueError(f"unknown writer request {op!r}")
+
+    def write(self, req: dict, progress: Progress) -> dict[str, Any]:
+        from research.checkpoint.shard import new_checkpointer, shard_args
+
+        buf = np.memmap(req["buffer"], dtype=np.uint8, mode="r", shape=(req["size"],))
+        arrays = {}
+        for u in req["units"]:
+            raw = buf[u["offset"] : u["offset"] + u["nbytes"]]
+            arrays[u["name"]] = raw.view(np.dtype(u["dtype"])).reshape(u["shape"])
+        crcs = {n: array_crc32(a) for n, a in arrays.items()}
+        meta = dict(req["meta"])
+        meta["units"] = [{**u, "crc32": crcs[u["name"]]} for u in meta.get("units", [])]
+        path = Path(req["path"])
+        remove_tree(path)  # a stale shard of an uncommitted earlier attempt
+        remove_tree(path.with_name(f"{path.name}.orbax-checkpoint-tmp"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        compress = bool(req.get("compress"))
+        if compress not in self._ckptrs:
+            self._ckptrs[compress] = new_checkpointer(use_async=True, compress=compress)
+        ckptr = self._ckptrs[compress]
+        ckptr.save(path, args=shard_args(arrays, meta))
+        if req.get("pause"):
+            progress("write-started")  # Orbax's writes are in flight
+        ckptr.wait_until_finished()
+        del arrays, buf
+        files = scan_dir(path)
+        return {
+            "ok": True,
+            "crc32": crcs,
+            "files": files,
+            "bytes": sum(size for size, _ in files.values()),
+        }
+
+    def flush(self, req: dict, progress: Progress) -> dict[str, Any]:
+        final = Path(req["dst"])
+        tmp = final.with_name(f"{final.name}.flush-tmp")
+        remove_tree(tmp)
+        remove_tree(final)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        pause = req.get("pause")
+
+        def on_file(i: int) -> None:
+            if pause and i == 1:
+                progress("flush-file")  # one file copied, the rest not yet
+
+        n = copy_verified(
+            Path(req["src"]), tmp, req["files"], fsync=req["fsync"], on_file=on_file
+        )
+        os.rename(tmp, final)
+        if req["fsync"]:
+            fd = os.open(final.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return {"ok": True, "bytes": n}
+
+    def close(self) -> None:
+        for c in self._ckptrs.values():
+            c.close()
+        self._ckptrs.clear()
+
+
+# -- the rank's side -------------------------------------------------------------------
+_NOT_PASSED = ("PMI_", "PMIX_", "OMPI_", "MPI_LOCAL", "HYDRA_", "MPIR_", "I_MPI_")
+
+
+class WriterProcess:
+    """Starts the helper process and sends it requests (one at a time).
+
+    Use :meth:`shared`: one helper per rank serves every checkpointer of the
+    process, so its start-up (importing jax and Orbax, seconds) is paid once and
+    two checkpointers never run Orbax saves at the same time.
+
+    Args:
+      nice: niceness added to the helper (0: same priority as training).
+    """
+
+    _shared: WriterProcess | None = None
+    _shared_lock = threading.Lock()
+
+    @classmethod
+    def shared(cls, nice: int = 10) -> WriterProcess:
+        """This process's helper, started on first use (again if it died)."""
+        with cls._shared_lock:
+            if cls._shared is None or cls._shared.proc.poll() is not None:
+                cls._shared = cls(nice)
+                atexit.register(cls._shared.close)
+            return cls._shared
+
+    def __init__(self, nice: int = 10) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_PASSED)}
+        env.update(
+            JAX_PLATFORMS="cpu",  # never take an accelerator from the training
+            XLA_FLAGS="--xla_cpu_multi_thread_eigen=false "
+            "intra_op_parallelism_threads=1",
+            RESEARCH_WRITER_NICE=str(nice),
+            PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "research.checkpoint.writer"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+            bufsize=1,
+        )
+        self._ready = False
+        self._lock = threading.Lock()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.poll()
+            raise RuntimeError(f"checkpoint writer process ended (exit code {code})")
+        return json.loads(line)
+
+    def _send(self, msg: dict) -> None:
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+
+    def request(self, req: dict, progress: Progress) -> dict[str, Any]:
+        """Send one request and wait (sleeping in a pipe read) for its reply."""
+        with self._lock:
+            if not self._ready:
+                self._read()  # {"op": "ready"}: imports done
+                self._ready = True
+            self._send(req)
+            while (msg := self._read()).get("op") == "progress":
+                progress(msg["event"])
+                self._send({"op": "continue"})
+            return msg
+
+    def close(self, timeout: float = 30.0) -> None:
+        if self.proc.poll() is None:
+            try:
+                self._send({"op": "exit"})
+                self.proc.wait(timeout)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+
+# -- the helper process ----------------------------------------------------------------
+def _die_with_parent() -> None:
+    """SIGKILL this helper when its rank dies (a killed rank leaves no writer)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the closed stdin ends the loop instead
+    if os.getppid() == 1:
+        os._exit(1)
+
+
+def main() -> None:
+    _die_with_parent()
+    nice = int(os.environ.get("RESEARCH_WRITER_NICE", "0"))
+    if nice:
+        os.nice(nice)
+    replies, sys.stdout = sys.stdout, sys.stderr  # library prints stay off the pipe
+
+    def send(msg: dict) -> None:
+        replies.write(json.dumps(msg) + "\n")
+        replies.flush()
+
+    def progress(event: str) -> None:
+        send({"op": "progress", "event": event})
+        sys.stdin.readline()  # {"op": "continue"}
+
+    import logging
+
+    logging.getLogger("absl").setLevel(logging.ERROR)
+    writer = Writer()
+    import research.checkpoint.shard  # noqa: F401  (jax, Orbax: before "ready")
+
+    send({"op": "ready", "pid": os.getpid()})
+    for line in sys.stdin:
+        req = json.loads(line)
+        if req["op"] == "exit":
+            break
+        try:
+            rep = writer.handle(req, progress)
+        except Exception as e:  # noqa: BLE001 - reported to the rank, which raises
+            rep = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        send(rep)
+    writer.close()
+
+
+if __name__ == "__main__":
+    main()
