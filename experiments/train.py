@@ -23,9 +23,12 @@ PROG = "python -m experiments.train"
 
 
 def parse(argv: list[str]):
-    p = ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                       epilog=__doc__.split("\n\n", 1)[1],
-                       formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+    p = ArgumentParser(
+        prog=PROG,
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=__import__("argparse").RawDescriptionHelpFormatter,
+    )
     add_train_flags(p, TrainConfig(epochs=3, eval_every=100))
     return p.parse_args(argv)
 

@@ -40,78 +40,173 @@ def parse_options(pairs: Sequence[str] | None, flag: str) -> dict[str, Any]:
 def add_train_flags(p: argparse.ArgumentParser, defaults: TrainConfig) -> None:
     """The flags of one training run; ``defaults`` supplies the shown defaults."""
     g = p.add_argument_group("model and data")
-    g.add_argument("--model", default=defaults.model,
-                   help="model name (see --list); default %(default)s")
-    g.add_argument("--model-opt", action="append", metavar="KEY=VALUE",
-                   help="model option, repeatable (e.g. width=16, stem=cifar)")
-    g.add_argument("--dataset", default=defaults.dataset,
-                   help="dataset name (see --list); default %(default)s")
-    g.add_argument("--data-dir", default=defaults.data_dir,
-                   help="folder of an on-disk dataset (cifar10, candle_nt3, candle_p1b2)")
-    g.add_argument("--data-opt", action="append", metavar="KEY=VALUE",
-                   help="dataset option, repeatable (e.g. n_train=4096, features=512)")
+    g.add_argument(
+        "--model",
+        default=defaults.model,
+        help="model name (see --list); default %(default)s",
+    )
+    g.add_argument(
+        "--model-opt",
+        action="append",
+        metavar="KEY=VALUE",
+        help="model option, repeatable (e.g. width=16, stem=cifar)",
+    )
+    g.add_argument(
+        "--dataset",
+        default=defaults.dataset,
+        help="dataset name (see --list); default %(default)s",
+    )
+    g.add_argument(
+        "--data-dir",
+        default=defaults.data_dir,
+        help="folder of an on-disk dataset (cifar10, candle_nt3, candle_p1b2)",
+    )
+    g.add_argument(
+        "--data-opt",
+        action="append",
+        metavar="KEY=VALUE",
+        help="dataset option, repeatable (e.g. n_train=4096, features=512)",
+    )
     g = p.add_argument_group("optimisation")
-    g.add_argument("--batch-size", type=int, default=defaults.batch_size,
-                   help="examples per rank per step; default %(default)s")
-    g.add_argument("--steps", type=int, default=defaults.steps,
-                   help="training steps (overrides --epochs when > 0); default %(default)s")
-    g.add_argument("--epochs", type=float, default=defaults.epochs,
-                   help="epochs over the training split; default %(default)s")
-    g.add_argument("--lr", type=float, default=defaults.lr,
-                   help="peak learning rate; default %(default)s")
-    g.add_argument("--scale-lr", action="store_true", default=defaults.scale_lr,
-                   help="multiply --lr by global batch / 256 (Goyal et al.)")
-    g.add_argument("--schedule", default=defaults.schedule,
-                   choices=("constant", "step", "cosine"),
-                   help="learning-rate schedule after warm-up; default %(default)s")
-    g.add_argument("--warmup-steps", type=int, default=defaults.warmup_steps,
-                   help="linear warm-up steps; default %(default)s")
+    g.add_argument(
+        "--batch-size",
+        type=int,
+        default=defaults.batch_size,
+        help="examples per rank per step; default %(default)s",
+    )
+    g.add_argument(
+        "--steps",
+        type=int,
+        default=defaults.steps,
+        help="training steps (overrides --epochs when > 0); default %(default)s",
+    )
+    g.add_argument(
+        "--epochs",
+        type=float,
+        default=defaults.epochs,
+        help="epochs over the training split; default %(default)s",
+    )
+    g.add_argument(
+        "--lr",
+        type=float,
+        default=defaults.lr,
+        help="peak learning rate; default %(default)s",
+    )
+    g.add_argument(
+        "--scale-lr",
+        action="store_true",
+        default=defaults.scale_lr,
+        help="multiply --lr by global batch / 256 (Goyal et al.)",
+    )
+    g.add_argument(
+        "--schedule",
+        default=defaults.schedule,
+        choices=("constant", "step", "cosine"),
+        help="learning-rate schedule after warm-up; default %(default)s",
+    )
+    g.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=defaults.warmup_steps,
+        help="linear warm-up steps; default %(default)s",
+    )
     g.add_argument("--momentum", type=float, default=defaults.momentum)
     g.add_argument("--weight-decay", type=float, default=defaults.weight_decay)
-    g.add_argument("--seed", type=int, default=defaults.seed,
-                   help="seed of data, initialisation and sharding; default %(default)s")
+    g.add_argument(
+        "--seed",
+        type=int,
+        default=defaults.seed,
+        help="seed of data, initialisation and sharding; default %(default)s",
+    )
     g = p.add_argument_group("parallelism")
-    g.add_argument("--np", type=int, default=2, dest="np_",
-                   help="ranks to launch when started without mpiexec (0: run in this "
-                        "process alone); ignored under mpiexec/srun; default %(default)s")
-    g.add_argument("--threads", type=int, default=defaults.threads,
-                   help="XLA intra-op threads per rank (0: XLA default); "
-                        "default %(default)s")
-    g.add_argument("--strategy", default=defaults.strategy,
-                   help="gradient averaging: fused (mpi4jax in jit), host (mpi4py, "
-                        "staged), or a paper's strategy (see --list); default %(default)s")
-    g.add_argument("--strategy-opt", action="append", metavar="KEY=VALUE",
-                   help="strategy option, repeatable (e.g. bucket_bytes=67108864)")
+    g.add_argument(
+        "--np",
+        type=int,
+        default=2,
+        dest="np_",
+        help="ranks to launch when started without mpiexec (0: run in this "
+        "process alone); ignored under mpiexec/srun; default %(default)s",
+    )
+    g.add_argument(
+        "--threads",
+        type=int,
+        default=defaults.threads,
+        help="XLA intra-op threads per rank (0: XLA default); default %(default)s",
+    )
+    g.add_argument(
+        "--strategy",
+        default=defaults.strategy,
+        help="gradient averaging: fused (mpi4jax in jit), host (mpi4py, "
+        "staged), or a paper's strategy (see --list); default %(default)s",
+    )
+    g.add_argument(
+        "--strategy-opt",
+        action="append",
+        metavar="KEY=VALUE",
+        help="strategy option, repeatable (e.g. bucket_bytes=67108864)",
+    )
     g = p.add_argument_group("output")
-    g.add_argument("--run-dir", default=defaults.run_dir or None,
-                   help="run folder (default runs/<experiment>-<timestamp>)")
-    g.add_argument("--eval-every", type=int, default=defaults.eval_every,
-                   help="evaluate on the test split every N steps; default %(default)s")
-    g.add_argument("--log-every", type=int, default=defaults.log_every,
-                   help="write a metrics.jsonl row every N steps; default %(default)s")
-    g.add_argument("--trace", action=argparse.BooleanOptionalAction,
-                   default=defaults.trace, help="write the timeline trace.json")
-    g.add_argument("--no-progress", action="store_true",
-                   help="no progress bar on rank 0")
-    p.add_argument("--list", action="store_true",
-                   help="list models, datasets and strategies, then exit")
+    g.add_argument(
+        "--run-dir",
+        default=defaults.run_dir or None,
+        help="run folder (default runs/<experiment>-<timestamp>)",
+    )
+    g.add_argument(
+        "--eval-every",
+        type=int,
+        default=defaults.eval_every,
+        help="evaluate on the test split every N steps; default %(default)s",
+    )
+    g.add_argument(
+        "--log-every",
+        type=int,
+        default=defaults.log_every,
+        help="write a metrics.jsonl row every N steps; default %(default)s",
+    )
+    g.add_argument(
+        "--trace",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.trace,
+        help="write the timeline trace.json",
+    )
+    g.add_argument(
+        "--no-progress", action="store_true", help="no progress bar on rank 0"
+    )
+    p.add_argument(
+        "--list",
+        action="store_true",
+        help="list models, datasets and strategies, then exit",
+    )
 
 
 def config_from_args(args: argparse.Namespace, prog: str) -> TrainConfig:
     """Build and validate the config; bad input ends with one line and exit 2."""
     try:
         cfg = TrainConfig(
-            model=args.model, model_options=parse_options(args.model_opt, "--model-opt"),
-            dataset=args.dataset, data_dir=args.data_dir,
+            model=args.model,
+            model_options=parse_options(args.model_opt, "--model-opt"),
+            dataset=args.dataset,
+            data_dir=args.data_dir,
             data_options=parse_options(args.data_opt, "--data-opt"),
-            batch_size=args.batch_size, steps=args.steps, epochs=args.epochs, lr=args.lr,
-            scale_lr=args.scale_lr, schedule=args.schedule,
-            warmup_steps=args.warmup_steps, momentum=args.momentum,
-            weight_decay=args.weight_decay, seed=args.seed, strategy=args.strategy,
+            batch_size=args.batch_size,
+            steps=args.steps,
+            epochs=args.epochs,
+            lr=args.lr,
+            scale_lr=args.scale_lr,
+            schedule=args.schedule,
+            warmup_steps=args.warmup_steps,
+            momentum=args.momentum,
+            weight_decay=args.weight_decay,
+            seed=args.seed,
+            strategy=args.strategy,
             strategy_options=parse_options(args.strategy_opt, "--strategy-opt"),
-            eval_every=args.eval_every, log_every=args.log_every, trace=args.trace,
-            threads=args.threads, run_dir=args.run_dir or "",
-            progress=not args.no_progress)
+            eval_every=args.eval_every,
+            log_every=args.log_every,
+            trace=args.trace,
+            threads=args.threads,
+            run_dir=args.run_dir or "",
+            progress=not args.no_progress,
+        )
     except ValueError as e:
         fail_usage(prog, str(e))
     problem = validate(cfg)
@@ -127,13 +222,18 @@ def validate(cfg: TrainConfig) -> str | None:
     from research.data import list_datasets
 
     if cfg.model not in models.list_models():
-        return f"unknown model {cfg.model!r}; choose one of {', '.join(models.list_models())}"
+        names = ", ".join(models.list_models())
+        return f"unknown model {cfg.model!r}; choose one of {names}"
     if cfg.dataset not in list_datasets():
-        return (f"unknown dataset {cfg.dataset!r}; choose one of "
-                f"{', '.join(list_datasets())}")
+        return (
+            f"unknown dataset {cfg.dataset!r}; choose one of "
+            f"{', '.join(list_datasets())}"
+        )
     if cfg.strategy not in list_averagers():
-        return (f"unknown strategy {cfg.strategy!r}; choose one of "
-                f"{', '.join(list_averagers())}")
+        return (
+            f"unknown strategy {cfg.strategy!r}; choose one of "
+            f"{', '.join(list_averagers())}"
+        )
     if cfg.batch_size <= 0:
         return f"--batch-size must be positive, got {cfg.batch_size}"
     if cfg.steps < 0 or cfg.epochs <= 0:
@@ -150,6 +250,8 @@ def listing() -> str:
     from research.comm.registry import list_averagers
     from research.data import list_datasets
 
-    return (f"models:     {', '.join(models.list_models())}\n"
-            f"datasets:   {', '.join(list_datasets())}\n"
-            f"strategies: {', '.join(list_averagers())}")
+    return (
+        f"models:     {', '.join(models.list_models())}\n"
+        f"datasets:   {', '.join(list_datasets())}\n"
+        f"strategies: {', '.join(list_averagers())}"
+    )

@@ -38,7 +38,9 @@ def mpiexec_path() -> str:
         return str(local)
     found = shutil.which("mpiexec") or shutil.which("mpirun")
     if found is None:
-        raise UsageError("no mpiexec found: run `make run` once, or put mpiexec on PATH")
+        raise UsageError(
+            "no mpiexec found: run `make run` once, or put mpiexec on PATH"
+        )
     return found
 
 
@@ -46,11 +48,18 @@ def xla_thread_flags(threads: int) -> str:
     """XLA_FLAGS giving each rank ``threads`` intra-op threads (0: XLA's default)."""
     if threads <= 0:
         return os.environ.get("XLA_FLAGS", "")
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
-             if not f.startswith(("--xla_cpu_multi_thread_eigen",
-                                  "intra_op_parallelism_threads"))]
+    flags = [
+        f
+        for f in os.environ.get("XLA_FLAGS", "").split()
+        if not f.startswith(
+            ("--xla_cpu_multi_thread_eigen", "intra_op_parallelism_threads")
+        )
+    ]
     if threads == 1:
-        flags += ["--xla_cpu_multi_thread_eigen=false", "intra_op_parallelism_threads=1"]
+        flags += [
+            "--xla_cpu_multi_thread_eigen=false",
+            "intra_op_parallelism_threads=1",
+        ]
     else:
         flags += [f"intra_op_parallelism_threads={threads}"]
     return " ".join(flags)

@@ -23,8 +23,12 @@ def plot_training_curves(run_dir: str | os.PathLike, out: str = "curves.png") ->
     a.set(xlabel="step", ylabel="training loss (rank 0 batch)", title="loss")
     a.grid(alpha=0.3)
     b.plot([r["train_time"] for r in evals], [r["test_acc"] for r in evals], "o-")
-    b.set(xlabel="training time (s, evaluation excluded)", ylabel="test accuracy",
-          title="test accuracy", ylim=(0, 1))
+    b.set(
+        xlabel="training time (s, evaluation excluded)",
+        ylabel="test accuracy",
+        title="test accuracy",
+        ylim=(0, 1),
+    )
     b.grid(alpha=0.3)
     fig.suptitle(Path(run_dir).name, fontsize=9)
     fig.tight_layout()

@@ -17,13 +17,23 @@ from typing import Any
 
 def default_run_dir(experiment: str) -> str:
     """``runs/<experiment>-<UTC timestamp>`` (the timestamp is rank 0's)."""
-    return os.path.join("runs", f"{experiment}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+    return os.path.join(
+        "runs", f"{experiment}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    )
 
 
 def versions() -> dict[str, str]:
     out = {"python": sys.version.split()[0], "platform": platform.platform()}
-    for mod in ("jax", "jaxlib", "flax", "optax", "orbax.checkpoint", "mpi4py", "mpi4jax",
-                "numpy"):
+    for mod in (
+        "jax",
+        "jaxlib",
+        "flax",
+        "optax",
+        "orbax.checkpoint",
+        "mpi4py",
+        "mpi4jax",
+        "numpy",
+    ):
         try:
             m = __import__(mod, fromlist=["__version__"])
             out[mod] = getattr(m, "__version__", "?")
@@ -67,7 +77,8 @@ class MetricsWriter:
 
     def __init__(self, run_dir: str | os.PathLike, enabled: bool = True) -> None:
         self.enabled = enabled
-        self._f = open(Path(run_dir) / "metrics.jsonl", "a") if enabled else None
+        path = Path(run_dir) / "metrics.jsonl"
+        self._f = open(path, "a") if enabled else None  # noqa: SIM115 - kept open
 
     def write(self, row: dict[str, Any]) -> None:
         if self._f is not None:

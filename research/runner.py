@@ -9,7 +9,9 @@ from research.rundir import default_run_dir
 from research.train.config import TrainConfig
 
 
-def run_training(cfg: TrainConfig, experiment: str, **trainer_kw: Any) -> dict[str, Any]:
+def run_training(
+    cfg: TrainConfig, experiment: str, **trainer_kw: Any
+) -> dict[str, Any]:
     """Train with ``cfg`` on this process's world; rank 0 plots and prints a summary.
 
     ``ValueError`` from configuration or data (raised identically on every rank
@@ -18,7 +20,9 @@ def run_training(cfg: TrainConfig, experiment: str, **trainer_kw: Any) -> dict[s
     """
     world = get_world()
     if not cfg.run_dir:
-        cfg.run_dir = world.bcast(default_run_dir(experiment) if world.rank == 0 else None)
+        cfg.run_dir = world.bcast(
+            default_run_dir(experiment) if world.rank == 0 else None
+        )
     from research.train.loop import Trainer
 
     trainer = Trainer(cfg, world, **trainer_kw)  # ValueError here: same on all ranks
@@ -29,8 +33,11 @@ def run_training(cfg: TrainConfig, experiment: str, **trainer_kw: Any) -> dict[s
 
         plot_training_curves(cfg.run_dir)
         acc = summary.get("final_test_acc")
-        print(f"r0 | done: {summary['steps']} steps on {world.size} ranks, "
-              f"median step {summary['median_step_s'] * 1e3:.1f} ms, "
-              f"{summary['samples_per_s']:.0f} samples/s, test accuracy "
-              f"{acc:.4f} -> {cfg.run_dir}", flush=True)
+        print(
+            f"r0 | done: {summary['steps']} steps on {world.size} ranks, "
+            f"median step {summary['median_step_s'] * 1e3:.1f} ms, "
+            f"{summary['samples_per_s']:.0f} samples/s, test accuracy "
+            f"{acc:.4f} -> {cfg.run_dir}",
+            flush=True,
+        )
     return summary

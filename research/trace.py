@@ -1,4 +1,4 @@
-"""The timeline: per-rank Chrome trace events, one process per rank, one track per phase.
+"""The timeline: per-rank Chrome trace events; a process per rank, a track per phase.
 
 Usage::
 
@@ -79,8 +79,9 @@ class NullTracer:
     def instant(self, name: str, track: str = "compute", **args: Any) -> None:
         pass
 
-    def complete(self, name: str, track: str, start_s: float, end_s: float,
-                 **args: Any) -> None:
+    def complete(
+        self, name: str, track: str, start_s: float, end_s: float, **args: Any
+    ) -> None:
         pass
 
     def counter(self, name: str, **values: float) -> None:
@@ -112,8 +113,9 @@ class _Span:
         self._args.update(args)
 
     def __exit__(self, *exc):
-        self._tracer.complete(self._name, self._track, self._t0, time.perf_counter(),
-                              **self._args)
+        self._tracer.complete(
+            self._name, self._track, self._t0, time.perf_counter(), **self._args
+        )
         return False
 
 
@@ -122,9 +124,16 @@ class Tracer:
 
     enabled = True
 
-    def __init__(self, run_dir: str | os.PathLike, rank: int, size: int,
-                 comm: Any = None, max_events: int = 200_000,
-                 flush_every: int = 5_000, merge_every_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        rank: int,
+        size: int,
+        comm: Any = None,
+        max_events: int = 200_000,
+        flush_every: int = 5_000,
+        merge_every_s: float = 30.0,
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.rank, self.size, self.comm = rank, size, comm
         self.max_events = max_events
@@ -143,22 +152,54 @@ class Tracer:
         self._t0 = time.perf_counter()
         self._wall0 = time.time()
         meta = [
-            {"ph": "M", "pid": rank, "tid": 0, "name": "process_name",
-             "args": {"name": f"rank {rank}"}},
-            {"ph": "M", "pid": rank, "tid": 0, "name": "process_sort_index",
-             "args": {"sort_index": rank}},
+            {
+                "ph": "M",
+                "pid": rank,
+                "tid": 0,
+                "name": "process_name",
+                "args": {"name": f"rank {rank}"},
+            },
+            {
+                "ph": "M",
+                "pid": rank,
+                "tid": 0,
+                "name": "process_sort_index",
+                "args": {"sort_index": rank},
+            },
         ]
         for track, tid in TRACKS.items():
-            meta.append({"ph": "M", "pid": rank, "tid": tid, "name": "thread_name",
-                         "args": {"name": track}})
-            meta.append({"ph": "M", "pid": rank, "tid": tid,
-                         "name": "thread_sort_index", "args": {"sort_index": tid}})
+            meta.append(
+                {
+                    "ph": "M",
+                    "pid": rank,
+                    "tid": tid,
+                    "name": "thread_name",
+                    "args": {"name": track},
+                }
+            )
+            meta.append(
+                {
+                    "ph": "M",
+                    "pid": rank,
+                    "tid": tid,
+                    "name": "thread_sort_index",
+                    "args": {"sort_index": tid},
+                }
+            )
         with open(self._path, "w") as f:
             f.write("[\n" + ",\n".join(json.dumps(e) for e in meta) + "\n]")
 
     @classmethod
-    def start(cls, run_dir: str | os.PathLike, *, rank: int, size: int,
-              comm: Any = None, enabled: bool = True, **kw: Any) -> Tracer | NullTracer:
+    def start(
+        cls,
+        run_dir: str | os.PathLike,
+        *,
+        rank: int,
+        size: int,
+        comm: Any = None,
+        enabled: bool = True,
+        **kw: Any,
+    ) -> Tracer | NullTracer:
         """A live tracer when ``enabled``, else the no-op :class:`NullTracer`."""
         if not enabled:
             return NullTracer()
@@ -176,28 +217,57 @@ class Tracer:
             self._stored += 1
             self._events.append(event)
             pending = len(self._events)
-        if pending >= self.flush_every and threading.current_thread() is threading.main_thread():
+        if (
+            pending >= self.flush_every
+            and threading.current_thread() is threading.main_thread()
+        ):
             self.flush()
 
     def span(self, name: str, track: str = "compute", **args: Any) -> _Span:
         """Context manager recording one complete ("X") event on ``track``."""
         return _Span(self, name, track, args)
 
-    def complete(self, name: str, track: str, start_s: float, end_s: float,
-                 **args: Any) -> None:
+    def complete(
+        self, name: str, track: str, start_s: float, end_s: float, **args: Any
+    ) -> None:
         """Record a phase measured elsewhere (``time.perf_counter`` seconds)."""
-        self._add({"ph": "X", "pid": self.rank, "tid": TRACKS.get(track, 99),
-                   "name": name, "cat": track, "ts": self._us(start_s),
-                   "dur": round((end_s - start_s) * 1e6, 1), "args": args})
+        self._add(
+            {
+                "ph": "X",
+                "pid": self.rank,
+                "tid": TRACKS.get(track, 99),
+                "name": name,
+                "cat": track,
+                "ts": self._us(start_s),
+                "dur": round((end_s - start_s) * 1e6, 1),
+                "args": args,
+            }
+        )
 
     def instant(self, name: str, track: str = "compute", **args: Any) -> None:
-        self._add({"ph": "i", "s": "t", "pid": self.rank, "tid": TRACKS.get(track, 99),
-                   "name": name, "cat": track, "ts": self._us(time.perf_counter()),
-                   "args": args})
+        self._add(
+            {
+                "ph": "i",
+                "s": "t",
+                "pid": self.rank,
+                "tid": TRACKS.get(track, 99),
+                "name": name,
+                "cat": track,
+                "ts": self._us(time.perf_counter()),
+                "args": args,
+            }
+        )
 
     def counter(self, name: str, **values: float) -> None:
-        self._add({"ph": "C", "pid": self.rank, "name": name,
-                   "ts": self._us(time.perf_counter()), "args": values})
+        self._add(
+            {
+                "ph": "C",
+                "pid": self.rank,
+                "name": name,
+                "ts": self._us(time.perf_counter()),
+                "args": values,
+            }
+        )
 
     @staticmethod
     def block(x: Any) -> Any:
@@ -215,11 +285,20 @@ class Tracer:
         if not events and not dropped:
             return
         if dropped:
-            events.append({"ph": "M", "pid": self.rank, "tid": 0,
-                           "name": "dropped_events",
-                           "args": {"count": dropped, "cap": self.max_events}})
-        payload = ",\n" + ",\n".join(json.dumps(e, separators=(",", ":"))
-                                     for e in events) + "\n]"
+            events.append(
+                {
+                    "ph": "M",
+                    "pid": self.rank,
+                    "tid": 0,
+                    "name": "dropped_events",
+                    "args": {"count": dropped, "cap": self.max_events},
+                }
+            )
+        payload = (
+            ",\n"
+            + ",\n".join(json.dumps(e, separators=(",", ":")) for e in events)
+            + "\n]"
+        )
         with open(self._path, "r+b") as f:
             f.seek(-2, os.SEEK_END)  # overwrite the closing "\n]"
             f.write(payload.encode())
@@ -263,16 +342,18 @@ def read_rank_trace(path: Path) -> list[dict]:
 def merge_traces(run_dir: str | os.PathLike, size: int | None = None) -> Path:
     """Merge ``trace/rank*.json`` into ``trace.json`` (atomic rename)."""
     run_dir = Path(run_dir)
-    files = sorted((run_dir / "trace").glob("rank*.json"),
-                   key=lambda p: int(p.stem[4:]))
+    files = sorted(
+        (run_dir / "trace").glob("rank*.json"), key=lambda p: int(p.stem[4:])
+    )
     events: list[dict] = []
     for path in files:
         events.extend(read_rank_trace(path))
     out = run_dir / "trace.json"
     tmp = run_dir / "trace.json.tmp"
     with open(tmp, "w") as f:
-        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f,
-                  separators=(",", ":"))
+        json.dump(
+            {"traceEvents": events, "displayTimeUnit": "ms"}, f, separators=(",", ":")
+        )
     os.replace(tmp, out)
     return out
 

@@ -15,7 +15,9 @@ import os
 os.environ.setdefault(
     "XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 )
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", f"/tmp/research-jax-cache-{os.getuid()}")
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR", f"/tmp/research-jax-cache-{os.getuid()}"
+)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 

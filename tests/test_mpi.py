@@ -19,7 +19,8 @@ ROOT = HERE.parent
 # process of the suite turns most compiles after the first into a disk read.
 COMPILE_CACHE_ENV = {
     "JAX_COMPILATION_CACHE_DIR": os.environ.get(
-        "JAX_COMPILATION_CACHE_DIR", f"/tmp/research-jax-cache-{os.getuid()}"),
+        "JAX_COMPILATION_CACHE_DIR", f"/tmp/research-jax-cache-{os.getuid()}"
+    ),
     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
 }
@@ -31,8 +32,9 @@ def mpiexec() -> str:
     return str(exe) if exe.exists() else "mpiexec"
 
 
-def run_under_mpiexec(np_: int, args: list[str], timeout: float = 300,
-                      env_extra: dict | None = None) -> subprocess.CompletedProcess:
+def run_under_mpiexec(
+    np_: int, args: list[str], timeout: float = 300, env_extra: dict | None = None
+) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env.update(
         RESEARCH_UNDER_MPI="1",
@@ -43,8 +45,9 @@ def run_under_mpiexec(np_: int, args: list[str], timeout: float = 300,
     env.update(COMPILE_CACHE_ENV)
     env.update(env_extra or {})
     cmd = [mpiexec(), "-n", str(np_), sys.executable, *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.parametrize("np_", [2, 4])
@@ -52,6 +55,8 @@ def run_under_mpiexec(np_: int, args: list[str], timeout: float = 300,
 def test_under_mpiexec(name: str, np_: int) -> None:
     proc = run_under_mpiexec(np_, ["-m", "pytest", f"tests/mpi/{name}", "-x"])
     if proc.returncode != 0:
-        pytest.fail(f"mpiexec -n {np_} pytest tests/mpi/{name} exited "
-                    f"{proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n"
-                    f"--- stderr\n{proc.stderr[-6000:]}")
+        pytest.fail(
+            f"mpiexec -n {np_} pytest tests/mpi/{name} exited "
+            f"{proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n"
+            f"--- stderr\n{proc.stderr[-6000:]}"
+        )

@@ -15,22 +15,58 @@ ROOT = Path(__file__).parent.parent
 
 def run(args: list[str], timeout: float = 240, **kw) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
-    for var in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK",
-                "RESEARCH_UNDER_MPI"):
+    for var in (
+        "PMI_RANK",
+        "PMI_SIZE",
+        "OMPI_COMM_WORLD_SIZE",
+        "PMIX_RANK",
+        "RESEARCH_UNDER_MPI",
+    ):
         env.pop(var, None)
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, text=True,
-                          capture_output=True, timeout=timeout, **kw)
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        **kw,
+    )
 
 
 def test_smoke_two_ranks_relaunch(tmp_path):
     run_dir = tmp_path / "run"
-    proc = run(["-m", "experiments.train", "--np", "2", "--model", "cnn_small",
-                "--data-opt", "n_train=512", "--data-opt", "n_test=128", "--steps", "8",
-                "--batch-size", "16", "--eval-every", "4", "--trace",
-                "--run-dir", str(run_dir)])
+    proc = run(
+        [
+            "-m",
+            "experiments.train",
+            "--np",
+            "2",
+            "--model",
+            "cnn_small",
+            "--data-opt",
+            "n_train=512",
+            "--data-opt",
+            "n_test=128",
+            "--steps",
+            "8",
+            "--batch-size",
+            "16",
+            "--eval-every",
+            "4",
+            "--trace",
+            "--run-dir",
+            str(run_dir),
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    for name in ("config.json", "metrics.jsonl", "summary.json", "trace.json",
-                 "curves.png"):
+    for name in (
+        "config.json",
+        "metrics.jsonl",
+        "summary.json",
+        "trace.json",
+        "curves.png",
+    ):
         assert (run_dir / name).exists(), name
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 8
@@ -39,15 +75,18 @@ def test_smoke_two_ranks_relaunch(tmp_path):
     assert proc.stdout.count("done:") == 1  # only rank 0 reports
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--model", "nope"], "unknown model 'nope'"),
-    (["--dataset", "nope"], "unknown dataset 'nope'"),
-    (["--batch-size", "0"], "--batch-size must be positive"),
-    (["--batch-size", "-3"], "--batch-size must be positive"),
-    (["--data-dir", "/no/such/folder"], "is not a folder"),
-    (["--strategy", "nope"], "unknown strategy 'nope'"),
-    (["--bogus-flag"], "unrecognized arguments"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--model", "nope"], "unknown model 'nope'"),
+        (["--dataset", "nope"], "unknown dataset 'nope'"),
+        (["--batch-size", "0"], "--batch-size must be positive"),
+        (["--batch-size", "-3"], "--batch-size must be positive"),
+        (["--data-dir", "/no/such/folder"], "is not a folder"),
+        (["--strategy", "nope"], "unknown strategy 'nope'"),
+        (["--bogus-flag"], "unrecognized arguments"),
+    ],
+)
 def test_bad_input_one_line_exit_2(args, needle):
     proc = run(["-m", "experiments.train", *args], timeout=120)
     assert proc.returncode == 2, proc.stderr
@@ -59,16 +98,41 @@ def test_bad_input_under_mpiexec_printed_once():
     from tests.test_mpi import mpiexec
 
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([mpiexec(), "-n", "2", sys.executable, "-m", "experiments.train",
-                           "--model", "nope"], cwd=ROOT, env=env, text=True,
-                          capture_output=True, timeout=120)
+    proc = subprocess.run(
+        [
+            mpiexec(),
+            "-n",
+            "2",
+            sys.executable,
+            "-m",
+            "experiments.train",
+            "--model",
+            "nope",
+        ],
+        cwd=ROOT,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.count("unknown model 'nope'") == 1, proc.stderr
 
 
 def test_missing_data_files_named(tmp_path):
-    proc = run(["-m", "experiments.train", "--np", "2", "--dataset", "cifar10",
-                "--data-dir", str(tmp_path)], timeout=120)
+    proc = run(
+        [
+            "-m",
+            "experiments.train",
+            "--np",
+            "2",
+            "--dataset",
+            "cifar10",
+            "--data-dir",
+            str(tmp_path),
+        ],
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
     assert len(errors) == 1 and "cifar-10-batches-py" in errors[0], proc.stderr[-3000:]
@@ -77,8 +141,9 @@ def test_missing_data_files_named(tmp_path):
 def test_failing_rank_ends_job(tmp_path):
     from tests.test_mpi import run_under_mpiexec
 
-    proc = run_under_mpiexec(2, ["tests/fail_driver.py", str(tmp_path), "1", "3"],
-                             timeout=120)
+    proc = run_under_mpiexec(
+        2, ["tests/fail_driver.py", str(tmp_path), "1", "3"], timeout=120
+    )
     assert proc.returncode != 0
     assert "injected failure on rank 1 at step 3" in proc.stderr
     assert "r1 |" in proc.stderr

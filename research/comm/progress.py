@@ -51,8 +51,13 @@ def wait_all(
         sleep = min(sleep * 2, max_sleep)
 
 
-def test_sleeping(request: MPI.Request, predicate: Callable[[], bool] | None = None,
-                  *, min_sleep: float = 20e-6, max_sleep: float = 1e-3) -> bool:
+def test_sleeping(
+    request: MPI.Request,
+    predicate: Callable[[], bool] | None = None,
+    *,
+    min_sleep: float = 20e-6,
+    max_sleep: float = 1e-3,
+) -> bool:
     """Wait until ``request`` completes (True) or ``predicate()`` is true (False)."""
     sleep = min_sleep
     while True:

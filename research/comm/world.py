@@ -23,6 +23,7 @@ from mpi4py import MPI  # noqa: E402
 
 from research.comm.env import env_rank, launched_by_mpi  # noqa: E402,F401
 
+
 @dataclass(frozen=True)
 class World:
     """The processes of one job: ``comm`` (a private dup of COMM_WORLD), rank, size."""
@@ -77,7 +78,11 @@ def abort(code: int = 1) -> None:
     """End the whole job now: MPI_Abort in a real world, ``os._exit`` when alone."""
     sys.stdout.flush()
     sys.stderr.flush()
-    if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+    if (
+        MPI.Is_initialized()
+        and not MPI.Is_finalized()
+        and MPI.COMM_WORLD.Get_size() > 1
+    ):
         MPI.COMM_WORLD.Abort(code)
     os._exit(code)
 
@@ -94,7 +99,11 @@ def install_abort_on_error() -> None:
     def _report(kind: str, exc_type, exc, tb) -> None:
         lines = "".join(traceback.format_exception(exc_type, exc, tb)).rstrip()
         prefixed = "\n".join(f"r{rank} | {line}" for line in lines.splitlines())
-        print(f"r{rank} | {kind}: aborting the job\n{prefixed}", file=sys.stderr, flush=True)
+        print(
+            f"r{rank} | {kind}: aborting the job\n{prefixed}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _hook(exc_type, exc, tb):
         if issubclass(exc_type, KeyboardInterrupt):
@@ -105,8 +114,12 @@ def install_abort_on_error() -> None:
     def _thread_hook(args: threading.ExceptHookArgs) -> None:
         if args.exc_type is SystemExit:
             return
-        _report(f"uncaught exception in thread {args.thread.name if args.thread else '?'}",
-                args.exc_type, args.exc_value, args.exc_traceback)
+        _report(
+            f"uncaught exception in thread {args.thread.name if args.thread else '?'}",
+            args.exc_type,
+            args.exc_value,
+            args.exc_traceback,
+        )
         abort(1)
 
     sys.excepthook = _hook

@@ -64,10 +64,16 @@ class Trainer:
     ``tracer``, ``dataset``, ``model``, ``averager``.
     """
 
-    def __init__(self, config: TrainConfig, world: World, *,
-                 averager: Averager | None = None, imbalance: Imbalance | None = None,
-                 callbacks: tuple[Callback, ...] | list[Callback] = (),
-                 run_dir: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        config: TrainConfig,
+        world: World,
+        *,
+        averager: Averager | None = None,
+        imbalance: Imbalance | None = None,
+        callbacks: tuple[Callback, ...] | list[Callback] = (),
+        run_dir: str | Path | None = None,
+    ) -> None:
         import models
         from research.comm.registry import get_averager
         from research.data import get_dataset
@@ -81,30 +87,56 @@ class Trainer:
         world.barrier()
         self.callbacks = list(callbacks)
         self.imbalance = imbalance or Imbalance()
-        self.averager = averager or get_averager(config.strategy, world,
-                                                 **config.strategy_options)
-        self.dataset = get_dataset(config.dataset, path=config.data_dir, seed=config.seed,
-                                   **config.data_options)
-        self.loader = ShardedLoader(self.dataset.train_x, self.dataset.train_y,
-                                    batch_size=config.batch_size, rank=world.rank,
-                                    size=world.size, seed=config.seed)
-        self.total_steps = config.steps if config.steps > 0 else max(
-            1, math.ceil(config.epochs * self.loader.steps_per_epoch))
-        lr = config.lr * (config.batch_size * world.size / 256 if config.scale_lr else 1)
-        self.schedule = make_schedule(config.schedule, lr, self.total_steps,
-                                      config.warmup_steps)
+        self.averager = averager or get_averager(
+            config.strategy, world, **config.strategy_options
+        )
+        self.dataset = get_dataset(
+            config.dataset,
+            path=config.data_dir,
+            seed=config.seed,
+            **config.data_options,
+        )
+        self.loader = ShardedLoader(
+            self.dataset.train_x,
+            self.dataset.train_y,
+            batch_size=config.batch_size,
+            rank=world.rank,
+            size=world.size,
+            seed=config.seed,
+        )
+        self.total_steps = (
+            config.steps
+            if config.steps > 0
+            else max(1, math.ceil(config.epochs * self.loader.steps_per_epoch))
+        )
+        lr = config.lr * (
+            config.batch_size * world.size / 256 if config.scale_lr else 1
+        )
+        self.schedule = make_schedule(
+            config.schedule, lr, self.total_steps, config.warmup_steps
+        )
         tx = make_optimizer(self.schedule, config.momentum, config.weight_decay)
-        self.model = models.get_model(config.model, num_classes=self.dataset.num_classes,
-                                      **config.model_options)
-        self.state: TrainState = create_train_state(self.model, self.dataset.train_x[:1],
-                                                    tx, config.seed)
+        self.model = models.get_model(
+            config.model, num_classes=self.dataset.num_classes, **config.model_options
+        )
+        self.state: TrainState = create_train_state(
+            self.model, self.dataset.train_x[:1], tx, config.seed
+        )
         self.step = 0
         self.tracer: Tracer | NullTracer = Tracer.start(
-            self.run_dir, rank=world.rank, size=world.size, comm=world.comm,
-            enabled=config.trace, max_events=config.trace_max_events)
+            self.run_dir,
+            rank=world.rank,
+            size=world.size,
+            comm=world.comm,
+            enabled=config.trace,
+            max_events=config.trace_max_events,
+        )
         self.metrics = MetricsWriter(self.run_dir, enabled=world.rank == 0)
-        self._fused = (steps.make_fused_step(self.averager.average_in_jit)
-                       if self.averager.style == "fused" else None)
+        self._fused = (
+            steps.make_fused_step(self.averager.average_in_jit)
+            if self.averager.style == "fused"
+            else None
+        )
         self._step_times: list[float] = []
         self._contributors: list[int] = []
         self._evals: list[dict[str, Any]] = []
@@ -148,15 +180,21 @@ class Trainer:
                 grads = jax.block_until_ready(grads)
                 m = jax.device_get(m)
             t3 = time.perf_counter()
-            with tr.span("average", "comm", step=step, strategy=self.averager.name) as sp:
+            with tr.span(
+                "average", "comm", step=step, strategy=self.averager.name
+            ) as sp:
                 out, info = self.averager.reduce(grads)
-                sp.set(bytes=info.bytes, contributors=info.contributors,
-                       staleness=info.staleness)
+                sp.set(
+                    bytes=info.bytes,
+                    contributors=info.contributors,
+                    staleness=info.staleness,
+                )
             t4 = time.perf_counter()
             with tr.span("update", "update", step=step):
                 self._apply(out, batch_stats)
-            phases.update(compute_s=t3 - t2, comm_s=t4 - t3,
-                          update_s=time.perf_counter() - t4)
+            phases.update(
+                compute_s=t3 - t2, comm_s=t4 - t3, update_s=time.perf_counter() - t4
+            )
         return m, info, phases
 
     def _apply(self, out: Any, batch_stats: Any) -> None:
@@ -179,10 +217,11 @@ class Trainer:
         flat /= self.world.size
         out, off = [], 0
         for a in leaves:
-            out.append(flat[off:off + a.size].reshape(a.shape).astype(a.dtype))
+            out.append(flat[off : off + a.size].reshape(a.shape).astype(a.dtype))
             off += a.size
         self.state = self.state.replace(
-            batch_stats=jax.tree_util.tree_unflatten(treedef, out))
+            batch_stats=jax.tree_util.tree_unflatten(treedef, out)
+        )
 
     def evaluate(self) -> dict[str, float]:
         """Test loss and accuracy over the whole test split, summed over ranks."""
@@ -191,9 +230,13 @@ class Trainer:
         with self.tracer.span("evaluate", "eval", step=self.step):
             self.sync_batch_stats()
             totals = np.zeros(3)
-            for x, y in eval_batches(self.dataset.test_x, self.dataset.test_y,
-                                     self.config.eval_batch_size, self.world.rank,
-                                     self.world.size):
+            for x, y in eval_batches(
+                self.dataset.test_x,
+                self.dataset.test_y,
+                self.config.eval_batch_size,
+                self.world.rank,
+                self.world.size,
+            ):
                 loss_sum, correct = steps.eval_step(self.state, x, y)
                 totals += (float(loss_sum), float(correct), len(y))
             totals = self.world.comm.allreduce(totals)
@@ -203,7 +246,7 @@ class Trainer:
     # -- the loop -----------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """Train for ``total_steps``, evaluating and logging; returns the summary."""
-        cfg, world = self.config, self.world
+        world = self.world
         prev_tracer = get_tracer()
         set_tracer(self.tracer)
         try:
@@ -243,12 +286,19 @@ class Trainer:
 
     def _after_step(self, m, info, phases, dt, bar) -> None:
         cfg = self.config
-        if self.world.rank == 0 and itstime(self.step, cfg.log_every, self.total_steps,
-                                            first=True):
-            row = {"step": self.step, "loss": float(m["loss"]), "acc": float(m["acc"]),
-                   "lr": float(self.schedule(self.step - 1)), "step_time": dt,
-                   "wall": time.perf_counter() - self._t_start,
-                   "train_time": self._train_time, **phases}
+        if self.world.rank == 0 and itstime(
+            self.step, cfg.log_every, self.total_steps, first=True
+        ):
+            row = {
+                "step": self.step,
+                "loss": float(m["loss"]),
+                "acc": float(m["acc"]),
+                "lr": float(self.schedule(self.step - 1)),
+                "step_time": dt,
+                "wall": time.perf_counter() - self._t_start,
+                "train_time": self._train_time,
+                **phases,
+            }
             if info is not None:
                 row.update({f"comm_{k}": v for k, v in info.as_dict().items()})
             self.metrics.write(row)
@@ -272,33 +322,53 @@ class Trainer:
     def _eval_and_log(self) -> None:
         t0 = time.perf_counter()
         ev = self.evaluate()
-        row = {"step": self.step, "epoch": self.step / self.loader.steps_per_epoch,
-               "wall": t0 - self._t_start, "train_time": self._train_time,
-               "eval_s": time.perf_counter() - t0, **ev}
+        row = {
+            "step": self.step,
+            "epoch": self.step / self.loader.steps_per_epoch,
+            "wall": t0 - self._t_start,
+            "train_time": self._train_time,
+            "eval_s": time.perf_counter() - t0,
+            **ev,
+        }
         self._evals.append(row)
         if self.world.rank == 0:
             self.metrics.write({"kind": "eval", **row})
             if not (sys.stderr.isatty() and self.config.progress):
-                print(f"r0 | step {self.step}/{self.total_steps} "
-                      f"test_acc {ev['test_acc']:.4f} test_loss {ev['test_loss']:.4f}",
-                      flush=True)
+                print(
+                    f"r0 | step {self.step}/{self.total_steps} "
+                    f"test_acc {ev['test_acc']:.4f} test_loss {ev['test_loss']:.4f}",
+                    flush=True,
+                )
 
     def _progress_bar(self):
         if self.world.rank != 0 or not self.config.progress or not sys.stderr.isatty():
             return None
         from tqdm import tqdm
 
-        return tqdm(total=self.total_steps, initial=self.step, desc="train",
-                    unit="step", dynamic_ncols=True, mininterval=0.5)
+        return tqdm(
+            total=self.total_steps,
+            initial=self.step,
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+            mininterval=0.5,
+        )
 
     def _config_record(self) -> dict[str, Any]:
-        return {"config": self.config, "world_size": self.world.size,
-                "strategy": {"name": self.averager.name, "style": self.averager.style},
-                "imbalance": getattr(self.imbalance, "describe", lambda: self.imbalance.name)(),
-                "model_params": param_count(self.state.params),
-                "param_bytes": tree_bytes(self.state.params),
-                "dataset": self.dataset.describe(), "total_steps": self.total_steps,
-                "steps_per_epoch": self.loader.steps_per_epoch, "versions": versions()}
+        return {
+            "config": self.config,
+            "world_size": self.world.size,
+            "strategy": {"name": self.averager.name, "style": self.averager.style},
+            "imbalance": getattr(
+                self.imbalance, "describe", lambda: self.imbalance.name
+            )(),
+            "model_params": param_count(self.state.params),
+            "param_bytes": tree_bytes(self.state.params),
+            "dataset": self.dataset.describe(),
+            "total_steps": self.total_steps,
+            "steps_per_epoch": self.loader.steps_per_epoch,
+            "versions": versions(),
+        }
 
     def _summary(self) -> dict[str, Any]:
         times = self._step_times[1:] or self._step_times  # step 1 includes compilation
@@ -307,13 +377,18 @@ class Trainer:
         global_batch = self.config.batch_size * self.world.size
         last = self._evals[-1] if self._evals else {}
         summary = {
-            "steps": self.step, "world_size": self.world.size,
-            "strategy": self.averager.name, "model": self.config.model,
-            "dataset": self.config.dataset, "global_batch": global_batch,
-            "median_step_s": med, "median_step_s_per_rank": per_rank,
+            "steps": self.step,
+            "world_size": self.world.size,
+            "strategy": self.averager.name,
+            "model": self.config.model,
+            "dataset": self.config.dataset,
+            "global_batch": global_batch,
+            "median_step_s": med,
+            "median_step_s_per_rank": per_rank,
             "train_time_s": self._train_time,
             "samples_per_s": global_batch * len(times) / max(sum(times), 1e-9),
-            "final_test_acc": last.get("test_acc"), "final_test_loss": last.get("test_loss"),
+            "final_test_acc": last.get("test_acc"),
+            "final_test_loss": last.get("test_loss"),
             "evals": self._evals,
         }
         if self._contributors:

@@ -15,9 +15,14 @@ import optax
 SCHEDULES = ("constant", "step", "cosine")
 
 
-def make_schedule(name: str, lr: float, total_steps: int, warmup_steps: int = 0,
-                  boundaries: Sequence[float] = (0.5, 0.75),
-                  decay: float = 0.1) -> optax.Schedule:
+def make_schedule(
+    name: str,
+    lr: float,
+    total_steps: int,
+    warmup_steps: int = 0,
+    boundaries: Sequence[float] = (0.5, 0.75),
+    decay: float = 0.1,
+) -> optax.Schedule:
     """Learning rate as a function of the step.
 
     Args:
@@ -29,7 +34,9 @@ def make_schedule(name: str, lr: float, total_steps: int, warmup_steps: int = 0,
       decay: for ``step``, the factor applied at each boundary.
     """
     if name not in SCHEDULES:
-        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
+        raise ValueError(
+            f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}"
+        )
     warmup_steps = max(0, min(warmup_steps, total_steps))
     rest = max(1, total_steps - warmup_steps)
     if name == "constant":
@@ -45,10 +52,13 @@ def make_schedule(name: str, lr: float, total_steps: int, warmup_steps: int = 0,
     return optax.join_schedules([warm, main], [warmup_steps])
 
 
-def make_optimizer(schedule: optax.Schedule, momentum: float = 0.9,
-                   weight_decay: float = 5e-4,
-                   nesterov: bool = False) -> optax.GradientTransformation:
-    """SGD with momentum and L2 weight decay (added to the gradient, as in the papers)."""
+def make_optimizer(
+    schedule: optax.Schedule,
+    momentum: float = 0.9,
+    weight_decay: float = 5e-4,
+    nesterov: bool = False,
+) -> optax.GradientTransformation:
+    """SGD with momentum and L2 weight decay added to the gradient (as the papers)."""
     parts = []
     if weight_decay > 0:
         parts.append(optax.add_decayed_weights(weight_decay))

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 
-def itstime(step: int, every: int, total: int, *, last: bool = True,
-            first: bool = False) -> bool:
+def itstime(
+    step: int, every: int, total: int, *, last: bool = True, first: bool = False
+) -> bool:
     """True when an action due every ``every`` steps should run after ``step``.
 
     Args:

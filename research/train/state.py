@@ -23,8 +23,9 @@ class TrainState(train_state.TrainState):
     rng: jax.Array = struct.field(default=None)
 
 
-def create_train_state(model: nn.Module, example_x: Any, tx: optax.GradientTransformation,
-                       seed: int) -> TrainState:
+def create_train_state(
+    model: nn.Module, example_x: Any, tx: optax.GradientTransformation, seed: int
+) -> TrainState:
     """Initialise parameters from ``seed`` (identical on every rank)."""
     # Initialisation draws with the "rbg" generator: XLA:CPU compiles threefry's
     # many per-parameter draws 3-4x slower (measured: resnet_tiny init 52 s vs
@@ -33,7 +34,8 @@ def create_train_state(model: nn.Module, example_x: Any, tx: optax.GradientTrans
     init_key = jax.random.key(seed, impl="rbg")
     dropout_key = jax.random.PRNGKey(seed + 1)
     variables = jax.jit(lambda k, x: model.init({"params": k}, x, train=False))(
-        init_key, jnp.asarray(example_x[:1]))
+        init_key, jnp.asarray(example_x[:1])
+    )
     return TrainState.create(
         apply_fn=model.apply,
         params=variables["params"],

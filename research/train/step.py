@@ -25,8 +25,9 @@ def _loss_and_aux(params, state: TrainState, x, y, train: bool):
         variables["batch_stats"] = state.batch_stats
     rngs = {"dropout": jax.random.fold_in(state.rng, state.step)} if train else None
     if train and has_bn:
-        logits, new_vars = state.apply_fn(variables, x, train=True,
-                                          mutable=["batch_stats"], rngs=rngs)
+        logits, new_vars = state.apply_fn(
+            variables, x, train=True, mutable=["batch_stats"], rngs=rngs
+        )
         batch_stats = new_vars["batch_stats"]
     else:
         logits = state.apply_fn(variables, x, train=train, rngs=rngs)
@@ -40,7 +41,8 @@ def _loss_and_aux(params, state: TrainState, x, y, train: bool):
 def grad_fn(state: TrainState, x, y) -> tuple[Any, Any, dict]:
     """Gradients of the mean cross-entropy, new batch statistics, and metrics."""
     (loss, (batch_stats, acc)), grads = jax.value_and_grad(_loss_and_aux, has_aux=True)(
-        state.params, state, x, y, True)
+        state.params, state, x, y, True
+    )
     return grads, batch_stats, {"loss": loss, "acc": acc}
 
 

@@ -31,6 +31,9 @@ def pytest_runtest_makereport(item, call):
 
         if MPI.COMM_WORLD.Get_size() > 1:
             rank = MPI.COMM_WORLD.Get_rank()
-            print(f"\nr{rank} | FAILED {item.nodeid}\n{report.longreprtext}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"\nr{rank} | FAILED {item.nodeid}\n{report.longreprtext}",
+                file=sys.stderr,
+                flush=True,
+            )
             MPI.COMM_WORLD.Abort(1)

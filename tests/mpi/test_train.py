@@ -18,15 +18,27 @@ def _checksum(tree) -> int:
 
 
 def _train(world, tmp_path_factory, strategy: str, steps: int = 6):
-    run_dir = world.bcast(str(tmp_path_factory.mktemp(strategy)) if world.rank == 0 else None)
+    run_dir = world.bcast(
+        str(tmp_path_factory.mktemp(strategy)) if world.rank == 0 else None
+    )
     # A one-stage ResNet on 8x8 images: BatchNorm statistics are exercised while
     # XLA:CPU compiles the steps in seconds (the suite's time is mostly compiles).
-    cfg = TrainConfig(model="resnet_tiny", model_options={"stage_sizes": (1,), "width": 4},
-                      dataset="synthetic_images",
-                      data_options={"n_train": 256, "n_test": 64, "image_size": 8},
-                      batch_size=8,
-                      steps=steps, eval_every=0, log_every=1, strategy=strategy, lr=0.05,
-                      warmup_steps=2, progress=False, trace=True, run_dir=run_dir)
+    cfg = TrainConfig(
+        model="resnet_tiny",
+        model_options={"stage_sizes": (1,), "width": 4},
+        dataset="synthetic_images",
+        data_options={"n_train": 256, "n_test": 64, "image_size": 8},
+        batch_size=8,
+        steps=steps,
+        eval_every=0,
+        log_every=1,
+        strategy=strategy,
+        lr=0.05,
+        warmup_steps=2,
+        progress=False,
+        trace=True,
+        run_dir=run_dir,
+    )
     trainer = Trainer(cfg, world)
     summary = trainer.run()
     return trainer, summary
@@ -65,5 +77,10 @@ def test_summary_and_files(world, runs):
         pids = {e["pid"] for e in trace["traceEvents"]}
         assert pids == set(range(world.size))
         names = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}
-        assert {"load batch", "forward+backward", "average", "update",
-                "evaluate"} <= names
+        assert {
+            "load batch",
+            "forward+backward",
+            "average",
+            "update",
+            "evaluate",
+        } <= names
