@@ -87,8 +87,9 @@ MODES = ("solo", "majority", "sync")
 
 _REDUCE, _FLUSH, _STOP = "reduce", "flush", "stop"
 _WAIT, _REDUCING, _DRAIN, _DONE = "wait", "reducing", "drain", "done"
-# Metadata appended to the payload: fresh, flush, stop, carried, then P activators.
-_FRESH, _FLUSHF, _STOPF, _CARRIED, _NMETA = 0, 1, 2, 3, 4
+# Metadata appended to the payload: fresh, flush, stop, carried, summed age of the
+# gradients (rounds late), then P activators.
+_FRESH, _FLUSHF, _STOPF, _CARRIED, _AGE, _NMETA = 0, 1, 2, 3, 4, 5
 _DTYPE_CODES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1}
 _REDUCE_SLEEP = 50e-6  # longest sleep between Tests of a running round
 _TAG_MOD = 30_000  # at most two rounds are ever in flight; MPI guarantees 32767 tags
@@ -119,6 +120,7 @@ class _Round:
     fresh: int  # ranks whose gradient of this round was in it
     activators: int
     carried_total: int  # late gradients delivered in it, over all ranks
+    age_total: int  # rounds late, summed over every gradient in it
     my_calls: tuple[int, ...]  # which of this rank's gradients it carried
     i_activated: bool
     sync: bool
@@ -353,6 +355,8 @@ class PartialAllreduce:
             "fresh": call in rec.my_calls,
             "carried": sum(1 for c in rec.my_calls if c != call),
             "carried_total": rec.carried_total,
+            # Mean lateness over every rank's gradients in the round (0: all fresh).
+            "mean_age": rec.age_total / max(1, rec.fresh + rec.carried_total),
             "activators": rec.activators,
             "activated": rec.i_activated,
             "sync": rec.sync,
@@ -497,6 +501,7 @@ class PartialAllreduce:
         buf[n + _FLUSHF] = float(kind == _FLUSH)
         buf[n + _STOPF] = float(kind == _STOP)
         buf[n + _CARRIED] = float(sum(c != r for c in calls))
+        buf[n + _AGE] = float(sum(r - c for c in calls))
         buf[n + _NMETA + self.rank] = float(self._i_activated)
         self._buf, self._recv = buf, np.empty_like(buf)
         self._my_calls, self._kind, self._sync_round = tuple(calls), kind, sync
@@ -532,6 +537,7 @@ class PartialAllreduce:
             fresh=int(round(meta[_FRESH])),
             activators=int(round(meta[_NMETA:].sum())),
             carried_total=int(round(meta[_CARRIED])),
+            age_total=int(round(meta[_AGE])),
             my_calls=self._my_calls,
             i_activated=self._i_activated,
             sync=self._sync_round,
