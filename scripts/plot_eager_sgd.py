@@ -1,0 +1,276 @@
+"""Figures of an eager-SGD run, drawn only from its run folders.
+
+    python -m scripts.plot_eager_sgd runs/eager_sgd-<time> [--target-acc 0.85]
+
+Reads ``<root>/<arm>-s<seed>/{config.json,metrics.jsonl,trace.json}`` (the first
+seed of each arm) and writes into ``<root>``:
+
+* ``throughput.png``: samples per second (sliding window) against training time;
+* ``accuracy.png``: test accuracy against training time (evaluation excluded),
+  with the target accuracy;
+* ``contributors.png``: histogram of fresh contributors per round;
+* ``timeline.png``: a window of the timeline, per rank: compute, injected delay,
+  waiting for the average (comm), update, and the background rounds (comm-bg).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+ORDER = ("balanced", "allreduce", "solo", "majority", "ps")
+COLORS = {
+    "balanced": "0.6",
+    "allreduce": "tab:blue",
+    "solo": "tab:orange",
+    "majority": "tab:green",
+    "ps": "tab:red",
+}
+PHASES = {
+    "compute": "tab:blue",
+    "delay": "tab:red",
+    "comm": "tab:orange",
+    "update": "tab:green",
+    "comm-bg": "0.55",
+    "data": "tab:cyan",
+    "eval": "tab:purple",
+}
+
+
+def _rows(run: Path) -> list[dict[str, Any]]:
+    rows = []
+    path = run / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut off by a crash
+    return rows
+
+
+def first_seed_runs(root: str | Path) -> dict[str, Path]:
+    """Arm -> run folder of its lowest seed, in display order."""
+    found: dict[str, tuple[int, Path]] = {}
+    for d in Path(root).iterdir():
+        arm, sep, seed = d.name.rpartition("-s")
+        if not (sep and seed.isdigit() and (d / "metrics.jsonl").exists()):
+            continue
+        if arm not in found or int(seed) < found[arm][0]:
+            found[arm] = (int(seed), d)
+    return {
+        a: found[a][1]
+        for a in sorted(
+            found, key=lambda a: (ORDER.index(a) if a in ORDER else len(ORDER), a)
+        )
+    }
+
+
+def _first_step_s(rows: list[dict[str, Any]]) -> float:
+    """Step 1's time (it compiles); the figures' clock starts after it."""
+    steps = [r for r in rows if "step_time" in r and r.get("kind") != "eval"]
+    return steps[0]["step_time"] if steps and steps[0].get("step") == 1 else 0.0
+
+
+def _global_batch(run: Path) -> int:
+    cfg = json.loads((run / "config.json").read_text())
+    return int(cfg["config"]["batch_size"]) * int(cfg["world_size"])
+
+
+def plot_throughput(runs: dict[str, Path], out: Path, window: int = 10) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for arm, run in runs.items():
+        rows = _rows(run)
+        steps = [r for r in rows if "step_time" in r and r.get("kind") != "eval"]
+        if len(steps) <= window:
+            continue
+        gb = _global_batch(run)
+        first = _first_step_s(rows)
+        t = [r["train_time"] - first for r in steps]
+        xs = t[window:]
+        ys = [
+            gb * window / max(t[i] - t[i - window], 1e-9) for i in range(window, len(t))
+        ]
+        ax.plot(xs, ys, color=COLORS.get(arm), lw=1.2, label=arm)
+    ax.set(
+        xlabel="training time (s; evaluation and compiling step 1 excluded)",
+        ylabel="samples / s",
+        title=f"throughput ({window}-step window)",
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, out / "throughput.png")
+
+
+def plot_accuracy(runs: dict[str, Path], out: Path, target: float | None) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for arm, run in runs.items():
+        if arm == "balanced":
+            continue  # a short reference: its accuracy is not comparable
+        rows = _rows(run)
+        first = _first_step_s(rows)
+        ev = [r for r in rows if r.get("kind") == "eval"]
+        ax.plot(
+            [0.0] + [r["train_time"] - first for r in ev],
+            [None] + [r["test_acc"] for r in ev],
+            "o-",
+            ms=3,
+            color=COLORS.get(arm),
+            label=arm,
+        )
+    if target is not None:
+        ax.axhline(target, color="k", ls="--", lw=0.8, label=f"target {target:.0%}")
+    ax.set(
+        xlabel="training time (s; evaluation and compiling step 1 excluded)",
+        ylabel="test accuracy",
+        title="test accuracy against time",
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, out / "accuracy.png")
+
+
+def plot_contributors(runs: dict[str, Path], out: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    data = {}
+    size = 1
+    for arm, run in runs.items():
+        if arm in ("ps", "balanced"):
+            continue
+        size = max(size, json.loads((run / "config.json").read_text())["world_size"])
+        c = [r["comm_contributors"] for r in _rows(run) if "comm_contributors" in r]
+        if c:
+            data[arm] = c
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    width = 0.8 / max(len(data), 1)
+    for i, (arm, c) in enumerate(data.items()):
+        xs = list(range(0, size + 1))
+        frac = [sum(1 for v in c if v == x) / len(c) for x in xs]
+        ax.bar(
+            [x + (i - (len(data) - 1) / 2) * width for x in xs],
+            frac,
+            width,
+            color=COLORS.get(arm),
+            label=f"{arm} (mean {statistics.fmean(c):.2f})",
+        )
+    ax.set(
+        xlabel="ranks with a fresh gradient in the round",
+        ylabel="fraction of rounds",
+        title="contributors per round",
+        xticks=list(range(0, size + 1)),
+    )
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    return _save(fig, out / "contributors.png")
+
+
+def _trace_events(run: Path) -> list[dict[str, Any]]:
+    path = run / "trace.json"
+    if not path.exists():
+        return []
+    return [
+        e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"
+    ]
+
+
+def plot_timeline(runs: dict[str, Path], out: Path, steps: int = 8) -> Path | None:
+    """Per arm, ``steps`` steps' worth of every rank's timeline from mid-run."""
+    import matplotlib.pyplot as plt
+
+    arms = [a for a in runs if a in ("allreduce", "solo", "majority", "ps")]
+    events = {a: _trace_events(runs[a]) for a in arms}
+    arms = [a for a in arms if events[a]]
+    if not arms:
+        return None
+    ref = "allreduce" if "allreduce" in arms else arms[0]
+    steps_ref = [r["step_time"] for r in _rows(runs[ref]) if "step_time" in r]
+    span_us = steps * statistics.median(steps_ref) * 1e6 if steps_ref else 1e6
+    fig, axes = plt.subplots(
+        len(arms), 1, figsize=(9, 1.6 + 1.2 * len(arms)), squeeze=False
+    )
+    for ax, arm in zip(axes[:, 0], arms):
+        ev = [e for e in events[arm] if e.get("cat") in PHASES]
+        compute = sorted(e["ts"] for e in ev if e["cat"] == "compute")
+        t0 = compute[len(compute) // 2] if compute else 0.0
+        ranks = sorted({e["pid"] for e in ev})
+        for e in ev:
+            if e["ts"] + e["dur"] < t0 or e["ts"] > t0 + span_us:
+                continue
+            row = ranks.index(e["pid"]) * 2 + (1 if e["cat"] == "comm-bg" else 0)
+            ax.broken_barh(
+                [((e["ts"] - t0) / 1e3, e["dur"] / 1e3)],
+                (row + 0.1, 0.8),
+                color=PHASES[e["cat"]],
+                lw=0,
+            )
+        ax.set_yticks(
+            [i * 2 + 0.5 for i in range(len(ranks))]
+            + [i * 2 + 1.5 for i in range(len(ranks))]
+        )
+        ax.set_yticklabels(
+            [f"r{r}" for r in ranks] + [f"r{r} bg" for r in ranks], fontsize=7
+        )
+        ax.set_xlim(0, span_us / 1e3)
+        ax.invert_yaxis()
+        ax.set_title(arm, fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("ms from a mid-run step")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in PHASES.values()]
+    fig.legend(handles, list(PHASES), loc="upper center", ncol=len(PHASES), fontsize=7)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    return _save(fig, out / "timeline.png")
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_all(root: str | Path, target_acc: float | None = None) -> list[Path]:
+    """Every figure for the run folders under ``root``; returns the paths written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    root = Path(root)
+    runs = first_seed_runs(root)
+    paths = [
+        plot_throughput(runs, root),
+        plot_accuracy(runs, root, target_acc),
+        plot_contributors(runs, root),
+        plot_timeline(runs, root),
+    ]
+    return [p for p in paths if p is not None]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        prog="python -m scripts.plot_eager_sgd", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument("root", help="the experiment folder (runs/eager_sgd-<time>)")
+    p.add_argument(
+        "--target-acc",
+        type=float,
+        default=None,
+        help="draw this accuracy (default: the run's, from results.json)",
+    )
+    args = p.parse_args(argv)
+    target = args.target_acc
+    results = Path(args.root) / "results.json"
+    if target is None and results.exists():
+        target = json.loads(results.read_text()).get("target_acc")
+    for path in plot_all(args.root, target):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()

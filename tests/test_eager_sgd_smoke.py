@@ -1,0 +1,120 @@
+"""End to end: ``python -m experiments.eager_sgd`` with tiny settings on 2 ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ARMS = ("balanced", "allreduce", "solo", "majority", "ps")
+
+
+def run(args: list[str], timeout: float = 400) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI"):
+        env.pop(var, None)  # the module must launch its own mpiexec
+    return subprocess.run(
+        [sys.executable, "-m", "experiments.eager_sgd", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_tiny_run_writes_folders_table_and_figures(tmp_path):
+    out = tmp_path / "eager"
+    proc = run(
+        [
+            "--np",
+            "2",
+            "--steps",
+            "6",
+            "--eval-every",
+            "3",
+            "--reference-steps",
+            "3",
+            "--imbalance",
+            "random:k=1:seconds=0.02",
+            "--target-acc",
+            "0.05",
+            "--run-dir",
+            str(out),
+            "--no-progress",
+        ]
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "| arm | steps | samples/s | median step ms" in proc.stdout
+    for arm in ARMS:
+        run_dir = out / f"{arm}-s0"
+        for name in ("config.json", "metrics.jsonl", "summary.json", "trace.json"):
+            assert (run_dir / name).exists(), f"{arm}: {name} missing"
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["world_size"] == 2
+        assert summary["steps"] == (3 if arm == "balanced" else 6)
+    for name in (
+        "table.md",
+        "results.json",
+        "throughput.png",
+        "accuracy.png",
+        "contributors.png",
+        "timeline.png",
+    ):
+        assert (out / name).exists(), f"{name} missing"
+    results = json.loads((out / "results.json").read_text())
+    arms = {row["arm"]: row for row in results["arms"]}
+    assert set(arms) == set(ARMS)
+    # Every eager round has at least one fresh contributor, at most 2.
+    for arm in ("solo", "majority"):
+        mean = arms[arm]["mean_contributors"][0]
+        assert 1 <= mean <= 2
+    assert arms["allreduce"]["mean_contributors"][0] == 2
+    # The delayed rank's sleeps are on the timeline.
+    trace = json.loads((out / "solo-s0" / "trace.json").read_text())
+    assert any(e.get("cat") == "delay" for e in trace["traceEvents"])
+    assert any(e.get("name") == "solo round" for e in trace["traceEvents"])
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--imbalance", "random:k=9:seconds=1"], "--imbalance"),
+        (["--strategy", "host"], "--strategy does not apply"),
+        (["--arms", "bogus"], "invalid choice"),
+        (["--reference-steps", "0"], "needs the balanced reference"),
+    ],
+)
+def test_bad_flags_exit_2_before_mpi(flags, message):
+    proc = run(flags, timeout=120)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+
+
+def test_table_from_fake_runs():
+    from experiments.eager_sgd import aggregate, format_table
+
+    runs = [
+        {
+            "arm": arm,
+            "seed": s,
+            "steps": 10,
+            "samples_per_s": 100.0 * (i + 1),
+            "median_step_s": 0.1,
+            "time_to_target_s": None if arm == "ps" else 5.0,
+            "final_test_acc": 0.9,
+            "mean_contributors": 2.0,
+            "mean_age": 0.5,
+        }
+        for i, arm in enumerate(("allreduce", "solo"))
+        for s in (0, 1)
+    ]
+    rows = aggregate(runs)
+    table = format_table(rows, 0.85)
+    assert "solo 2.00x" in table
+    assert "200 +- 0" in table
