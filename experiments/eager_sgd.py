@@ -63,8 +63,25 @@ Laptop defaults that differ from the paper, and why:
   0.32 s sleeps on ~0.3-0.5 s steps, whatever this machine's speed today.
 
 Measured (2 CPU cores, no GPU, 4 ranks, ``python -m experiments.eager_sgd``; other
-developers' test jobs shared the cores, load average LOAD):
-MEASURED_TABLE
+developers' test jobs shared the cores, load average 8-13)::
+
+    arm          samples/s  median step ms  to 85% s  final acc  fresh  age
+    balanced (*)      1544            76.6         -          -   4.00  0.00
+    allreduce          941           130.5      10.3     0.9028   4.00  0.00
+    solo              1263            71.5       8.3     0.9023   1.82  0.53
+    majority          1121           113.2       8.8     0.9014   3.01  0.20
+    ps                1905            49.0       6.0     0.9004      -  2.95
+
+    (*) 60 steps without imbalance; fresh: ranks with a fresh gradient per round;
+    age: mean rounds late of the gradients applied.
+    imbalance random:k=1:seconds=0.086 (the measured no-imbalance step), 256 steps
+    per arm, 3 min 29 s in all (warm compilation cache; 5 min 42 s cold, under a
+    load average of 13-19). Throughput over allreduce: solo 1.34x, majority 1.19x,
+    ps 2.02x. The foundation's synchronous strategies in the same setting:
+    ``--sync-strategy fused`` 918 samples/s, 133.6 ms, 11.2 s; ``host`` 914
+    samples/s, 114.6 ms, 8.6 s. Run to run, times moved by about +-15% with the
+    other jobs' load (earlier runs: allreduce 10.4-13.1 s, solo 8.2-10.0 s,
+    majority 9.4-12.1 s to 85%), so use ``--seeds`` for a mean +- std.
 
 Reading it: time to accuracy is on the training clock without evaluation and
 without step 1 (compilation); final accuracies within ``ACC_TOLERANCE`` = 0.02 of
