@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test lint bench
 run: $(STAMP)
-	$(PY) -m experiments.train
+	$(PY) -m experiments.eager_sgd
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -328,30 +328,6 @@ def arm_config(
     return cfg
 
 
-def _bind_parameter_server():
-    from research.train.loop import Callback
-    from research.train.optim import make_optimizer, make_schedule
-
-    class BindParameterServer(Callback):
-        """Give the PS its start parameters and an optimizer scaled for P pushes.
-
-        P pushes make one step's worth of gradient: a rate of lr / P and a
-        schedule P times as long keep synchronous SGD's per-example rate.
-        """
-
-        def on_train_start(self, trainer) -> None:
-            c, p = trainer.config, trainer.world.size
-            lr = c.lr * (c.batch_size * p / 256 if c.scale_lr else 1)
-            sched = make_schedule(
-                c.schedule, lr / p, trainer.total_steps * p, c.warmup_steps * p
-            )
-            trainer.averager.bind(
-                trainer.state.params, make_optimizer(sched, c.momentum, c.weight_decay)
-            )
-
-    return BindParameterServer()
-
-
 def run_arm(cfg: TrainConfig, arm: str, imbalance_spec: str, world) -> dict[str, Any]:
     """Train one arm in this MPI job; returns the Trainer's summary."""
     import research.comm.partial  # noqa: F401  (registers solo, majority, sync)
@@ -361,7 +337,7 @@ def run_arm(cfg: TrainConfig, arm: str, imbalance_spec: str, world) -> dict[str,
 
     spec = "none" if arm == "balanced" else imbalance_spec
     imbalance = parse_imbalance(spec, size=world.size, seed=cfg.seed)
-    callbacks = [_bind_parameter_server()] if arm == "ps" else []
+    callbacks = []  # the Trainer binds a parameter server itself
     trainer = Trainer(cfg, world, imbalance=imbalance, callbacks=callbacks)
     install_abort_on_error()
     if world.rank == 0:

@@ -32,6 +32,8 @@ from research.comm.base import Averager
 #: Modules whose import registers strategies. Append yours (see module docstring).
 STRATEGY_MODULES: list[str] = [
     "research.comm.dense",
+    "research.comm.partial",
+    "research.comm.ps",
 ]
 
 _REGISTRY: dict[str, Callable[..., Averager]] = {}

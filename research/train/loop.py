@@ -252,6 +252,7 @@ class Trainer:
         try:
             if world.rank == 0:
                 write_json(self.run_dir / "config.json", self._config_record())
+            self._bind_server()
             for cb in self.callbacks:
                 cb.on_train_start(self)
             bar = self._progress_bar()
@@ -283,6 +284,23 @@ class Trainer:
             self.tracer.close()
             set_tracer(prev_tracer)
             self.averager.close()
+
+    def _bind_server(self) -> None:
+        """Give a parameter-server strategy its start parameters and optimizer.
+
+        P pushes make one synchronous step's worth of gradient, so the server
+        steps with lr / P on a schedule P times as long (same per-example rate).
+        """
+        if not (self.averager.replaces_update and hasattr(self.averager, "bind")):
+            return
+        c, p = self.config, self.world.size
+        lr = c.lr * (c.batch_size * p / 256 if c.scale_lr else 1)
+        sched = make_schedule(
+            c.schedule, lr / p, self.total_steps * p, c.warmup_steps * p
+        )
+        self.averager.bind(
+            self.state.params, make_optimizer(sched, c.momentum, c.weight_decay)
+        )
 
     def _after_step(self, m, info, phases, dt, bar) -> None:
         cfg = self.config
