@@ -31,7 +31,6 @@ COLORS = {
 }
 LANES = ("compute", "comm", "update", "checkpoint", "checkpoint-bg")
 PHASES = {
-    "compute": "tab:blue",
     "fwd+bwd+allreduce+update": "tab:blue",
     "forward+backward": "tab:blue",
     "average": "tab:orange",
@@ -41,7 +40,7 @@ PHASES = {
     "snapshot": "darkred",
     "device-to-host": "0.7",
     "checksum": "0.5",
-    "serialize": "tab:olive",
+    "serialize+write": "tab:olive",
     "write": "tab:brown",
     "checksum files": "0.4",
     "commit": "black",
@@ -77,6 +76,7 @@ def plot_overhead(main: dict, out: Path) -> Path:
     ax.text(ax.get_xlim()[1], 5, " 5% target", va="bottom", ha="right", fontsize=7)
     ax.axhline(0, color="0.8", lw=0.8)
     ax.set_xscale("log")
+    ax.set_yscale("symlog", linthresh=10)
     ax.set_xlabel("checkpoint every N steps")
     ax.set_ylabel("end-to-end overhead (%)")
     ax.set_title(
@@ -194,15 +194,14 @@ def plot_timeline(main: dict, out: Path) -> Path | None:
         handles,
         shown,
         fontsize=6,
-        ncol=4,
+        ncol=len(shown) // 2 + 1,
         loc="upper center",
-        bbox_to_anchor=(0.5, 1.18),
+        bbox_to_anchor=(0.5, -0.1),
     )
     ax.set_title(
-        "one DeepFreeze checkpoint: snapshot (training thread) and "
-        "serialize/write/commit/flush (background) between updates",
+        "one DeepFreeze checkpoint: snapshot (training thread), then "
+        "serialize+write, commit and flush (background) between updates",
         fontsize=8,
-        pad=40,
     )
     return _save(fig, out / "timeline.png")
 

@@ -33,6 +33,9 @@ class CheckpointConfig:
       rank_local: DeepFreeze: name prefixes of leaves that differ between ranks
         (BatchNorm statistics); each rank saves and gets back its own. The
         baselines save one copy (rank 0's or the owner's) for all ranks.
+      writer: DeepFreeze's writer: ``"process"`` (a niced helper per rank) or
+        ``"thread"`` (in the rank's background thread).
+      nice: niceness of DeepFreeze's helper process.
     """
 
     strategy: str = "deepfreeze"
@@ -48,6 +51,8 @@ class CheckpointConfig:
     fsync: bool = True
     resume: bool = True
     rank_local: tuple[str, ...] = ("batch_stats",)
+    writer: str = "process"
+    nice: int = 10
 
     def validate(self) -> str | None:
         """A one-line problem, or None when the configuration is usable."""
@@ -60,6 +65,8 @@ class CheckpointConfig:
             return "checkpoint interval must be >= 0"
         if min(self.keep, self.keep_fast, self.max_inflight) < 1:
             return "keep, keep_fast and max_inflight must be >= 1"
+        if self.writer not in ("process", "thread"):
+            return f"writer must be 'process' or 'thread', got {self.writer!r}"
         if self.on_busy not in ("wait", "skip"):
             return f"on_busy must be 'wait' or 'skip', got {self.on_busy!r}"
         return None
@@ -87,6 +94,8 @@ class CheckpointConfig:
                 on_busy=self.on_busy,
                 snapshot=self.snapshot,
                 rank_local=tuple(self.rank_local),
+                writer=self.writer,
+                nice=self.nice,
                 **common,
                 **kw,
             )

@@ -15,8 +15,9 @@ returns. A background thread per rank takes the checkpoints in request order:
 3. agrees with every rank (``agreement.allgather_json``, a private
    communicator, sleeping waits); when all shards are in, rank 0 adds the step
    to that tier's manifest, last;
-4. has the writer flush the shard to the persistent tier (verified copy into
-   ``<step>.flush-tmp``, renamed), agrees again, rank 0 updates that manifest;
+4. has the writer flush the shard to the persistent tier (kernel copy into
+   ``<step>.flush-tmp``, sizes checked, fsync, renamed), agrees again, rank 0
+   updates that manifest;
 5. drops old steps: the newest ``keep`` persistent and ``keep_fast`` fast steps
    stay.
 
@@ -112,6 +113,8 @@ class DeepFreeze(Checkpointer):
       writer: ``"process"`` (a niced helper process per rank writes) or
         ``"thread"`` (the background thread writes, in this process).
       nice: niceness of the helper process.
+      verify_flush: check each fast-tier file's CRC-32 before flushing it (one
+        more read of the shard; restore verifies the flushed files anyway).
       fault_hook: ``hook(event, step)`` called by the background thread at
         ``write-begin``, ``write-started``, ``written``, ``committed``,
         ``flush-file`` and ``flushed`` (fault-injection tests).
@@ -135,6 +138,7 @@ class DeepFreeze(Checkpointer):
         rank_local: tuple[str, ...] = (),
         writer: str = "process",
         nice: int = 10,
+        verify_flush: bool = False,
         fault_hook: FaultHook | None = None,
     ) -> None:
         if on_busy not in ("wait", "skip"):
@@ -151,6 +155,7 @@ class DeepFreeze(Checkpointer):
         self._hook = fault_hook or (lambda event, step: None)
         self._hooked = fault_hook is not None
         self.writer = writer
+        self.verify_flush = verify_flush
         # Started now, so its imports (jax, Orbax) overlap the training's start.
         self._proc = WriterProcess.shared(nice) if writer == "process" else None
         self._local = Writer() if writer == "thread" else None

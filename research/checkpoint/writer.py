@@ -15,8 +15,9 @@ in ``/dev/shm`` that both processes map (one copy, no pickling):
   "dtype", "offset", "nbytes"}], "meta", "compress", "pause"}`` -> CRC-32 of
   every unit, Orbax async save into ``path`` (tmp + rename), then the files'
   sizes and CRC-32s;
-* ``{"op": "flush", "src", "dst", "files", "fsync", "pause"}`` -> verified copy
-  into ``<dst>.flush-tmp``, renamed to ``dst``;
+* ``{"op": "flush", "src", "dst", "files", "fsync", "verify", "pause"}`` -> copy
+  into ``<dst>.flush-tmp`` (sizes checked; CRC-32s too with ``verify``),
+  renamed to ``dst``;
 * ``{"op": "remove", "paths"}``; ``{"op": "exit"}``.
 
 With ``pause`` the writer reports ``{"op": "progress", "event": ...}`` in the
@@ -113,7 +114,12 @@ class Writer:
                 progress("flush-file")  # one file copied, the rest not yet
 
         n = copy_verified(
-            Path(req["src"]), tmp, req["files"], fsync=req["fsync"], on_file=on_file
+            Path(req["src"]),
+            tmp,
+            req["files"],
+            fsync=req["fsync"],
+            verify=req.get("verify", False),
+            on_file=on_file,
         )
         os.rename(tmp, final)
         if req["fsync"]:
