@@ -30,12 +30,14 @@ def initial(scale: int = 1) -> dict[str, Any]:
             "bias": np.zeros(shape[-1:], np.float32),
         }
     # One transfer, no per-leaf jitted ops: compilation dominates small tests.
-    state = jax.device_put({
-        "params": params,
-        "opt_state": (jax.tree.map(np.zeros_like, params), {"count": np.int32(0)}),
-        "batch_stats": {"mean": np.arange(16, dtype=np.float32)},
-        "step": np.int32(0),
-    })
+    state = jax.device_put(
+        {
+            "params": params,
+            "opt_state": (jax.tree.map(np.zeros_like, params), {"count": np.int32(0)}),
+            "batch_stats": {"mean": np.arange(16, dtype=np.float32)},
+            "step": np.int32(0),
+        }
+    )
     state["rng"] = jax.random.wrap_key_data(np.array([0, 7], np.uint32))
     return state
 
