@@ -77,7 +77,22 @@ def _transfer_path(first: Tier, rank: int) -> Path:
     base = Path("/dev/shm")
     if not (base.is_dir() and os.access(base, os.W_OK)):
         base = Path(tempfile.gettempdir())
+    # A rank killed with -9 cannot remove its file: whoever comes next does.
+    for old in base.glob("research-xfer-*"):
+        pid = old.name.split("-")[2]
+        if pid.isdigit() and not _alive(int(pid)):
+            old.unlink(missing_ok=True)
     return base / f"research-xfer-{os.getpid()}-{id(first):x}-r{rank}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
 
 
 @dataclasses.dataclass
