@@ -60,32 +60,44 @@ def test_round_trip_host(bucket_bytes: int) -> None:
     bufs = host.pack(tree)
     assert bufs is host.buffers
     assert_tree_equal(host.unpack(), tree)
+    assert_tree_equal(host.views(), tree)
     # Host and jnp packing agree element for element.
     for hb, jb in zip(bufs, plan.pack(tree), strict=True):
         np.testing.assert_array_equal(hb, np.asarray(jb))
 
 
-def test_host_path_reuses_buffers_and_scales() -> None:
+def test_host_scale_views_and_out() -> None:
     tree = mixed_tree()
-    host = HostBuffers(FusionPlan.for_tree(tree, 256))
-    ids = [id(b) for b in host.buffers]
-    ptrs = [b.ctypes.data for b in host.buffers]
-    for seed in range(3):
-        t = mixed_tree(seed)
-        host.pack(t)
-        assert [id(b) for b in host.buffers] == ids
-        assert [b.ctypes.data for b in host.buffers] == ptrs
+    plan = FusionPlan.for_tree(tree, 256, split_leaves=False)
+    host = HostBuffers(plan)
+    host.pack(tree, scale=2)
+    want = jax.tree.map(lambda x: np.asarray(x, np.float64), tree)
+    for got, orig, exp in zip(
+        jax.tree.leaves(host.views()),
+        jax.tree.leaves(tree),
+        jax.tree.leaves(want),
+        strict=True,
+    ):
+        assert got.shape == orig.shape and got.dtype == np.dtype(orig.dtype)
+        if not np.issubdtype(got.dtype, np.integer):
+            exp = exp / 2  # integers are not scaled by pack
+        tol = 1e-2 if got.dtype.itemsize == 2 else 1e-6
+        np.testing.assert_allclose(np.asarray(got, np.float64), exp, rtol=tol)
+    host.pack(tree)
     out = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), tree)
     res = host.unpack(scale=2, out=out)
     assert jax.tree.leaves(res)[0] is jax.tree.leaves(out)[0]  # filled in place
-    want = jax.tree.map(lambda x: np.asarray(x, np.float64) / 2, t)
-    for got, exp, orig in zip(
-        jax.tree.leaves(res), jax.tree.leaves(want), jax.tree.leaves(t), strict=True
-    ):
-        if np.issubdtype(np.dtype(orig.dtype), np.integer):
-            exp = np.trunc(exp)
-        tol = 1e-2 if np.dtype(orig.dtype).itemsize == 2 else 1e-6
-        np.testing.assert_allclose(np.asarray(got, np.float64), exp, rtol=tol)
+    with pytest.raises(ValueError):
+        host.unpack(out=jax.tree.map(lambda x: np.zeros(x.shape, x.dtype).T, tree))
+
+
+def test_whole_leaf_buckets() -> None:
+    tree = [jnp.zeros((1000,), jnp.float32) for _ in range(10)]
+    plan = FusionPlan.for_tree(tree, 12_000, split_leaves=False)
+    assert [b.size for b in plan.buckets] == [3000, 3000, 3000, 1000]
+    assert all(len(segs) == 1 for segs in plan.leaf_segments)
+    big = FusionPlan.for_tree([jnp.zeros(10), jnp.zeros(5000)], 400, split_leaves=False)
+    assert [b.size for b in big.buckets] == [10, 5000]
 
 
 def test_bucket_count_follows_threshold() -> None:
@@ -167,30 +179,32 @@ def test_alone_bytes_makes_solo_zero_copy_buckets() -> None:
     assert_tree_equal(host.unpack(), tree)
 
 
-def test_host_outputs_recycled_only_when_dropped() -> None:
+def test_host_buckets_recycled_only_when_dropped() -> None:
     tree = mixed_tree()
-    host = HostBuffers(FusionPlan.for_tree(tree, 256))
-    host.pack(tree)
+    host = HostBuffers(FusionPlan.for_tree(tree, 256, split_leaves=False))
 
     def data_ptr(result) -> int:
-        return jax.tree.leaves(result)[0].__array_interface__["data"][0]
+        return jax.tree.leaves(result)[1].__array_interface__["data"][0]  # float32
 
-    first = host.unpack()
+    host.pack(tree)
+    first = host.views()
     kept = jax.tree.map(np.copy, first)
-    second = host.unpack()  # ``first`` is alive: a different buffer
+    host.pack(mixed_tree(seed=1))  # ``first`` is alive: another bucket set
+    second = host.views()
     assert data_ptr(second) != data_ptr(first)
-    host.pack(mixed_tree(seed=5))
-    third = host.unpack()  # ``first`` and ``second`` alive: a third buffer
+    host.pack(mixed_tree(seed=2))
+    third = host.views()
     assert len({data_ptr(first), data_ptr(second), data_ptr(third)}) == 3
     assert_tree_equal(first, kept)  # never overwritten while referenced
     ptr = data_ptr(second)
     del second
-    assert data_ptr(host.unpack()) == ptr  # dropped: reused, nothing allocated
-    # A view kept by someone else (jax may wrap numpy without copying) pins it.
-    leaf = jax.tree.leaves(first)[3]
+    host.pack(tree)
+    assert data_ptr(host.views()) == ptr  # dropped: reused, nothing allocated
+    # A leaf kept by someone else (jax may wrap numpy without copying) pins it.
+    leaf = jax.tree.leaves(first)[1]
     ptr, before = data_ptr(first), leaf.copy()
     del first
-    host.pack(mixed_tree(seed=9))
-    for _ in range(4):
-        assert data_ptr(host.unpack()) != ptr
+    for seed in range(4):
+        host.pack(mixed_tree(seed=9 + seed))
+        assert data_ptr(host.views()) != ptr
     np.testing.assert_array_equal(leaf, before)

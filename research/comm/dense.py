@@ -1,27 +1,62 @@
 """Synchronous dense averaging: every rank gets the exact mean of all gradients.
 
-Two strategies, same values:
+Two strategies, same values (to the last bit or so):
 
-* :class:`FusedAllreduce` (``"fused"``): inside the jitted step, the gradient
-  tree is packed into buckets (:mod:`research.comm.fusion`), each bucket is
-  summed with mpi4jax's allreduce and divided by the world size.
-* :class:`HostAllreduce` (``"host"``): on the host, the tree is copied into
-  reusable numpy buckets, each is summed in place with mpi4py
-  (``Allreduce(IN_PLACE)``), and the mean is copied out.
+* :class:`FusedAllreduce` (``"fused"``): inside the jitted step. Leaves of
+  256 KiB or more are summed one by one, as they are; smaller ones are packed
+  into buckets (:mod:`research.comm.fusion`); mpi4jax's allreduce sums each.
+* :class:`HostAllreduce` (``"host"``): on the host. The tree is copied into
+  recycled numpy buckets below 32 MiB, each is summed in place with mpi4py
+  (``Allreduce(IN_PLACE)``), and the result is views into the buckets.
 
-Why buckets of 8 MiB and not one big buffer (the measured cause of mpi4jax being
-~1.9x slower than mpi4py on the same 100 MB; numbers in ``scripts/bench_allreduce``
-and the project README): an XLA custom call writes a *fresh output buffer* on
-every call. XLA's CPU client takes it from malloc, and glibc serves every
-allocation above 32 MiB (the cap of its dynamic mmap threshold) by a new
-``mmap`` that ``free`` unmaps again. Without transparent huge pages (the usual
-``madvise`` mode; XLA does not madvise, numpy does), the 100 MB result is
-first-touched in 25,000 4-KiB page faults per call, which cost as much as the
-allreduce itself. mpi4jax also reduces out of place (it never passes
-``MPI_IN_PLACE``), so MPICH first copies the input into that fresh output, and
-MPICH's own temporary buffer for large messages is a >32 MiB malloc too.
-Buckets below 32 MiB are recycled by malloc from the second step on: no page
-faults, no mmap/munmap system calls, and MPICH's temporaries shrink with them.
+Both divide floats by the world size *before* the sum, on the way into the
+buffer that MPI reads, so no pass over the data follows the allreduce.
+
+Why one mpi4jax allreduce of 100 MB took ~2x mpi4py's (measured with
+``python -m scripts.bench_allreduce --diagnose``, 2 ranks, quiet machine, ResNet-50
+sized: 102 MB):
+
+=====================================================  ========  =====  ======
+one allreduce of 102 MB                                median    ratio  faults
+=====================================================  ========  =====  ======
+mpi4py ``Allreduce(IN_PLACE, buf)`` (the baseline)     44.4 ms   1.00   12,480
+mpi4jax ``allreduce`` inside ``jit``                   105.0 ms  2.37   37,439
+mpi4py out of place, result buffer reused              53.0 ms   1.19   12,480
+mpi4py out of place, fresh result with 4 KiB pages     108.7 ms  2.45   37,439
+=====================================================  ========  =====  ======
+
+mpi4py reproduces mpi4jax's time and its exact page-fault count once it is made
+to do what XLA does, so neither mpi4jax's FFI path, nor MPICH's algorithm, nor
+XLA's threads (unpinned: 2.29x) are the cause. Two things are:
+
+1. XLA gives the custom call a *fresh output buffer* on every call. It comes
+   from malloc, and glibc serves anything above 32 MiB (the cap of its dynamic
+   mmap threshold) with a new ``mmap`` that ``free`` unmaps again; transparent
+   huge pages are in ``madvise`` mode and XLA does not madvise (numpy does). So
+   102 MB are first-touched in 25,000 4-KiB page faults, every call: ~55 ms, more
+   than the allreduce itself. With ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``
+   (huge pages for malloc's mmaps) the faults drop to 709 and the gap closes.
+2. mpi4jax never passes ``MPI_IN_PLACE`` (its FFI handler takes distinct send
+   and receive buffers), so MPICH first copies the input into the output: ~9 ms.
+
+The baseline pays the same kind of cost too: MPICH's 51 MB temporary for the
+reduce-scatter is a fresh mmap (the 12,480 faults, about half its time).
+
+What routes around it here: no buffer of 32 MiB or more on any call. Buckets
+stay below it, so malloc recycles them and MPICH's temporaries; the fused path
+hands large leaves to MPI whole (no packing copy, no temporary; XLA writes the
+result into the output leaf) and orders its work (see :class:`_Chain`); the host
+path reuses its buckets and returns views of them (1 copy in, 0 out). Same run:
+fused 53.2 ms (1.20x; the remaining gap is item 2 plus the divide pass), host
+32.6 ms (0.73x, faster than the baseline). A single 102 MB bucket in the fused
+path costs 166.8 ms (3.76x, 62,397 faults), unordered buckets 159.8 ms (3.60x).
+
+What is left to the environment: the jitted function's *outputs* (161 fresh
+leaves per call in the benchmark) come from malloc's heap, which glibc trims
+once 64 MiB or so lie free at its top; the next call faults them in again (0 to
+4,700 faults, run to run). ``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=
+33554432:glibc.malloc.trim_threshold=4294967296`` keeps that memory: fused 1.17x,
+host 0.69x, 2 faults per call.
 """
 
 from __future__ import annotations
@@ -41,9 +76,11 @@ from research.comm.registry import register_averager
 from research.trace import get_tracer
 
 #: Leaves at least this large skip fusion in the jitted path: a whole leaf is
-#: handed to MPI as it is (no concatenate, no temporary), and a 1 MiB message is
-#: already far past the size where per-message latency matters.
-DEFAULT_ALONE_BYTES = 2**20
+#: handed to MPI as it is (no concatenate, no temporary, no slicing back), and a
+#: 256 KiB message is past the size where per-message latency matters. For
+#: ResNet-50: 42 solo leaves (101.9 MB) and one fused bucket of 119 (1.2 MB);
+#: 1 MiB (six times more bytes through pack and unpack) measured 1.0-1.4x slower.
+DEFAULT_ALONE_BYTES = 2**18
 
 
 def _plan_key(tree: Any) -> tuple:
@@ -58,30 +95,38 @@ def _plan_key(tree: Any) -> tuple:
 class _PlanCache:
     """Plans by tree structure, so one averager serves trees of several shapes."""
 
-    def __init__(self, bucket_bytes: int, alone_bytes: int | None) -> None:
+    def __init__(
+        self, bucket_bytes: int, alone_bytes: int | None, split_leaves: bool = True
+    ) -> None:
         self.bucket_bytes = bucket_bytes
         self.alone_bytes = alone_bytes
+        self.split_leaves = split_leaves
         self._plans: dict[tuple, Any] = {}
 
     def get(self, tree: Any, make: Any = None) -> Any:
         key = _plan_key(tree)
         if key not in self._plans:
-            plan = FusionPlan.for_tree(tree, self.bucket_bytes, self.alone_bytes)
+            plan = FusionPlan.for_tree(
+                tree, self.bucket_bytes, self.alone_bytes, self.split_leaves
+            )
             self._plans[key] = make(plan) if make else plan
         return self._plans[key]
 
 
 @register_averager("fused")
 class FusedAllreduce(Averager):
-    """Mean over ranks inside ``jit``: bucketed mpi4jax allreduce.
+    """Mean over ranks inside ``jit``: mpi4jax allreduce of leaves and buckets.
 
     Args:
       world: the world to average over.
-      bucket_bytes: largest bucket; keep it below 32 MiB (see module docstring).
+      bucket_bytes: largest bucket of fused small leaves; keep it below 32 MiB
+        (see module docstring).
+      alone_bytes: leaves at least this large are summed whole, unfused (None:
+        fuse all leaves into buckets of ``bucket_bytes``).
       sequential: start preparing bucket i+1 only when bucket i's allreduce is
-        done (see :func:`_after`; False only to measure the difference).
+        done (see :class:`_Chain`; False only to measure the difference).
       prescale: divide floats by the world size before the sum, not after
-        (see :meth:`average_in_jit`; False only to measure the difference).
+        (see :class:`_Chain`; False only to measure the difference).
     """
 
     style = "fused"
@@ -132,22 +177,19 @@ class _Chain:
     completes the leaves that end in it) and prepares bucket i (packs it, divides
     floats by the size), then bucket i is summed. With ``sequential``, stage i
     runs inside a ``cond`` whose predicate reads bucket i-1's result, so the
-    whole program is one chain of stages and allreduces:
+    program is one chain, stage, allreduce, stage, allreduce (XLA:CPU's thunk
+    executor reports ``is_sequential=true`` for it). Left to itself, XLA
 
-    * XLA:CPU runs a program whose thunks form a chain on the calling thread,
-      one after another ("is_sequential" in its thunk executor). Any op left
-      dangling (a divide after an allreduce, an unpack slice) makes it a DAG,
-      which it runs on its worker pool, concurrently with the next allreduce.
-      On a rank with one core that compute steals the core MPI progress needs:
-      for ResNet-50 at 2 ranks the DAG costs 110 ms of CPU per call spread over
-      five threads, the chain ~70 ms on one.
-    * XLA otherwise packs every bucket before the first allreduce, all live at
-      once in its temp arena (70 MB for ResNet-50 in 8 MiB buckets), which glibc
-      maps afresh and the kernel page-faults in on every call.
+    * packs every bucket before the first allreduce, all live at once in its
+      temp arena (70 MB for ResNet-50 in 8 MiB buckets), which glibc maps
+      afresh and the kernel page-faults in on every call;
+    * runs the resulting graph on its worker pool, divides concurrently with
+      the next allreduce, competing for the core MPI's progress needs.
 
     Floats are divided before the sum (exact for power-of-two sizes, a last-bit
     difference otherwise), so a solo float bucket's allreduce result is the leaf
-    itself: nothing runs after it, it leaves no work to chain.
+    itself and nothing runs after it. ResNet-50, 2 ranks, same run: chained and
+    pre-divided 52.9 ms, unchained with the divide after 67.3 ms.
     """
 
     def __init__(
@@ -260,9 +302,12 @@ class HostAllreduce(Averager):
     """Mean over ranks on the host: numpy buckets and in-place mpi4py Allreduce.
 
     ``reduce`` runs on the calling thread; it blocks until every rank has called
-    it (a synchronous collective). Results are fresh numpy arrays (or jax arrays
-    with ``as_jax=True``), so they stay valid while the next step reuses the
-    buckets.
+    it (a synchronous collective). Floats are divided by the size while they are
+    packed, summed in place, and returned as views into the buckets (numpy
+    arrays; jax arrays, copied, with ``as_jax=True``). The buckets come from a
+    small pool (:class:`~research.comm.fusion.HostBuffers`): a set is reused only
+    after every view of it has been dropped, so a result stays valid for as long
+    as the caller keeps it, and a loop that drops it allocates nothing.
 
     Args:
       world: the world to average over.
@@ -283,7 +328,8 @@ class HostAllreduce(Averager):
         self.world = world
         self.size = world.size
         self.as_jax = as_jax
-        self._buffers = _PlanCache(bucket_bytes, None)
+        # Whole leaves per bucket, so that results are views into the buckets.
+        self._buffers = _PlanCache(bucket_bytes, None, split_leaves=False)
         self.comm = world.dup("dense-host") if world.size > 1 else None
         self._round = 0
 
@@ -309,12 +355,16 @@ class HostAllreduce(Averager):
             round=self._round,
         ) as span:
             t0 = time.perf_counter()
-            buffers = host.pack(grads)
+            # Floats are divided while packing (as in the fused path), so the
+            # sum is the mean and the result is the buckets themselves.
+            buffers = host.pack(grads, scale=self.size)
             t1 = time.perf_counter()
             for buf in buffers:
                 self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+                if np.issubdtype(buf.dtype, np.integer):
+                    np.floor_divide(buf, self.size, out=buf)
             t2 = time.perf_counter()
-            out = host.unpack(scale=self.size)
+            out = host.views()
             if self.as_jax:
                 out = jax.tree.map(jnp.asarray, out)
             t3 = time.perf_counter()

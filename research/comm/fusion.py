@@ -109,6 +109,7 @@ class FusionPlan:
         tree: Any,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         alone_bytes: int | None = None,
+        split_leaves: bool = True,
     ) -> FusionPlan:
         """Plan the buckets of ``tree``.
 
@@ -119,11 +120,17 @@ class FusionPlan:
             are not fused: each becomes a bucket of its own, whole, whatever its
             size, and :meth:`pack_bucket` returns it without a copy. None: fuse
             everything.
+          split_leaves: cut each dtype's stream into even buckets, splitting
+            leaves at bucket boundaries (no bucket exceeds ``bucket_bytes``).
+            False: fill buckets greedily with whole leaves (Horovod style), so
+            every leaf lies in one bucket and can be viewed in place (see
+            :meth:`HostBuffers.views`); a leaf larger than ``bucket_bytes``
+            then gets a bucket of its own.
 
         Returns:
           The plan. Solo buckets come first, in tree order; then, per wire dtype,
-          the fused leaves in tree order, cut into ``ceil(group_bytes /
-          bucket_bytes)`` buckets of nearly equal size.
+          the fused leaves in tree order, cut (``split_leaves``) into
+          ``ceil(group_bytes / bucket_bytes)`` buckets of nearly equal size.
         """
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
@@ -152,17 +159,27 @@ class FusionPlan:
             if total == 0:
                 continue
             cap = max(1, bucket_bytes // wdt.itemsize)
-            # Even split: n buckets of nearly equal size, rather than n-1 full ones
-            # and a tiny tail that would pay a whole message latency.
-            n = -(-total // cap)
-            sizes = [total // n + (1 if b < total % n else 0) for b in range(n)]
+            if split_leaves:
+                # Even split: n buckets of nearly equal size, rather than n-1 full
+                # ones and a tiny tail that would pay a whole message latency.
+                n = -(-total // cap)
+                sizes = [total // n + (1 if b < total % n else 0) for b in range(n)]
+            else:
+                sizes = [0]
+                for i in idx:
+                    count = math.prod(shapes[i])
+                    if sizes[-1] and sizes[-1] + count > cap:
+                        sizes.append(0)
+                    sizes[-1] += count
+                sizes = [x for x in sizes if x]
+                n = len(sizes)
             first = len(buckets)
             segs: list[list[Segment]] = [[] for _ in range(n)]
             b, fill = 0, 0
             for i in idx:
                 start, left = 0, math.prod(shapes[i])
                 while left:
-                    if fill == sizes[b]:
+                    while fill == sizes[b]:
                         b, fill = b + 1, 0
                     take = min(left, sizes[b] - fill)
                     seg = Segment(i, start, first + b, fill, take)
@@ -288,59 +305,106 @@ def _piece(flat: jax.Array, start: int, length: int) -> jax.Array:
 
 
 class HostBuffers:
-    """Reusable numpy buckets for one plan: the host path allocates nothing per step.
+    """Numpy buckets for one plan, recycled so the host path allocates nothing.
 
     ``pack`` copies a tree's leaves (jax or numpy arrays; jax CPU arrays are read
-    through a zero-copy view) into the buckets; ``unpack`` copies them out again,
-    optionally scaled, into recycled output buffers or caller-provided arrays.
+    through a zero-copy view) into a set of buckets, optionally divided by a
+    scale on the way; ``views`` returns the tree as views into those buckets,
+    ``unpack`` as copies. A bucket set is reused by a later ``pack`` only once no
+    view of it is alive any more (the caller dropped the result, and so did jax,
+    which may wrap a numpy array without copying it on CPU); until then ``pack``
+    takes another set from a small pool. In the steady state of a training loop
+    two sets alternate and no step allocates or page-faults anything.
+
+    Why that matters: fresh memory is expensive. 161 ResNet-50 leaves from
+    malloc come back page-faulted after glibc trims its heap, and on the dev VM
+    the first touch of memory handed back to the hypervisor took up to 1.1 s per
+    102 MB instead of ~8 ms for a copy into warm buffers.
     """
 
-    def __init__(self, plan: FusionPlan, max_outputs: int = 3) -> None:
+    def __init__(self, plan: FusionPlan, max_sets: int = 3) -> None:
         self.plan = plan
-        #: Output buffer sets kept for reuse (see :meth:`unpack`).
-        self.max_outputs = max_outputs
-        self._outputs: list[dict[np.dtype, np.ndarray]] = []
-        # np.empty then a write: the pages are faulted in once, here, not on the
-        # first step, and numpy asks for transparent huge pages for large arrays.
-        self.buffers: list[np.ndarray] = []
-        for b in plan.buckets:
-            buf = np.empty(b.size, b.dtype)
-            buf.fill(0)
-            self.buffers.append(buf)
+        self.max_sets = max_sets
+        self._sets: list[list[np.ndarray]] = []
+        #: The buckets of the last ``pack`` (valid until the next one).
+        self.buffers: list[np.ndarray] = self._free_set()
 
-    def pack(self, tree: Any) -> list[np.ndarray]:
-        """Copy ``tree`` into the buckets and return them (the same objects)."""
+    def _free_set(self) -> list[np.ndarray]:
+        for buffers in self._sets:
+            # A free buffer is referenced by its set's list and by getrefcount's
+            # argument only; every live view (a returned leaf) adds its ``base``.
+            if all(sys.getrefcount(buffers[k]) == 2 for k in range(len(buffers))):
+                return buffers
+        buffers = []
+        for b in self.plan.buckets:
+            buf = np.empty(b.size, b.dtype)
+            buf.fill(0)  # fault the pages in now, not during a step
+            buffers.append(buf)
+        if len(self._sets) < self.max_sets:
+            self._sets.append(buffers)
+        return buffers
+
+    def pack(self, tree: Any, scale: float | None = None) -> list[np.ndarray]:
+        """Copy ``tree`` into a free bucket set and return its buckets.
+
+        Args:
+          tree: arrays with the plan's structure, shapes and dtypes.
+          scale: divide floating-point leaves by this on the way (one memory
+            pass for copy and division); integer leaves are copied as they are.
+        """
         plan = self.plan
+        self.buffers = self._free_set()
         leaves = plan.treedef.flatten_up_to(tree)
         for i, segs in enumerate(plan.leaf_segments):
             if not segs:
                 continue
             flat = np.asarray(leaves[i]).reshape(-1)
             for s in segs:
+                src = flat[s.leaf_start : s.leaf_start + s.length]
                 dst = self.buffers[s.bucket][s.bucket_start : s.bucket_start + s.length]
-                np.copyto(
-                    dst, flat[s.leaf_start : s.leaf_start + s.length], casting="unsafe"
-                )
+                if scale is None or np.issubdtype(dst.dtype, np.integer):
+                    np.copyto(dst, src, casting="unsafe")
+                else:
+                    np.divide(src, scale, out=dst, casting="unsafe")
         return self.buffers
 
-    def unpack(
-        self,
-        scale: float | None = None,
-        out: Any | None = None,
-    ) -> Any:
-        """The tree held by the buckets, as numpy arrays of the original dtypes.
+    def views(self) -> Any:
+        """The tree held by the last packed buckets, without copying.
+
+        A leaf stored whole in one bucket in its own dtype is a view into it; a
+        leaf split across buckets or cast for the wire (bfloat16) is a new array.
+        The views keep their bucket set out of reuse for as long as they live.
+        """
+        plan, leaves = self.plan, []
+        for shape, dtype, segs in zip(
+            plan.shapes, plan.dtypes, plan.leaf_segments, strict=True
+        ):
+            parts = [
+                self.buffers[s.bucket][s.bucket_start : s.bucket_start + s.length]
+                for s in segs
+            ]
+            if len(parts) == 1 and parts[0].dtype == dtype:
+                leaves.append(parts[0].reshape(shape))
+            elif not parts:
+                leaves.append(np.zeros(shape, dtype))
+            else:
+                leaves.append(np.concatenate(parts).astype(dtype).reshape(shape))
+        return plan.treedef.unflatten(leaves)
+
+    def unpack(self, scale: float | None = None, out: Any | None = None) -> Any:
+        """The tree held by the last packed buckets, copied out.
 
         Args:
-          scale: divide every element by this while copying (one memory pass
-            instead of an in-place divide followed by a copy); None: plain copy.
-          out: a tree of writable numpy arrays of the plan's shapes to fill.
-            None: arrays that belong to the caller: views into one output buffer
-            per dtype, recycled only after every view of it has been dropped, so
-            the steady state allocates nothing and a kept result stays intact.
+          scale: divide every element by this while copying (floor division for
+            integers); None: plain copy.
+          out: a tree of writable C-contiguous numpy arrays of the plan's shapes
+            to fill; None: new arrays.
         """
         plan = self.plan
         if out is None:
-            dests = self._fresh_leaves()
+            dests = [
+                np.empty(s, d) for s, d in zip(plan.shapes, plan.dtypes, strict=True)
+            ]
         else:
             dests = plan.treedef.flatten_up_to(out)
             for d in dests:
@@ -362,36 +426,3 @@ class HostBuffers:
                 else:
                     np.divide(src, scale, out=dst, casting="unsafe")
         return plan.treedef.unflatten(dests)
-
-    def _fresh_leaves(self) -> list[np.ndarray]:
-        # The leaves are views into one flat output buffer per dtype, taken from
-        # a small pool and reused once nothing outside the pool refers to it any
-        # more (the caller dropped the previous result, and jax, which may wrap a
-        # numpy array without copying it on CPU, released its reference too).
-        # Fresh memory per step is what this avoids: 161 ResNet-50 leaves from
-        # malloc come back page-faulted (heap trimming) and one 102 MB numpy
-        # array page-faulted too; on the dev VM the first touch of memory freed
-        # back to the hypervisor took up to 1.1 s per unpack instead of ~8 ms.
-        plan = self.plan
-        flats = self._free_outputs()
-        offsets = dict.fromkeys(flats, 0)
-        leaves = []
-        for shape, dtype in zip(plan.shapes, plan.dtypes, strict=True):
-            n, off = math.prod(shape), offsets[dtype]
-            leaves.append(flats[dtype][off : off + n].reshape(shape))
-            offsets[dtype] = off + n
-        return leaves
-
-    def _free_outputs(self) -> dict[np.dtype, np.ndarray]:
-        for entry in self._outputs:
-            # A free buffer is referenced by the pool's dict and by getrefcount's
-            # argument only; every live view (a returned leaf) adds its ``base``.
-            if all(sys.getrefcount(entry[dt]) == 2 for dt in entry):
-                return entry
-        totals: dict[np.dtype, int] = {}
-        for shape, dtype in zip(self.plan.shapes, self.plan.dtypes, strict=True):
-            totals[dtype] = totals.get(dtype, 0) + math.prod(shape)
-        entry = {dt: np.zeros(n, dt) for dt, n in totals.items()}
-        if len(self._outputs) < self.max_outputs:
-            self._outputs.append(entry)
-        return entry

@@ -28,6 +28,7 @@ def rank_tree(rank: int, n_leaves: int = 24) -> dict:
         dtype = jnp.bfloat16 if i % 5 == 3 else jnp.float32
         tree[f"layer{i:02d}"] = jnp.asarray(rng.standard_normal(shape) + rank, dtype)
     tree["big"] = jnp.asarray(rng.standard_normal((64, 200)) * (rank + 1), jnp.float32)
+    tree["steps"] = jnp.arange(5, dtype=jnp.int32) + 7 * rank  # integers: floor mean
     return tree
 
 
@@ -46,7 +47,9 @@ def assert_mean(out, tree, expected) -> None:
     ):
         assert got.shape == orig.shape
         assert np.dtype(got.dtype) == np.dtype(orig.dtype)
-        if np.dtype(orig.dtype) == np.dtype(jnp.bfloat16):
+        if np.issubdtype(np.dtype(orig.dtype), np.integer):
+            np.testing.assert_array_equal(np.asarray(got), np.floor(want))
+        elif np.dtype(orig.dtype) == np.dtype(jnp.bfloat16):
             # Summed in float32, rounded once to bfloat16 (8 mantissa bits).
             np.testing.assert_allclose(
                 np.asarray(got, np.float64), want, rtol=2**-8, atol=2**-8
@@ -95,8 +98,9 @@ def test_registry_names_and_errors(world) -> None:
         dict(bucket_bytes=16_384, alone_bytes=None),
         dict(bucket_bytes=1 << 30),
         dict(bucket_bytes=16_384, sequential=False),
+        dict(**MIXED_SMALL, prescale=False),
     ],
-    ids=["solo+fused", "all-fused", "one-bucket", "unsequenced"],
+    ids=["solo+fused", "all-fused", "one-bucket", "unsequenced", "divide-after"],
 )
 def test_fused_is_exact_mean(world, options) -> None:
     tree = rank_tree(world.rank)

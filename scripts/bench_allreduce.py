@@ -1,0 +1,364 @@
+"""Dense allreduce of a ResNet-50 gradient: our strategies vs one raw MPI call.
+
+For each rank count (default 2 and 4) it times, in one run, with warm-up and
+interleaved repetitions (median of the slowest rank per repetition):
+
+* ``mpi4py-flat`` (the baseline): one ``Allreduce(IN_PLACE)`` of a flat numpy
+  buffer as large as the whole gradient (25.6M float32, 102 MB);
+* ``fused``: ``FusedAllreduce.average_in_jit`` inside ``jit`` (mpi4jax);
+* ``host``: ``HostAllreduce.reduce`` (numpy buckets, mpi4py);
+* ``mpi4jax-per-leaf``: one mpi4jax allreduce per leaf inside ``jit``;
+
+each also as a ratio to the baseline, with the minor page faults per call.
+``--diagnose`` adds the variants that show why one mpi4jax allreduce of 100 MB is
+~2x slower than mpi4py (see ``research/comm/dense.py``): one 102 MB mpi4jax call;
+mpi4py out of place into a reused result, and into a fresh result with 4 KiB
+pages (what XLA hands mpi4jax); the fused path with one 102 MB bucket and
+without sequencing. ``--unpinned`` leaves XLA's thread pools at their defaults;
+``--glibc-tunables`` changes malloc (huge pages for its mmaps, no heap trimming).
+
+Run ``python -m scripts.bench_allreduce`` (it starts itself under mpiexec with 2,
+then 4 ranks) or ``mpiexec -n 2 python -m scripts.bench_allreduce``. XLA is
+pinned to one thread per rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# Before jax is imported anywhere: one XLA thread per rank, or the ranks' Eigen
+# pools fight over the same cores and the timings measure the scheduler.
+PINNED_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+ROOT = Path(__file__).resolve().parent.parent
+RESNET50_PARAMS = 25_557_032
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m scripts.bench_allreduce",
+        description=__doc__.split("\n\n")[0] + " Prints a table per rank count; "
+        "target: fused or host within 1.10x of the raw Allreduce at 2 ranks.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+    )
+    p.add_argument(
+        "--ranks",
+        default="2,4",
+        help="comma-separated rank counts to relaunch with (default 2,4)",
+    )
+    p.add_argument(
+        "--reps",
+        type=int,
+        default=9,
+        help="timed repetitions per variant (default 9; median reported)",
+    )
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls per variant")
+    p.add_argument(
+        "--bucket-mib",
+        type=float,
+        default=None,
+        help="bucket size of fused and host (default: the library's)",
+    )
+    p.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="also time the root-cause variants and count page faults",
+    )
+    p.add_argument(
+        "--unpinned",
+        action="store_true",
+        help="leave XLA's thread pools at their defaults (diagnosis)",
+    )
+    p.add_argument(
+        "--glibc-tunables",
+        metavar="T",
+        help="run the ranks with GLIBC_TUNABLES=T (diagnosis), e.g. "
+        "glibc.malloc.hugetlb=1 (huge pages for malloc's mmaps, glibc >= 2.35) or "
+        "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold="
+        "4294967296 (keep freed heap memory instead of handing it back)",
+    )
+    p.add_argument(
+        "--synthetic",
+        action="store_true",
+        help="use the built-in ResNet-50 shapes even if models/ exists",
+    )
+    p.add_argument("--json", metavar="PATH", help="save all numbers as JSON here")
+    return p.parse_args(argv)
+
+
+# -- the gradient tree ---------------------------------------------------------
+
+
+def resnet50_shapes() -> dict[str, tuple[int, ...]]:
+    """ResNet-50 (v1.5, 1000 classes) parameter shapes, without flax."""
+    shapes: dict[str, tuple[int, ...]] = {"stem/conv": (7, 7, 3, 64)}
+    shapes["stem/bn/scale"] = shapes["stem/bn/bias"] = (64,)
+    cin = 64
+    for stage, (blocks, width) in enumerate(
+        zip((3, 4, 6, 3), (64, 128, 256, 512), strict=True)
+    ):
+        for b in range(blocks):
+            pre = f"stage{stage}/block{b}"
+            for j, (k, ci, co) in enumerate(
+                ((1, cin, width), (3, width, width), (1, width, 4 * width))
+            ):
+                shapes[f"{pre}/conv{j}"] = (k, k, ci, co)
+                shapes[f"{pre}/bn{j}/scale"] = shapes[f"{pre}/bn{j}/bias"] = (co,)
+            if b == 0:
+                shapes[f"{pre}/proj"] = (1, 1, cin, 4 * width)
+                shapes[f"{pre}/proj_bn/scale"] = (4 * width,)
+                shapes[f"{pre}/proj_bn/bias"] = (4 * width,)
+            cin = 4 * width
+    shapes["fc/kernel"] = (2048, 1000)
+    shapes["fc/bias"] = (1000,)
+    return shapes
+
+
+def gradient_shapes(synthetic: bool) -> tuple[object, str]:
+    """ShapeDtypeStructs of ResNet-50's parameters, and where they came from."""
+    import jax
+    import jax.numpy as jnp
+
+    if not synthetic:
+        try:
+            import models
+
+            model = models.get_model("resnet50", num_classes=1000)
+            x = jnp.zeros((1, *model.input_shape), jnp.float32)
+            variables = jax.eval_shape(
+                lambda: model.init(jax.random.PRNGKey(0), x, train=False)
+            )
+            return variables["params"], "models.get_model('resnet50')"
+        except Exception as exc:  # noqa: BLE001 - any failure: use the built-in list
+            print(
+                f"models/ unusable ({exc!r}); using built-in ResNet-50 shapes",
+                file=sys.stderr,
+            )
+    tree = {
+        k: jax.ShapeDtypeStruct(s, jnp.float32) for k, s in resnet50_shapes().items()
+    }
+    return tree, "built-in ResNet-50 shapes"
+
+
+# -- timing under MPI ----------------------------------------------------------
+
+
+def run_under_mpi(args: argparse.Namespace) -> dict:
+    """Time every variant in this MPI job; returns the table (same on all ranks)."""
+    if not args.unpinned:
+        os.environ.setdefault("XLA_FLAGS", PINNED_XLA)
+    import resource
+    import time
+
+    import jax
+    import jax.numpy as jnp
+    import mpi4jax
+    import numpy as np
+    from mpi4py import MPI
+
+    from research.comm.dense import FusedAllreduce, HostAllreduce
+    from research.comm.world import get_world
+
+    world = get_world()
+    comm, rank, size = world.comm, world.rank, world.size
+    shapes, source = gradient_shapes(args.synthetic)
+    rng = np.random.default_rng(rank)
+    tree = jax.tree.map(
+        lambda s: jnp.asarray(rng.standard_normal(s.shape, np.float32)), shapes
+    )
+    n = sum(x.size for x in jax.tree.leaves(tree))
+    opts = (
+        {}
+        if args.bucket_mib is None
+        else {"bucket_bytes": int(args.bucket_mib * 2**20)}
+    )
+
+    flat = np.ones(n, np.float32)
+    fused = FusedAllreduce(world, **opts)
+    host = HostAllreduce(world, **opts)
+    leaf_comm = world.dup("bench-per-leaf")
+    fused_jit = jax.jit(fused.average_in_jit)
+    per_leaf_jit = jax.jit(
+        lambda t: jax.tree.map(
+            lambda x: mpi4jax.allreduce(x, op=MPI.SUM, comm=leaf_comm) / size, t
+        )
+    )
+
+    variants = {
+        "mpi4py-flat": lambda: comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM),
+        "fused": lambda: jax.block_until_ready(fused_jit(tree)),
+        "host": lambda: host.reduce(tree),
+        "mpi4jax-per-leaf": lambda: jax.block_until_ready(per_leaf_jit(tree)),
+    }
+    if args.diagnose:
+        x = jnp.ones(n, jnp.float32)
+        one_jit = jax.jit(lambda v: mpi4jax.allreduce(v, op=MPI.SUM, comm=leaf_comm))
+        unseq = jax.jit(
+            FusedAllreduce(
+                world, sequential=False, alone_bytes=None, **opts
+            ).average_in_jit
+        )
+        big = jax.jit(
+            FusedAllreduce(world, bucket_bytes=2**30, alone_bytes=None).average_in_jit
+        )
+        send = np.ones(n, np.float32)
+        recv = np.ones(n, np.float32)
+        # numpy asks for huge pages; XLA's buffers get 4 KiB pages. Emulate XLA.
+        madvise = np._core.multiarray._set_madvise_hugepage
+
+        def fresh_out_of_place() -> None:
+            old = madvise(False)
+            recv = np.empty(n, np.float32)
+            madvise(old)
+            comm.Allreduce(send, recv, op=MPI.SUM)
+
+        variants.update(
+            {
+                "mpi4jax-one-102MB": lambda: one_jit(x).block_until_ready(),
+                "mpi4py-out-of-place": lambda: comm.Allreduce(send, recv, op=MPI.SUM),
+                "mpi4py-out-of-place-fresh": fresh_out_of_place,
+                "fused-one-bucket": lambda: jax.block_until_ready(big(tree)),
+                "fused-unsequenced": lambda: jax.block_until_ready(unseq(tree)),
+            }
+        )
+
+    for fn in variants.values():
+        for _ in range(args.warmup):
+            fn()
+    times = {k: [] for k in variants}
+    faults = {k: [] for k in variants}
+    for _ in range(args.reps):  # interleaved, so load spikes hit all variants alike
+        for name, fn in variants.items():
+            comm.Barrier()
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+            faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+
+    table = {}
+    for name in variants:
+        slowest = np.max(comm.allgather(times[name]), axis=0)  # per repetition
+        table[name] = {
+            "median_s": float(np.median(slowest)),
+            "min_s": float(np.min(slowest)),
+            "minor_faults": int(np.median(faults[name])),
+        }
+    base = table["mpi4py-flat"]["median_s"]
+    for row in table.values():
+        row["ratio"] = row["median_s"] / base
+    return {
+        "ranks": size,
+        "params": int(n),
+        "bytes": int(n * 4),
+        "tree": source,
+        "leaves": len(jax.tree.leaves(tree)),
+        "fused_buckets": len(fused.plan(tree).buckets),
+        "host_buckets": len(host.plan(tree).buckets),
+        "reps": args.reps,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
+        "loadavg_1min": os.getloadavg()[0],
+        "variants": table,
+    }
+
+
+def format_table(result: dict) -> str:
+    lines = [
+        f"ranks={result['ranks']}  {result['params']:,} float32 params "
+        f"({result['bytes'] / 1e6:.1f} MB, {result['leaves']} leaves, "
+        f"{result['tree']}); "
+        f"fused {result['fused_buckets']} buckets, host {result['host_buckets']}; "
+        f"median of {result['reps']}; load {result['loadavg_1min']:.1f}",
+        f"  {'variant':28s} {'median ms':>10s} {'min ms':>8s} {'ratio':>6s} "
+        f"{'faults':>7s}",
+    ]
+    for name, row in result["variants"].items():
+        lines.append(
+            f"  {name:28s} {row['median_s'] * 1e3:10.1f} {row['min_s'] * 1e3:8.1f} "
+            f"{row['ratio']:6.2f} {row['minor_faults']:7d}"
+        )
+    return "\n".join(lines)
+
+
+# -- entry point ---------------------------------------------------------------
+
+
+def relaunch(args: argparse.Namespace, argv: list[str]) -> list[dict]:
+    """Run this module under mpiexec once per rank count; collect the tables."""
+    exe = Path(sys.executable).parent / "mpiexec"
+    mpiexec = str(exe) if exe.exists() else "mpiexec"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if args.unpinned:
+        env.pop("XLA_FLAGS", None)
+    else:
+        env["XLA_FLAGS"] = PINNED_XLA
+    if args.glibc_tunables:
+        env["GLIBC_TUNABLES"] = args.glibc_tunables
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT), env.get("PYTHONPATH")])
+    )
+    forward = _drop_values(argv, ("--json", "--ranks"))
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for np_ in (int(r) for r in args.ranks.split(",")):
+            out = Path(tmp) / f"np{np_}.json"
+            cmd = [
+                mpiexec,
+                "-n",
+                str(np_),
+                sys.executable,
+                "-m",
+                "scripts.bench_allreduce",
+                *forward,
+                "--json",
+                str(out),
+            ]
+            proc = subprocess.run(cmd, cwd=ROOT, env=env)
+            if proc.returncode != 0:
+                raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}")
+            results.append(json.loads(out.read_text()))
+    return results
+
+
+def _drop_values(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in flags:
+            skip = True
+        elif not a.startswith(tuple(f + "=" for f in flags)):
+            out.append(a)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    from research.comm.world import launched_by_mpi
+
+    if not launched_by_mpi():
+        results = relaunch(args, argv)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"runs": results}, indent=2))
+        return 0
+    result = run_under_mpi(args)
+    from research.comm.world import get_world
+
+    if get_world().is_root:
+        print(format_table(result), flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
