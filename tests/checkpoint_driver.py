@@ -101,17 +101,21 @@ def _surface(world, ckpt: DeepFreeze, name: str, steps: int = 6) -> None:
     """Keep training and checkpointing until the failure is raised; report where."""
     s = initial()
     where, message, at = "never", "", None
-    try:
-        for k in range(1, steps + 1):
-            s = advance(s)
-            where, at = "save", k
+    # Every rank makes every save call (as a training loop that logged the error
+    # and went on would): the first error each rank sees is what is reported.
+    for k in range(1, steps + 1):
+        s = advance(s)
+        try:
             ckpt.save(k, s)
-            time.sleep(0.05)
-        where, at = "wait", None
+        except CheckpointError as e:
+            if not message:
+                where, at, message = "save", k, str(e)
+        time.sleep(0.05)
+    try:
         ckpt.wait()
-        where = "never"
     except CheckpointError as e:
-        message = str(e)
+        if not message:
+            where, at, message = "wait", None, str(e)
     result(
         world,
         case=name,

@@ -203,7 +203,6 @@ class DeepFreeze(Checkpointer):
         tr = get_tracer()
         rec = SaveRecord(step=int(step))
         with tr.span("checkpoint", "checkpoint", step=step, strategy=self.name) as span:
-            self._raise_errors()
             skip = self._admit(rec, step)
             job = _Job(
                 step=int(step),
@@ -234,6 +233,11 @@ class DeepFreeze(Checkpointer):
             self._queue.put(job)
             rec.blocking_s = time.perf_counter() - t0
             span.set(wait_s=rec.wait_s, skipped=skip, inflight=rec.inflight)
+        # An earlier failure surfaces only after this request is queued: every
+        # rank then queues the same number of jobs whichever save call the error
+        # reaches first on each rank, so the background commit rounds (one
+        # collective per job) stay matched and a caller that goes on can't hang.
+        self._raise_errors()
         return rec
 
     def _plan(self, flat: Flattener) -> None:
