@@ -8,6 +8,16 @@ from pathlib import Path
 from research.rundir import read_metrics
 
 
+def save_figure(fig, path: str | os.PathLike) -> Path:
+    """Lay out, write as PNG and close ``fig``; returns the path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
 def plot_training_curves(run_dir: str | os.PathLike, out: str = "curves.png") -> Path:
     """Training loss and test accuracy against step and wall-clock time."""
     import matplotlib
@@ -31,8 +41,4 @@ def plot_training_curves(run_dir: str | os.PathLike, out: str = "curves.png") ->
     )
     b.grid(alpha=0.3)
     fig.suptitle(Path(run_dir).name, fontsize=9)
-    fig.tight_layout()
-    path = Path(run_dir) / out
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, Path(run_dir) / out)

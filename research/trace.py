@@ -339,6 +339,14 @@ def read_rank_trace(path: Path) -> list[dict]:
         return events
 
 
+def read_trace_events(run_dir: str | os.PathLike) -> list[dict]:
+    """The events of a run's merged ``trace.json`` ([] when the run has none)."""
+    path = Path(run_dir) / "trace.json"
+    if not path.exists():
+        return []
+    return json.loads(path.read_text())["traceEvents"]
+
+
 def merge_traces(run_dir: str | os.PathLike, size: int | None = None) -> Path:
     """Merge ``trace/rank*.json`` into ``trace.json`` (atomic rename)."""
     run_dir = Path(run_dir)

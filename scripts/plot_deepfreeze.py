@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+
+from research.plots import save_figure
+from research.trace import read_trace_events
 
 COLORS = {
     "rank0-sync": "tab:red",
@@ -85,7 +87,7 @@ def plot_overhead(main: dict, out: Path) -> Path:
         fontsize=9,
     )
     ax.legend(fontsize=8)
-    return _save(fig, out / "overhead_vs_interval.png")
+    return save_figure(fig, out / "overhead_vs_interval.png")
 
 
 def plot_blocking(jobs: list[dict], out: Path) -> Path | None:
@@ -115,19 +117,12 @@ def plot_blocking(jobs: list[dict], out: Path) -> Path | None:
     ax.set_xlabel("ranks")
     ax.set_ylabel("median blocking time per checkpoint (ms)")
     ax.legend(fontsize=8)
-    return _save(fig, out / "blocking_vs_ranks.png")
-
-
-def _events(main: dict) -> list[dict[str, Any]]:
-    path = Path(main["run_dir"]) / "trace.json"
-    if not path.exists():
-        return []
-    return json.loads(path.read_text())["traceEvents"]
+    return save_figure(fig, out / "blocking_vs_ranks.png")
 
 
 def excerpt(main: dict) -> tuple[list[dict], float, float] | None:
     """Events of the first DeepFreeze window at the main interval (with margins)."""
-    events = _events(main)
+    events = read_trace_events(main["run_dir"])
     slot = next(
         (
             w
@@ -203,16 +198,7 @@ def plot_timeline(main: dict, out: Path) -> Path | None:
         "serialize+write, commit and flush (background) between updates",
         fontsize=8,
     )
-    return _save(fig, out / "timeline.png")
-
-
-def _save(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out / "timeline.png")
 
 
 def plot_all(root: str | Path) -> list[Path]:

@@ -21,6 +21,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from research.plots import save_figure
+from research.trace import read_trace_events
+
 ORDER = ("balanced", "allreduce", "solo", "majority", "ps")
 COLORS = {
     "balanced": "0.6",
@@ -103,7 +106,7 @@ def plot_throughput(runs: dict[str, Path], out: Path, window: int = 10) -> Path:
     )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, out / "throughput.png")
+    return save_figure(fig, out / "throughput.png")
 
 
 def plot_accuracy(runs: dict[str, Path], out: Path, target: float | None) -> Path:
@@ -133,7 +136,7 @@ def plot_accuracy(runs: dict[str, Path], out: Path, target: float | None) -> Pat
     )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, out / "accuracy.png")
+    return save_figure(fig, out / "accuracy.png")
 
 
 def plot_contributors(runs: dict[str, Path], out: Path) -> Path:
@@ -168,16 +171,7 @@ def plot_contributors(runs: dict[str, Path], out: Path) -> Path:
     )
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
-    return _save(fig, out / "contributors.png")
-
-
-def _trace_events(run: Path) -> list[dict[str, Any]]:
-    path = run / "trace.json"
-    if not path.exists():
-        return []
-    return [
-        e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"
-    ]
+    return save_figure(fig, out / "contributors.png")
 
 
 def plot_timeline(runs: dict[str, Path], out: Path, steps: int = 8) -> Path | None:
@@ -185,7 +179,9 @@ def plot_timeline(runs: dict[str, Path], out: Path, steps: int = 8) -> Path | No
     import matplotlib.pyplot as plt
 
     arms = [a for a in runs if a in ("allreduce", "solo", "majority", "ps")]
-    events = {a: _trace_events(runs[a]) for a in arms}
+    events = {
+        a: [e for e in read_trace_events(runs[a]) if e.get("ph") == "X"] for a in arms
+    }
     arms = [a for a in arms if events[a]]
     if not arms:
         return None
@@ -224,16 +220,7 @@ def plot_timeline(runs: dict[str, Path], out: Path, steps: int = 8) -> Path | No
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in PHASES.values()]
     fig.legend(handles, list(PHASES), loc="upper center", ncol=len(PHASES), fontsize=7)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
-    return _save(fig, out / "timeline.png")
-
-
-def _save(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out / "timeline.png")
 
 
 def plot_all(root: str | Path, target_acc: float | None = None) -> list[Path]:
