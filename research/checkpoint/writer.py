@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,9 @@ class Writer:
         ckptr = self._ckptrs[compress]
         ckptr.save(path, args=shard_args(arrays, meta))
         if req.get("pause"):
+            # Orbax creates the checkpoint's directories in its own background
+            # thread: report only once the half-written step is on disk.
+            _wait_for(lambda: any(path.parent.glob(f"{path.name}*")), timeout=30)
             progress("write-started")  # Orbax's writes are in flight
         ckptr.wait_until_finished()
         del arrays, buf
@@ -217,6 +221,12 @@ class WriterProcess:
         for pipe in (self.proc.stdin, self.proc.stdout):
             if pipe is not None and not pipe.closed:
                 pipe.close()
+
+
+def _wait_for(cond, timeout: float, poll: float = 0.005) -> None:
+    end = time.monotonic() + timeout
+    while not cond() and time.monotonic() < end:
+        time.sleep(poll)
 
 
 # -- the helper process ----------------------------------------------------------------
