@@ -1,8 +1,9 @@
-"""Load-imbalance injection: which rank sleeps how long in which step.
+"""Load-imbalance injection: which rank is held up how long in which step.
 
 The training loop asks ``imbalance.delay(step, rank)`` once per step (0-based),
-inside the compute phase, and sleeps that many seconds on the timeline's ``delay``
-track, so an injected straggler looks like a slower rank, as in eager-SGD's runs.
+inside the compute phase, and holds the rank that many seconds (``hold``) on the
+timeline's ``delay`` track, so an injected straggler looks like a slower rank, as
+in eager-SGD's runs.
 Every model is a pure function of ``(seed, step, rank)``: all ranks agree on who
 sleeps without any message, and a rerun injects exactly the same delays.
 
@@ -19,16 +20,32 @@ Models and their command-line spec (:func:`parse_imbalance`)::
     dist:normal:mean=0.05:std=0.02         given by its mean; normal is cut at 0
 
 Optional for every model but ``none``: ``start=S`` (no delay before step S, e.g.
-to keep compilation steps clean). Numbers are seconds. Errors are ``ValueError``
-with a message naming the bad part.
+to keep compilation steps clean) and ``how=sleep|spin`` (default ``sleep``).
+Numbers are seconds. Errors are ``ValueError`` with a message naming the bad part.
+
+How a delay is spent
+--------------------
+``how=sleep`` is the paper's emulation: the straggler sleeps. That is faithful
+when every rank has its own cores (the paper: one GPU and its host cores per
+rank). When ranks share cores (4 ranks on a 2-core laptop), a sleeping rank hands
+its core to the others, which then compute faster: the imbalance speeds the
+balanced ranks up, so synchronous SGD appears to lose less than the delay, and
+eager-SGD's fast ranks run faster than without imbalance. ``how=spin`` keeps the
+straggler's core busy for the delay, the way a rank with more work would: it runs
+a small single-threaded XLA loop in chunks of about 0.5 ms, which releases the GIL
+while it runs, so the rank's communication thread keeps taking part in rounds.
 """
 
 from __future__ import annotations
 
 import math
+import threading
+import time
 from typing import Any
 
 import numpy as np
+
+HOW = ("sleep", "spin")
 
 DISTRIBUTIONS = {
     "exponential": ("mean",),
@@ -42,10 +59,15 @@ class Imbalance:
     """No injected delay; the base of every model."""
 
     name = "none"
+    how = "sleep"
 
     def delay(self, step: int, rank: int) -> float:
-        """Seconds rank ``rank`` sleeps in step ``step`` (0-based)."""
+        """Seconds rank ``rank`` is held up in step ``step`` (0-based)."""
         return 0.0
+
+    def hold(self, seconds: float) -> None:
+        """Spend ``seconds`` of wall time the way this model says (``how``)."""
+        hold(seconds, self.how)
 
     def spec(self) -> str:
         """The command-line spec that builds this model again."""
@@ -60,13 +82,16 @@ class Imbalance:
 
 
 class _Started(Imbalance):
-    def __init__(self, start: int = 0) -> None:
+    def __init__(self, start: int = 0, how: str = "sleep") -> None:
         if start < 0:
             raise ValueError(f"start must be >= 0, got {start}")
-        self.start = int(start)
+        if how not in HOW:
+            raise ValueError(f"how must be one of {', '.join(HOW)}, got {how!r}")
+        self.start, self.how = int(start), how
 
     def _suffix(self) -> str:
-        return f":start={self.start}" if self.start else ""
+        start = f":start={self.start}" if self.start else ""
+        return start + (f":how={self.how}" if self.how != "sleep" else "")
 
 
 class FixedImbalance(_Started):
@@ -75,9 +100,13 @@ class FixedImbalance(_Started):
     name = "fixed"
 
     def __init__(
-        self, ranks: tuple[int, ...] | list[int], seconds: float, start: int = 0
+        self,
+        ranks: tuple[int, ...] | list[int],
+        seconds: float,
+        start: int = 0,
+        how: str = "sleep",
     ) -> None:
-        super().__init__(start)
+        super().__init__(start, how)
         if seconds < 0:
             raise ValueError(f"seconds must be >= 0, got {seconds}")
         self.ranks = frozenset(int(r) for r in ranks)
@@ -108,8 +137,9 @@ class RandomImbalance(_Started):
         size: int,
         seed: int = 0,
         start: int = 0,
+        how: str = "sleep",
     ) -> None:
-        super().__init__(start)
+        super().__init__(start, how)
         lo, hi = (k, k) if isinstance(k, int) else (int(k[0]), int(k[1]))
         if size < 1:
             raise ValueError(f"size must be >= 1, got {size}")
@@ -146,9 +176,14 @@ class DistImbalance(_Started):
     name = "dist"
 
     def __init__(
-        self, dist: str, params: dict[str, float], seed: int = 0, start: int = 0
+        self,
+        dist: str,
+        params: dict[str, float],
+        seed: int = 0,
+        start: int = 0,
+        how: str = "sleep",
     ) -> None:
-        super().__init__(start)
+        super().__init__(start, how)
         if dist not in DISTRIBUTIONS:
             raise ValueError(
                 f"unknown distribution {dist!r}; choose one of "
@@ -233,6 +268,15 @@ def _pairs(model: str, parts: list[str], allowed: tuple[str, ...]) -> dict[str, 
     return out
 
 
+def _how(model: str, kv: dict[str, str]) -> str:
+    how = kv.get("how", "sleep")
+    if how not in HOW:
+        raise ValueError(
+            f"imbalance {model}: how={how!r}; choose one of {', '.join(HOW)}"
+        )
+    return how
+
+
 def _require(model: str, kv: dict[str, str], keys: tuple[str, ...]) -> None:
     missing = [k for k in keys if k not in kv]
     if missing:
@@ -258,7 +302,7 @@ def parse_imbalance(spec: str, *, size: int, seed: int = 0) -> Imbalance:
             raise ValueError(f"imbalance none takes no arguments, got {rest!r}")
         return Imbalance()
     if model == "fixed":
-        kv = _pairs(model, parts, ("ranks", "seconds", "start"))
+        kv = _pairs(model, parts, ("ranks", "seconds", "start", "how"))
         _require(model, kv, ("ranks", "seconds"))
         try:
             ranks = [int(r) for r in kv["ranks"].split(",") if r.strip()]
@@ -276,9 +320,10 @@ def parse_imbalance(spec: str, *, size: int, seed: int = 0) -> Imbalance:
             ranks,
             _number(model, "seconds", kv["seconds"]),
             _integer(model, "start", kv.get("start", "0")),
+            _how(model, kv),
         )
     if model == "random":
-        kv = _pairs(model, parts, ("k", "seconds", "start"))
+        kv = _pairs(model, parts, ("k", "seconds", "start", "how"))
         _require(model, kv, ("k", "seconds"))
         lo_s, dash, hi_s = kv["k"].partition("-")
         lo = _integer(model, "k", lo_s)
@@ -291,6 +336,7 @@ def parse_imbalance(spec: str, *, size: int, seed: int = 0) -> Imbalance:
             size,
             seed,
             _integer(model, "start", kv.get("start", "0")),
+            _how(model, kv),
         )
     if model == "dist":
         if not parts or "=" in parts[0]:
@@ -305,12 +351,68 @@ def parse_imbalance(spec: str, *, size: int, seed: int = 0) -> Imbalance:
                 f"imbalance dist: unknown distribution {dist!r}; choose "
                 f"one of {', '.join(DISTRIBUTIONS)}"
             )
-        kv = _pairs(f"dist:{dist}", params, (*DISTRIBUTIONS[dist], "start"))
+        kv = _pairs(f"dist:{dist}", params, (*DISTRIBUTIONS[dist], "start", "how"))
         _require(f"dist:{dist}", kv, DISTRIBUTIONS[dist])
         start = _integer(model, "start", kv.pop("start", "0"))
+        how = _how(model, kv)
+        kv.pop("how", None)
         values = {k: _number(f"dist:{dist}", k, v) for k, v in kv.items()}
-        return DistImbalance(dist, values, seed, start)
+        return DistImbalance(dist, values, seed, start, how)
     raise ValueError(
         f"unknown imbalance model {model!r}; choose one of none, fixed, "
         "random, dist (e.g. random:k=1:seconds=0.32)"
     )
+
+
+# -- spending a delay ---------------------------------------------------------------
+def hold(seconds: float, how: str = "sleep") -> None:
+    """Spend ``seconds`` of wall time: asleep, or keeping this rank's core busy.
+
+    See "How a delay is spent" in the module docstring. ``hold(0, "spin")``
+    prepares the busy loop (compiles and calibrates it) without waiting.
+    """
+    if how not in HOW:
+        raise ValueError(f"how must be one of {', '.join(HOW)}, got {how!r}")
+    if how == "spin":
+        spinner = _Spinner.get()  # the first call compiles and calibrates
+        if seconds > 0:
+            spinner.spin(seconds)
+    elif seconds > 0:
+        time.sleep(seconds)
+
+
+class _Spinner:
+    """Busy work in chunks of about ``CHUNK_S``, with the GIL released."""
+
+    CHUNK_S = 0.5e-3
+    _instance: _Spinner | None = None
+    _lock = threading.Lock()
+
+    @classmethod
+    def get(cls) -> _Spinner:
+        with cls._lock:
+            if cls._instance is None:
+                cls._instance = cls()
+            return cls._instance
+
+    def __init__(self) -> None:
+        import jax
+        import jax.numpy as jnp
+
+        def loop(x, n):
+            return jax.lax.fori_loop(0, n, lambda i, v: v * 0.999 + 0.001, x)
+
+        self._loop = jax.jit(loop, static_argnums=1)
+        self._x = jnp.ones(256, jnp.float32)
+        probe = 2000
+        self._loop(self._x, probe).block_until_ready()  # compile
+        t = time.perf_counter()
+        self._loop(self._x, probe).block_until_ready()
+        per_iter = max(time.perf_counter() - t, 1e-7) / probe
+        self.n = max(1, int(self.CHUNK_S / per_iter))
+        self._loop(self._x, self.n).block_until_ready()  # compile the chunk
+
+    def spin(self, seconds: float) -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            self._loop(self._x, self.n).block_until_ready()

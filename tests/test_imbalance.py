@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import resource
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -10,6 +14,7 @@ from research.imbalance import (
     FixedImbalance,
     Imbalance,
     RandomImbalance,
+    hold,
     parse_imbalance,
 )
 
@@ -83,8 +88,59 @@ def test_spec_round_trips():
         "fixed:ranks=1,3:seconds=0.1",
         "random:k=2:seconds=0.32",
         "dist:exponential:mean=0.05",
+        "random:k=1:seconds=0.1:start=2:how=spin",
+        "dist:uniform:low=0:high=0.1:how=spin",
     ]:
         assert parse_imbalance(spec, size=4).spec() == spec
+    assert parse_imbalance("fixed:ranks=0:seconds=1:how=sleep", size=2).how == "sleep"
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def test_spin_keeps_a_core_busy_and_sleep_does_not():
+    imb = parse_imbalance("fixed:ranks=0:seconds=0.2:how=spin", size=2)
+    hold(0.0, "spin")  # compile and calibrate outside the measurement
+    for how, seconds in (("spin", 0.2), ("sleep", 0.2)):
+        c0, t0 = _cpu_s(), time.perf_counter()
+        if how == "spin":
+            imb.hold(seconds)
+        else:
+            hold(seconds)
+        wall, cpu = time.perf_counter() - t0, _cpu_s() - c0
+        assert wall >= seconds
+        if how == "spin":
+            # Busy for the whole delay (loose: other jobs may share the core).
+            assert cpu > 0.1 * seconds, (how, wall, cpu)
+        else:
+            assert cpu < 0.05 * seconds, (how, wall, cpu)
+
+
+def test_spin_leaves_the_gil_to_other_threads():
+    hold(0.0, "spin")
+    ticks = []
+    stop = threading.Event()
+
+    def other():
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(1e-4)
+
+    th = threading.Thread(target=other)
+    th.start()
+    try:
+        t0 = time.perf_counter()
+        hold(0.3, "spin")
+        t1 = time.perf_counter()
+    finally:
+        stop.set()
+        th.join()
+    during = [t for t in ticks if t0 <= t <= t1]
+    # A spin that held the GIL would let the thread in only every 5 ms
+    # (sys.getswitchinterval): at most ~60 ticks in 0.3 s.
+    assert len(during) > 120, len(during)
 
 
 @pytest.mark.parametrize(
@@ -106,6 +162,8 @@ def test_spec_round_trips():
         ("dist:pareto:a=1", "unknown distribution 'pareto'"),
         ("dist:uniform:low=0.2:high=0.1", "low <= high"),
         ("dist:normal:mean=0.1", "missing std"),
+        ("random:k=1:seconds=0.1:how=nap", "how='nap'; choose one of sleep, spin"),
+        ("dist:exponential:mean=0.1:how=x", "how='x'"),
     ],
 )
 def test_bad_specs_raise_clear_errors(spec, message):
