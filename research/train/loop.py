@@ -29,7 +29,7 @@ import numpy as np
 
 from research.comm.base import Averager, CommInfo
 from research.comm.world import World
-from research.imbalance import Imbalance
+from research.imbalance import Imbalance, hold
 from research.rundir import MetricsWriter, versions, write_json
 from research.trace import NullTracer, Tracer, get_tracer, set_tracer
 from research.train import step as steps
@@ -138,6 +138,7 @@ class Trainer:
             else None
         )
         self._step_times: list[float] = []
+        self._delays: list[float] = []  # injected into each step (imbalance)
         self._contributors: list[int] = []
         self._evals: list[dict[str, Any]] = []
         self._train_time = 0.0  # wall time in training steps, evaluation excluded
@@ -163,8 +164,9 @@ class Trainer:
         delay = self.imbalance.delay(step, rank)
         if delay > 0:
             # Injected imbalance is part of the compute phase (a slower rank).
-            with tr.span("injected delay", "delay", step=step, seconds=delay):
-                time.sleep(delay)
+            how = getattr(self.imbalance, "how", "sleep")
+            with tr.span("injected delay", "delay", step=step, seconds=delay, how=how):
+                hold(delay, how)
         phases["delay_s"] = delay
         info = None
         if self._fused is not None:
@@ -253,6 +255,7 @@ class Trainer:
             if world.rank == 0:
                 write_json(self.run_dir / "config.json", self._config_record())
             self._bind_server()
+            hold(0.0, getattr(self.imbalance, "how", "sleep"))  # compiles a spin
             for cb in self.callbacks:
                 cb.on_train_start(self)
             bar = self._progress_bar()
@@ -265,6 +268,7 @@ class Trainer:
                 self._train_time += dt
                 self.step += 1
                 self._step_times.append(dt)
+                self._delays.append(phases.get("delay_s", 0.0))
                 if info is not None:
                     self._contributors.append(info.contributors)
                 self._after_step(m, info, phases, dt, bar)
@@ -392,6 +396,13 @@ class Trainer:
         times = self._step_times[1:] or self._step_times  # step 1 includes compilation
         med = statistics.median(times) if times else float("nan")
         per_rank = self.world.allgather(med)
+        # What a step costs apart from the rank's own injected delay: the waiting
+        # for stragglers that a strategy does or avoids (imbalance studies).
+        skip = len(self._step_times) - len(times)
+        busy = [t - d for t, d in zip(times, self._delays[skip:])]
+        busy_per_rank = self.world.allgather(
+            statistics.median(busy) if busy else float("nan")
+        )
         global_batch = self.config.batch_size * self.world.size
         last = self._evals[-1] if self._evals else {}
         summary = {
@@ -403,6 +414,8 @@ class Trainer:
             "global_batch": global_batch,
             "median_step_s": med,
             "median_step_s_per_rank": per_rank,
+            # median over ranks of each rank's median (step - own injected delay)
+            "median_step_without_delay_s": statistics.median(busy_per_rank),
             "train_time_s": self._train_time,
             "samples_per_s": global_batch * len(times) / max(sum(times), 1e-9),
             "final_test_acc": last.get("test_acc"),
