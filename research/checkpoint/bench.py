@@ -120,8 +120,15 @@ class Interleaved(Callback):
                 for k in range(s.start, s.start + s.window, s.interval):
                     self._due[k] = s.arm
                 self._drain[s.start + s.window + s.gap] = s.strategy
+        # Progress: rank 0 prints a line as each round of windows ends.
+        self._round_end = {
+            max(s.start + s.window + s.gap for s in slots if s.round == r): r
+            for r in {s.round for s in slots}
+        }
+        self._t0 = 0.0
 
     def on_train_start(self, trainer: Trainer) -> None:
+        self._t0 = time.perf_counter()
         for name, cfg in self.configs.items():
             self.ckpts[name] = cfg.create(trainer.world, trainer.run_dir)
 
@@ -148,6 +155,16 @@ class Interleaved(Callback):
                 step, trainer.state, extra={"data": trainer.loader.position}
             )
         self.after[step] = time.perf_counter()
+        r = self._round_end.get(step)
+        if r is not None and trainer.world.rank == 0:
+            done, total = step, trainer.total_steps
+            spent = self.after[step] - self._t0
+            left = spent * (total - done) / done
+            print(
+                f"r0 | round {r + 1}/{len(self._round_end)} of windows done: step "
+                f"{done}/{total}, {spent:.0f} s, about {left:.0f} s left",
+                flush=True,
+            )
 
     def on_train_end(self, trainer: Trainer) -> None:
         for ck in self.ckpts.values():
