@@ -113,7 +113,7 @@ PROG = "python -m experiments.eager_sgd"
 ARMS = ("allreduce", "solo", "majority", "ps")
 #: ``auto``: the balanced reference's median step time times --delay-scale, so the
 #: delay keeps the paper's ratio (0.32 s sleeps on ~0.3-0.5 s steps) on any machine.
-DEFAULT_IMBALANCE = "random:k=1:seconds=auto"
+DEFAULT_IMBALANCE = "random:k=1:seconds=auto:how=spin"
 DEFAULT_TARGET = 0.85
 #: Final accuracy of an eager arm counts as "not lost" within this of allreduce.
 ACC_TOLERANCE = 0.02
@@ -404,6 +404,9 @@ def run_experiment(args: argparse.Namespace, root: Path, world) -> list[dict[str
         rows = write_results(root, args.target_acc, spec)
         print(format_table(rows, args.target_acc), flush=True)
         print(f"r0 | imbalance {spec}", flush=True)
+        checks = format_checks(rows, spec, world.size)
+        if checks:
+            print(checks, flush=True)
         if not args.no_plots:
             from scripts.plot_eager_sgd import plot_all
 
@@ -444,6 +447,7 @@ def load_run(run_dir: str | Path, target_acc: float) -> dict[str, Any]:
         "steps": summary["steps"],
         "samples_per_s": summary["samples_per_s"],
         "median_step_s": summary["median_step_s"],
+        "step_without_delay_s": summary.get("median_step_without_delay_s"),
         "mean_step_s": (
             statistics.fmean(r["step_time"] for r in steps[1:])
             if len(steps) > 1
@@ -481,12 +485,13 @@ def aggregate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for key in (
             "samples_per_s",
             "median_step_s",
+            "step_without_delay_s",
             "time_to_target_s",
             "final_test_acc",
             "mean_contributors",
             "mean_age",
         ):
-            row[key] = _mean_std([r[key] for r in mine])
+            row[key] = _mean_std([r.get(key) for r in mine])
         out.append(row)
     return out
 
@@ -514,8 +519,79 @@ def write_results(
         + "\n"
     )
     note = f"\nimbalance: {imbalance}\n" if imbalance else "\n"
-    (root / "table.md").write_text(format_table(rows, target_acc) + note)
+    checks = format_checks(rows, imbalance, runs[0]["world_size"] if runs else 1)
+    (root / "table.md").write_text(
+        format_table(rows, target_acc) + note + (checks + "\n" if checks else "")
+    )
     return rows
+
+
+def _mean_delay(spec: str, size: int) -> float | None:
+    """Mean seconds a delayed rank is held up per step under ``spec``."""
+    from research.imbalance import DistImbalance, FixedImbalance, RandomImbalance
+
+    try:
+        imb = parse_imbalance(spec, size=size)
+    except ValueError:
+        return None
+    if isinstance(imb, (FixedImbalance, RandomImbalance)):
+        return imb.seconds
+    if isinstance(imb, DistImbalance):
+        return imb.mean()
+    return None
+
+
+def format_checks(rows: list[dict[str, Any]], imbalance: str, size: int) -> str:
+    """The issue's "done when" read off the table (first value: mean over seeds).
+
+    Synchronous SGD waits for the straggler every step, so its median step should
+    grow by about the delay; eager-SGD's ranks should not wait for it, so their
+    steps apart from their own injected delay should stay near the balanced step.
+    """
+    by = {r["arm"]: r for r in rows}
+
+    def val(arm: str, key: str) -> float | None:
+        v = by.get(arm, {}).get(key)
+        return v[0] if v else None
+
+    lines = []
+    # One statistic for every arm: the median over ranks of each rank's median
+    # step without its own delay (allreduce and balanced: its median step).
+    delay = _mean_delay(imbalance, size)
+    base = val("balanced", "step_without_delay_s")
+    sync = val("allreduce", "step_without_delay_s")
+    if delay and base and sync:
+        grow = sync - base
+        lines.append(
+            f"check: allreduce's median step grew by {grow * 1e3:.1f} ms over "
+            f"the no-imbalance step ({base * 1e3:.1f} ms), "
+            f"{grow / delay:.0%} of the {delay * 1e3:.1f} ms injected delay"
+        )
+    for arm in ("solo", "majority"):
+        step = val(arm, "step_without_delay_s")
+        if base and step:
+            lines.append(
+                f"check: {arm}'s median step without its own delay "
+                f"{step * 1e3:.1f} ms, {step / base:.2f}x the no-imbalance step"
+            )
+    ref_t, ref_acc = (
+        val("allreduce", "time_to_target_s"),
+        val("allreduce", "final_test_acc"),
+    )
+    for arm in ("solo", "majority"):
+        t, acc = val(arm, "time_to_target_s"), val(arm, "final_test_acc")
+        if t is not None and ref_t is not None:
+            lines.append(
+                f"check: {arm} reached the target in {t:.1f} s against "
+                f"allreduce's {ref_t:.1f} s ({'sooner' if t < ref_t else 'NOT sooner'})"
+            )
+        if acc is not None and ref_acc is not None:
+            ok = abs(acc - ref_acc) <= ACC_TOLERANCE
+            lines.append(
+                f"check: {arm}'s final accuracy {acc:.4f}, allreduce {ref_acc:.4f}: "
+                f"{'within' if ok else 'NOT within'} {ACC_TOLERANCE}"
+            )
+    return "\n".join(lines)
 
 
 def _fmt(
@@ -535,6 +611,7 @@ def format_table(rows: list[dict[str, Any]], target_acc: float) -> str:
         "steps",
         "samples/s",
         "median step ms",
+        "without own delay",
         f"time to {target_acc:.0%} s",
         "final test acc",
         "fresh contributors",
@@ -549,6 +626,7 @@ def format_table(rows: list[dict[str, Any]], target_acc: float) -> str:
             str(r["steps"]),
             _fmt(r["samples_per_s"], std=multi, digits=0),
             _fmt(r["median_step_s"], 1e3, std=multi),
+            _fmt(r.get("step_without_delay_s"), 1e3, std=multi),
             _fmt(r["time_to_target_s"], std=multi),
             "-"
             if r["arm"] == "balanced"

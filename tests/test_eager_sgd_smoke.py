@@ -50,7 +50,11 @@ def test_tiny_run_writes_folders_table_and_figures(tmp_path):
         ]
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert "| arm | steps | samples/s | median step ms" in proc.stdout
+    assert "| arm | steps | samples/s | median step ms | without own delay" in (
+        proc.stdout
+    )
+    assert "check: allreduce's median step grew by" in proc.stdout
+    assert "check: solo's median step without its own delay" in proc.stdout
     for arm in ARMS:
         run_dir = out / f"{arm}-s0"
         for name in ("config.json", "metrics.jsonl", "summary.json", "trace.json"):
@@ -118,3 +122,40 @@ def test_table_from_fake_runs():
     table = format_table(rows, 0.85)
     assert "solo 2.00x" in table
     assert "200 +- 0" in table
+
+
+def test_checks_read_the_done_when_off_the_table():
+    from experiments.eager_sgd import aggregate, format_checks
+
+    def row(arm, step, busy, t, acc):
+        return {
+            "arm": arm,
+            "seed": 0,
+            "steps": 10,
+            "samples_per_s": 100.0,
+            "median_step_s": step,
+            "step_without_delay_s": busy,
+            "time_to_target_s": t,
+            "final_test_acc": acc,
+            "mean_contributors": 2.0,
+            "mean_age": 0.0,
+        }
+
+    rows = aggregate(
+        [
+            row("balanced", 0.030, 0.030, None, None),
+            row("allreduce", 0.060, 0.060, 5.0, 0.90),
+            row("solo", 0.040, 0.033, 4.0, 0.89),
+            row("majority", 0.050, 0.045, 6.0, 0.85),
+        ]
+    )
+    text = format_checks(rows, "random:k=1:seconds=0.03:how=spin", 4)
+    assert "allreduce's median step grew by 30.0 ms over the no-imbalance step " in text
+    assert "(30.0 ms), 100% of the 30.0 ms injected delay" in text
+    assert "solo's median step without its own delay 33.0 ms, 1.10x" in text
+    assert "solo reached the target in 4.0 s against allreduce's 5.0 s (sooner)" in text
+    assert "majority reached the target in 6.0 s against allreduce's 5.0 s (NOT" in text
+    assert "solo's final accuracy 0.8900, allreduce 0.9000: within 0.02" in text
+    assert "majority's final accuracy 0.8500, allreduce 0.9000: NOT within" in text
+    # No delay to compare with: no growth line.
+    assert "grew" not in format_checks(rows, "none", 4)
