@@ -162,14 +162,10 @@ class Trainer:
         t1 = time.perf_counter()
         phases["data_s"] = t1 - t0
         delay = self.imbalance.delay(step, rank)
-        if delay > 0:
-            # Injected imbalance is part of the compute phase (a slower rank).
-            how = getattr(self.imbalance, "how", "sleep")
-            with tr.span("injected delay", "delay", step=step, seconds=delay, how=how):
-                hold(delay, how)
         phases["delay_s"] = delay
         info = None
         if self._fused is not None:
+            self._hold(delay, step)  # one jitted call: the delay can only go first
             t2 = time.perf_counter()
             with tr.span("fwd+bwd+allreduce+update", "compute", step=step):
                 self.state, m = self._fused(self.state, x, y)
@@ -181,6 +177,11 @@ class Trainer:
                 grads, batch_stats, m = steps.grad_step(self.state, x, y)
                 grads = jax.block_until_ready(grads)
                 m = jax.device_get(m)
+            compute_s = time.perf_counter() - t2
+            # The straggler's extra work follows its forward+backward, so it
+            # computes alongside the others (as contended as they are when ranks
+            # share cores) and is then held while they wait or move on.
+            self._hold(delay, step)
             t3 = time.perf_counter()
             with tr.span(
                 "average", "comm", step=step, strategy=self.averager.name
@@ -195,9 +196,18 @@ class Trainer:
             with tr.span("update", "update", step=step):
                 self._apply(out, batch_stats)
             phases.update(
-                compute_s=t3 - t2, comm_s=t4 - t3, update_s=time.perf_counter() - t4
+                compute_s=compute_s, comm_s=t4 - t3, update_s=time.perf_counter() - t4
             )
         return m, info, phases
+
+    def _hold(self, delay: float, step: int) -> None:
+        """The injected imbalance: part of the compute phase (a slower rank)."""
+        if delay > 0:
+            how = getattr(self.imbalance, "how", "sleep")
+            with self.tracer.span(
+                "injected delay", "delay", step=step, seconds=delay, how=how
+            ):
+                hold(delay, how)
 
     def _apply(self, out: Any, batch_stats: Any) -> None:
         if self.averager.replaces_update:
