@@ -30,9 +30,10 @@ time, the contributor histogram and the timeline.
 
 Commands (every figure of a run comes from its one folder)::
 
-    # laptop, the default (about 5 minutes on 2 cores): 4 ranks, cnn_small on the
-    # embedded synthetic task, 4 epochs; each step 1 random rank sleeps as long as
-    # a balanced step takes (random:k=1:seconds=auto); table + every figure:
+    # laptop, the default (2-5 minutes on 2 cores): 4 ranks, cnn_small on the
+    # embedded synthetic task, 4 epochs; each step 1 random rank is held up as
+    # long as a balanced step takes (random:k=1:seconds=auto:how=spin); table,
+    # checks and every figure:
     # throughput.png, accuracy.png, contributors.png, timeline.png
     python -m experiments.eager_sgd
     # seeds (mean +- std), other imbalance models, other models
@@ -60,38 +61,52 @@ Laptop defaults that differ from the paper, and why:
   f = 0.5 (solo here) the stable rate is 19x smaller, and solo's accuracy then
   oscillates (measured: a dip to 0.39 at step 48 where allreduce had 0.82).
 * the delay is the measured no-imbalance step time (``seconds=auto``): the paper's
-  0.32 s sleeps on ~0.3-0.5 s steps, whatever this machine's speed today.
+  0.32 s sleeps on ~0.3-0.5 s steps, whatever this machine's speed today; and it is
+  spun (``how=spin``), not slept, because ranks share cores here (see below).
 
-Measured (2 CPU cores, no GPU, 4 ranks, ``python -m experiments.eager_sgd``; other
-developers' test jobs shared the cores, load average 8-13)::
+Measured (2 CPU cores, no GPU, 4 ranks, shared with other developers' jobs, load
+average 5-9; ``python -m experiments.eager_sgd --seeds 0 1 2``, 4 min 34 s in all;
+mean +- std over the 3 seeds)::
 
-    arm          samples/s  median step ms  to 85% s  final acc  fresh  age
-    balanced (*)      1544            76.6         -          -   4.00  0.00
-    allreduce          941           130.5      10.3     0.9028   4.00  0.00
-    solo              1263            71.5       8.3     0.9023   1.82  0.53
-    majority          1121           113.2       8.8     0.9014   3.01  0.20
-    ps                1905            49.0       6.0     0.9004      -  2.95
+    arm         samples/s  median step ms  w/o own delay  to 85% s   final acc
+    balanced(*)  4198+-649        29.6+-4.7      31.7+-4.8         -           -
+    allreduce    2049+-294        61.3+-7.4      59.4+-7.1   5.7+-1.2  0.907+-.004
+    solo         2599+-308        41.2+-6.3      32.4+-5.9   4.7+-0.1  0.902+-.008
+    majority     2264+-406        54.0+-7.3      45.0+-8.7   4.2+-0.2  0.904+-.004
+    ps          3872+-1371       31.1+-15.2      29.5+-8.9   2.9+-0.5  0.906+-.005
 
-    (*) 60 steps without imbalance; fresh: ranks with a fresh gradient per round;
-    age: mean rounds late of the gradients applied.
-    imbalance random:k=1:seconds=0.086 (the measured no-imbalance step), 256 steps
-    per arm, 3 min 29 s in all (warm compilation cache; 5 min 42 s cold, under a
-    load average of 13-19). Throughput over allreduce: solo 1.34x, majority 1.19x,
-    ps 2.02x. The foundation's synchronous strategies in the same setting:
-    ``--sync-strategy fused`` 918 samples/s, 133.6 ms, 11.2 s; ``host`` 914
-    samples/s, 114.6 ms, 8.6 s. Run to run, times moved by about +-15% with the
-    other jobs' load (earlier runs: allreduce 10.4-13.1 s, solo 8.2-10.0 s,
-    majority 9.4-12.1 s to 85%), so use ``--seeds`` for a mean +- std.
+    (*) 60 steps without imbalance. Fresh contributors per round: allreduce 4,
+    solo 1.89, majority 2.90; mean age of the gradients applied (rounds late):
+    solo 0.53, majority 0.23, ps 2.95. Imbalance random:k=1:seconds=0.031:how=spin
+    (the measured no-imbalance step), 256 steps per arm. Throughput over
+    allreduce: solo 1.27x, majority 1.10x, ps 1.89x. The run's checks:
+    allreduce's median step grew by 27.7 ms, 89% of the 31.0 ms delay; solo's step
+    without its own delay is 1.02x the no-imbalance step, majority's 1.42x; solo
+    and majority reach 85% sooner than allreduce (4.7 and 4.2 s against 5.7 s) and
+    end within 0.02 of its accuracy. A single-seed default run the same hour
+    (1 min 30 s): allreduce +87% of the delay, solo 0.90x, majority 1.17x.
 
 Reading it: time to accuracy is on the training clock without evaluation and
 without step 1 (compilation); final accuracies within ``ACC_TOLERANCE`` = 0.02 of
-allreduce count as not lost. With 4 ranks on 2 cores a sleeping rank frees a core,
-so synchronous steps grow by the delay minus part of a step, and asynchronous
-arms also gain CPU time; on a cluster (one rank per device) only waiting is saved.
-Majority waits whenever the straggler is the round's initiator (1 in 4 here, 1 in
-32-64 in the paper). The parameter server is no bottleneck for a 0.6 MB model and
-4 workers, so here it beats every synchronous arm; the paper's 2.64x comes from 64
-workers pushing ResNet-50's 100 MB through one server (``--paper-scale``).
+allreduce count as not lost; single runs move by 10-20% with the machine's other
+load, and time to 85% is sensitive to solo's early dips, so compare with
+``--seeds``. "w/o own delay" is a step's time minus the rank's own injected
+delay: the waiting a strategy does or avoids (median over ranks).
+
+The delay is spun, not slept (``how=spin``), and follows the straggler's forward
+and backward pass: with 4 ranks on 2 cores a sleeping straggler lends its core to
+the others, which then compute faster, so synchronous steps grew by only ~60% of
+the delay and solo's steps fell below the no-imbalance step (measured with
+``how=sleep``: allreduce +54 ms for an 86 ms delay, solo 71.5 ms against 76.6 ms
+balanced). Even spun, the straggler's extra work shares the cores, so allreduce
+grows by slightly less than the delay. On a cluster (one rank per device) sleep and
+spin are the same, and ``--paper-scale`` uses the paper's sleep. Majority waits
+whenever the straggler is the round's initiator (1 in 4 rounds here, 1 in 32-64
+in the paper), so it stays further from the no-imbalance step than solo. The
+parameter server is no bottleneck for a 0.6 MB model and 4 workers (and its server
+computes nothing, leaving the 3 workers more CPU), so here it beats every
+synchronous arm; the paper's 2.64x comes from 64 workers pushing ResNet-50's 100
+MB through one server (``--paper-scale``).
 """
 
 from __future__ import annotations
