@@ -90,7 +90,15 @@ jobs, load average 3-17 during the runs; ``python -m experiments.deepfreeze``,
 Two more runs of the same command gave DeepFreeze overheads of -4.4%
 [-9%, +1%] (ahead of every baseline, which were at +18% to +19%) and +25.2%
 [+4%, +41%] (baselines -4.7% to +15.5%); with ``--tiers persistent`` +28.2%
-[+5%, +53%]. Blocking time was 0.6-1.0% of rank0-sync's in every run.
+[+5%, +53%]. Blocking time was 0.6-1.0% of rank0-sync's in every run. A later
+run (2 min 40 s, load average 2-8, reference step 89 ms): blocking 1.5 ms against
+115.7 ms (1.3%); overheads rank0-sync +6.6% [-14%, +27%], orbax-sync +15.4%,
+orbax-async-rank0 +19.6%, deepfreeze +20.8% [+11%, +27%]. Its timeline shows
+where the step goes: 67 ms of the 89 ms is the 19.6 MB gradient allreduce, whose
+progress needs every rank's CPU, so a writer that takes a core for a moment
+stalls all four ranks. One rank's writer process, measured alone, spends 62-75
+ms of CPU per checkpoint of a 9.7 MB shard (Orbax's write to the fast tier about
+30 ms, the flush copy and its fsync most of the rest).
 
 Reading it: blocking time is where DeepFreeze wins by two orders of magnitude
 (0.8 ms against 130-220 ms for the synchronous savers and 29 ms for Orbax's
