@@ -119,20 +119,24 @@ drops 76% of them on every rank alike.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
-import logging
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from research.cli import ArgumentParser, add_train_flags, config_from_args
-from research.launch import fail_usage, mpiexec_path, set_threads, xla_thread_flags
+from research.cli import config_from_args
+from research.launch import fail_usage, set_threads
+from research.studies.deepfreeze import (
+    STRATEGIES,
+    check_flags,
+    launch_jobs,
+    report,
+    run_job,
+    without,
+)
+from research.studies.presets import experiment_parser, parse_with_presets, run_root
 from research.train.config import TrainConfig
 
 PROG = "python -m experiments.deepfreeze"
-STRATEGIES = ("rank0-sync", "orbax-sync", "orbax-async-rank0", "deepfreeze")
 
 #: --model shortcuts: laptop-sized variants and the synthetic task that fits them.
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
@@ -169,14 +173,9 @@ PAPER_SCALE = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(
-        prog=PROG,
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_train_flags(
-        p,
+    p = experiment_parser(
+        PROG,
+        __doc__,
         TrainConfig(
             model="candle",
             strategy="sync",
@@ -187,8 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
             log_every=1000,
             trace=True,
         ),
+        np_=4,
     )
-    p.set_defaults(np_=4)
     g = p.add_argument_group("checkpointing")
     g.add_argument(
         "--strategies",
@@ -275,282 +274,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = build_parser()
-    args = p.parse_args(argv)
-    if args.paper_scale:
-        p.set_defaults(**PAPER_SCALE)
-        args = p.parse_args(argv)
-    preset = {} if args.paper_scale else MODEL_PRESETS.get(args.model, {})
-    args.model = preset.get("model", args.model)
-    if "dataset" in preset and args.dataset == "synthetic_images":
-        args.dataset = preset["dataset"]
-    args.model_opt = [
-        f"{k}={v!r}" for k, v in preset.get("model_options", {}).items()
-    ] + list(args.model_opt or [])
-    args.data_opt = [
-        f"{k}={v!r}" for k, v in preset.get("data_options", {}).items()
-    ] + list(args.data_opt or [])
-    if min([args.interval, args.window, args.rounds, *args.intervals]) < 1:
-        fail_usage(PROG, "--interval, --intervals, --window and --rounds must be >= 1")
-    if args.interval > args.window or max(args.intervals, default=1) > args.window:
-        fail_usage(PROG, f"intervals must not exceed --window ({args.window})")
+    # At paper scale --model names the full-size model, not a laptop preset.
+    args = parse_with_presets(
+        build_parser(), argv, MODEL_PRESETS, PAPER_SCALE, presets_at_paper_scale=False
+    )
+    problem = check_flags(args)
+    if problem:
+        fail_usage(PROG, problem)
     return args
 
 
-# -- inside an MPI job -----------------------------------------------------------------
-def arms_and_configs(args: argparse.Namespace) -> tuple[dict, dict]:
-    """The arms ``{name: (strategy, interval)}`` and a config per strategy."""
-    from research.checkpoint import CheckpointConfig
+def _plot(root: Path) -> list[Path]:
+    from scripts.plot_deepfreeze import plot_all
 
-    fast = None if args.tiers == "persistent" else args.fast_dir
-    df = CheckpointConfig(
-        strategy="deepfreeze",
-        fast_dir=fast,
-        snapshot=args.snapshot,
-        writer=args.writer,
-        nice=args.nice,
-    )
-    configs = {s: CheckpointConfig(strategy=s) for s in args.strategies}
-    arms: dict[str, tuple[str, int]] = {"none": ("none", 0)}
-    for s in args.strategies:
-        arms[f"{s}@{args.interval}"] = (s, args.interval)
-    if "deepfreeze" in configs:
-        configs["deepfreeze"] = df
-        if args.job != "ranks":
-            # Requests while one is in flight: every step, wait and skip policies.
-            configs["deepfreeze-skip"] = dataclasses.replace(df, on_busy="skip")
-            arms["deepfreeze@1"] = ("deepfreeze", 1)
-            arms["deepfreeze-skip@1"] = ("deepfreeze-skip", 1)
-    if args.job != "ranks":
-        for s in ("rank0-sync", "deepfreeze"):
-            for i in args.intervals:
-                if s in configs and i != args.interval:
-                    arms[f"{s}@{i}"] = (s, i)
-    return arms, configs
-
-
-def run_job(args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    """One MPI job: the interleaved run; rank 0 writes ``<root>/<job>-np<P>.json``."""
-    from research.checkpoint.bench import run_interleaved
-    from research.comm.world import get_world, install_abort_on_error
-
-    logging.getLogger("absl").setLevel(logging.ERROR)  # Orbax's per-save chatter
-    world = get_world()
-    install_abort_on_error()
-    cfg = config_from_args(args, PROG)
-    job = "ranks" if args.job == "ranks" else "main"
-    cfg.run_dir = str(root / f"{job}-np{world.size}")
-    cfg.progress = False
-    if job == "ranks":
-        cfg.trace = False
-    arms, configs = arms_and_configs(args)
-    rounds = max(1, args.rounds - 1) if job == "ranks" else args.rounds
-    if world.rank == 0:
-        print(
-            f"r0 | {job} job, {world.size} ranks: {len(arms)} arms x {rounds} "
-            f"rounds of {args.window}+{args.gap} steps -> {cfg.run_dir}",
-            flush=True,
-        )
-    out = run_interleaved(
-        world,
-        cfg,
-        configs,
-        arms,
-        rounds=rounds,
-        window=args.window,
-        gap=args.gap,
-        seed=args.seed,
-    )
-    out.update(job=job, interval=args.interval, tiers=args.tiers)
-    if world.rank == 0:
-        path = root / f"{job}-np{world.size}.json"
-        path.write_text(json.dumps(out, indent=1) + "\n")
-        print(f"r0 | wrote {path}", flush=True)
-    world.barrier()
-    return out
-
-
-# -- the table (no MPI) ----------------------------------------------------------------
-def load_results(root: Path) -> tuple[dict | None, list[dict]]:
-    """The main job's results and every job's (for the ranks figure)."""
-    jobs = [json.loads(p.read_text()) for p in sorted(root.glob("*-np*.json"))]
-    main = next((j for j in jobs if j["job"] == "main"), None)
-    return main, jobs
-
-
-def table_rows(main: dict) -> list[dict[str, Any]]:
-    """One row per strategy at the main interval (plus the reference)."""
-    rows = [{"strategy": "none", "overhead": 0.0}]
-    iv = str(main["interval"])
-    for a in main["arms"].values():
-        if a["strategy"] == "none" or a["interval"] != main["interval"]:
-            continue
-        st = main["strategies"][a["strategy"]]
-        d = st["by_interval"].get(iv, {})
-        b = [x for x in d.get("bytes_per_rank", []) if x] or [0]
-        rows.append(
-            {
-                "strategy": a["strategy"],
-                "overhead": a["overhead"],
-                "ci": a.get("overhead_ci90"),
-                "blocking_s": d.get("median_blocking_s"),
-                "committed_s": d.get("median_committed_s"),
-                "persisted_s": d.get("median_persisted_s"),
-                "restore_s": st.get("restore_s"),
-                "mb_min": min(b) / 1e6,
-                "mb_max": max(b) / 1e6,
-                "writers": len([x for x in d.get("bytes_per_rank", []) if x]),
-            }
-        )
-    return rows
-
-
-def _pct(v: float, ci: list[float] | None) -> str:
-    ci_text = f" [{ci[0]:+.0%}, {ci[1]:+.0%}]" if ci else ""
-    return f"{v:+.1%}{ci_text}"
-
-
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v * 1e3:.1f}"
-
-
-def _s(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}"
-
-
-def format_table(main: dict) -> str:
-    """Markdown table, targets and the in-flight measurement."""
-    rows = table_rows(main)
-    head = [
-        "strategy",
-        "blocking ms (median)",
-        "committed s",
-        "persisted s",
-        f"overhead @{main['interval']} [90% CI]",
-        "restore s",
-        "MB written/rank/ckpt",
-    ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        if r["strategy"] == "none":
-            lines.append("| none (reference) | - | - | - | 0% | - | - |")
-            continue
-        mb = (
-            f"{r['mb_max']:.1f} (rank 0 only)"
-            if r["writers"] == 1
-            else f"{r['mb_min']:.1f}-{r['mb_max']:.1f} ({r['writers']} ranks)"
-        )
-        lines.append(
-            f"| {r['strategy']} | {_ms(r['blocking_s'])} | "
-            f"{_s(r['committed_s'])} | {_s(r['persisted_s'])} | "
-            f"{_pct(r['overhead'], r.get('ci'))} | {_s(r['restore_s'])} | {mb} |"
-        )
-    lines.append("")
-    lines.append(
-        f"model {main['model']}, {main['ranks']} ranks, reference step "
-        f"{main['reference_step_s'] * 1e3:.0f} ms, {main['rounds']} windows of "
-        f"{main['window']}+{main['gap']} steps per arm; overhead = median blocking "
-        "per window + pooled median step slowdown (research.checkpoint.bench), "
-        "CI from resampling the arm's windows"
-    )
-    lines += targets(rows, main)
-    return "\n".join(lines)
-
-
-def targets(rows: list[dict], main: dict) -> list[str]:
-    """The issue's targets and the in-flight policies, as printed lines."""
-    by = {r["strategy"]: r for r in rows}
-    out = []
-    df, r0 = by.get("deepfreeze"), by.get("rank0-sync")
-    if df and r0 and df["blocking_s"] is not None and r0["blocking_s"]:
-        ratio = df["blocking_s"] / r0["blocking_s"]
-        out.append(
-            f"target: DeepFreeze blocking {ratio:.1%} of rank0-sync's "
-            f"(<= 10%): {'met' if ratio <= 0.10 else 'NOT met'}"
-        )
-    if df and main["interval"] == 10:
-        out.append(
-            f"target: DeepFreeze overhead {df['overhead']:.1%} at a checkpoint "
-            f"every 10 steps (<= 5%; CheckFreq 3.5%): "
-            f"{'met' if df['overhead'] <= 0.05 else 'NOT met'}"
-        )
-    others = [r for r in rows if r["strategy"] not in ("none", "deepfreeze")]
-    if df and others:
-        ahead_b = all(df["blocking_s"] < r["blocking_s"] for r in others)
-        ahead_o = all(df["overhead"] < r["overhead"] for r in others)
-        out.append(
-            f"DeepFreeze ahead of every baseline: blocking {ahead_b}, "
-            f"overhead {ahead_o}"
-        )
-    for arm, policy in (("deepfreeze@1", "wait"), ("deepfreeze-skip@1", "skip")):
-        a = main["arms"].get(arm)
-        st = main["strategies"].get(a["strategy"]) if a else None
-        d = st["by_interval"].get("1") if st else None
-        if d:
-            out.append(
-                f"in flight (checkpoint every step, policy {policy}): "
-                f"{d['checkpoints']} requests, {d['stalled']} waited (median "
-                f"wait {_ms(d['median_wait_s'])} ms, max blocking "
-                f"{_ms(max(d['blocking_s']))} ms), {d['skipped']} skipped, "
-                f"overhead {a['overhead']:.0%}"
-            )
-    return out
-
-
-def _without(argv: list[str], flag: str) -> list[str]:
-    """``argv`` minus ``flag VALUE`` and ``flag=VALUE``."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == flag:
-            skip = True
-        elif not a.startswith(flag + "="):
-            out.append(a)
-    return out
-
-
-def launch_jobs(args: argparse.Namespace, argv: list[str], root: Path) -> int:
-    """Start the main job and the ranks-sweep jobs under mpiexec, one at a time."""
-    import os
-
-    env = dict(
-        os.environ, XLA_FLAGS=xla_thread_flags(args.threads), PYTHONUNBUFFERED="1"
-    )
-    base = [mpiexec_path(), "-n"]
-    rest = [
-        sys.executable,
-        "-m",
-        "experiments.deepfreeze",
-        *argv,
-        "--run-dir",
-        str(root),
-    ]
-    jobs = [(args.np_, "main")] + [
-        (n, "ranks") for n in args.sweep_ranks if n != args.np_
-    ]
-    for n, job in jobs:
-        code = subprocess.call(base + [str(n)] + rest + ["--job", job], env=env)
-        if code != 0:
-            return code
-    return 0
-
-
-def report(root: Path, plots: bool) -> str | None:
-    """Table (printed, table.md) and figures from the job files in ``root``."""
-    main, _ = load_results(root)
-    if main is None:
-        return None
-    text = format_table(main)
-    (root / "table.md").write_text(text + "\n")
-    print(text, flush=True)
-    if plots:
-        from scripts.plot_deepfreeze import plot_all
-
-        for path in plot_all(root):
-            print(f"figure {path}", flush=True)
-    print(f"results in {root}", flush=True)
-    return text
+    return plot_all(root)
 
 
 def main(argv: list[str] | None = None) -> str | None:
@@ -565,6 +302,7 @@ def main(argv: list[str] | None = None) -> str | None:
         print(listing())
         return None
     config_from_args(args, PROG)  # validate before paying for MPI start-up
+    plot = None if args.no_plots else _plot
     from research.comm.world import launched_by_mpi
 
     if not launched_by_mpi() and args.np_ > 0:
@@ -572,29 +310,23 @@ def main(argv: list[str] | None = None) -> str | None:
 
         root = Path(args.run_dir or default_run_dir("deepfreeze"))
         root.mkdir(parents=True, exist_ok=True)
-        code = launch_jobs(args, _without(argv, "--run-dir"), root)
+        argv = without(argv, "--run-dir")
+        code = launch_jobs(args, argv, root, "experiments.deepfreeze")
         if code != 0:
             raise SystemExit(code)
-        return report(root, not args.no_plots)
+        return report(root, plot)
     set_threads(args.threads)
     from research.comm.world import get_world
 
     world = get_world()
-    root = Path(
-        args.run_dir
-        or world.bcast(
-            __import__("research.rundir", fromlist=["x"]).default_run_dir("deepfreeze")
-            if world.rank == 0
-            else None
-        )
-    )
+    root = run_root(args.run_dir, world, "deepfreeze")
     root.mkdir(parents=True, exist_ok=True)
     try:
-        run_job(args, root)
+        run_job(args, root, PROG)
     except ValueError as e:  # data or model settings: raised alike on every rank
         fail_usage(PROG, str(e))
     if args.job == "all" and world.rank == 0:  # started by the user's own mpiexec
-        return report(root, not args.no_plots)
+        return report(root, plot)
     return None
 
 

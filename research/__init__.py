@@ -1,6 +1,7 @@
 """Efficient synchronous data-parallel training in JAX on MPI.
 
-Subpackages: ``comm`` (collectives), ``checkpoint``, ``train``, ``data``;
+Subpackages: ``comm`` (collectives), ``checkpoint``, ``train``, ``data``,
+``studies`` (the experiments' logic);
 modules ``trace`` (timeline) and ``imbalance`` (delay injection).
 """
 

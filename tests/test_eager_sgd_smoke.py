@@ -101,7 +101,7 @@ def test_bad_flags_exit_2_before_mpi(flags, message):
 
 
 def test_table_from_fake_runs():
-    from experiments.eager_sgd import aggregate, format_table
+    from research.studies.eager_sgd import aggregate, format_table
 
     runs = [
         {
@@ -125,7 +125,7 @@ def test_table_from_fake_runs():
 
 
 def test_checks_read_the_done_when_off_the_table():
-    from experiments.eager_sgd import aggregate, format_checks
+    from research.studies.eager_sgd import aggregate, format_checks
 
     def row(arm, step, busy, t, acc):
         return {

@@ -1,0 +1,297 @@
+"""DeepFreeze's logic: the interleaved checkpointing job, its table and targets.
+
+``python -m experiments.deepfreeze`` (the paper, the commands and the measured
+table are in its docstring) parses the flags, starts the jobs with
+:func:`launch_jobs` (or runs :func:`run_job` when started under mpiexec) and
+prints :func:`report`; the table reads nothing but the jobs' JSON files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from research.cli import config_from_args
+from research.launch import mpiexec_path, xla_thread_flags
+
+STRATEGIES = ("rank0-sync", "orbax-sync", "orbax-async-rank0", "deepfreeze")
+
+
+def check_flags(args: argparse.Namespace) -> str | None:
+    """The first problem with the experiment's own flags as one line, or None."""
+    if min([args.interval, args.window, args.rounds, *args.intervals]) < 1:
+        return "--interval, --intervals, --window and --rounds must be >= 1"
+    if args.interval > args.window or max(args.intervals, default=1) > args.window:
+        return f"intervals must not exceed --window ({args.window})"
+    return None
+
+
+# -- inside an MPI job -----------------------------------------------------------------
+def arms_and_configs(args: argparse.Namespace) -> tuple[dict, dict]:
+    """The arms ``{name: (strategy, interval)}`` and a config per strategy."""
+    from research.checkpoint import CheckpointConfig
+
+    fast = None if args.tiers == "persistent" else args.fast_dir
+    df = CheckpointConfig(
+        strategy="deepfreeze",
+        fast_dir=fast,
+        snapshot=args.snapshot,
+        writer=args.writer,
+        nice=args.nice,
+    )
+    configs = {s: CheckpointConfig(strategy=s) for s in args.strategies}
+    arms: dict[str, tuple[str, int]] = {"none": ("none", 0)}
+    for s in args.strategies:
+        arms[f"{s}@{args.interval}"] = (s, args.interval)
+    if "deepfreeze" in configs:
+        configs["deepfreeze"] = df
+        if args.job != "ranks":
+            # Requests while one is in flight: every step, wait and skip policies.
+            configs["deepfreeze-skip"] = dataclasses.replace(df, on_busy="skip")
+            arms["deepfreeze@1"] = ("deepfreeze", 1)
+            arms["deepfreeze-skip@1"] = ("deepfreeze-skip", 1)
+    if args.job != "ranks":
+        for s in ("rank0-sync", "deepfreeze"):
+            for i in args.intervals:
+                if s in configs and i != args.interval:
+                    arms[f"{s}@{i}"] = (s, i)
+    return arms, configs
+
+
+def run_job(args: argparse.Namespace, root: Path, prog: str) -> dict[str, Any]:
+    """One MPI job: the interleaved run; rank 0 writes ``<root>/<job>-np<P>.json``.
+
+    ``prog`` names the command in usage errors.
+    """
+    from research.checkpoint.bench import run_interleaved
+    from research.comm.world import get_world, install_abort_on_error
+
+    logging.getLogger("absl").setLevel(logging.ERROR)  # Orbax's per-save chatter
+    world = get_world()
+    install_abort_on_error()
+    cfg = config_from_args(args, prog)
+    job = "ranks" if args.job == "ranks" else "main"
+    cfg.run_dir = str(root / f"{job}-np{world.size}")
+    cfg.progress = False
+    if job == "ranks":
+        cfg.trace = False
+    arms, configs = arms_and_configs(args)
+    rounds = max(1, args.rounds - 1) if job == "ranks" else args.rounds
+    if world.rank == 0:
+        print(
+            f"r0 | {job} job, {world.size} ranks: {len(arms)} arms x {rounds} "
+            f"rounds of {args.window}+{args.gap} steps -> {cfg.run_dir}",
+            flush=True,
+        )
+    out = run_interleaved(
+        world,
+        cfg,
+        configs,
+        arms,
+        rounds=rounds,
+        window=args.window,
+        gap=args.gap,
+        seed=args.seed,
+    )
+    out.update(job=job, interval=args.interval, tiers=args.tiers)
+    if world.rank == 0:
+        path = root / f"{job}-np{world.size}.json"
+        path.write_text(json.dumps(out, indent=1) + "\n")
+        print(f"r0 | wrote {path}", flush=True)
+    world.barrier()
+    return out
+
+
+# -- the table (no MPI) ----------------------------------------------------------------
+def load_results(root: Path) -> tuple[dict | None, list[dict]]:
+    """The main job's results and every job's (for the ranks figure)."""
+    jobs = [json.loads(p.read_text()) for p in sorted(root.glob("*-np*.json"))]
+    main = next((j for j in jobs if j["job"] == "main"), None)
+    return main, jobs
+
+
+def table_rows(main: dict) -> list[dict[str, Any]]:
+    """One row per strategy at the main interval (plus the reference)."""
+    rows = [{"strategy": "none", "overhead": 0.0}]
+    iv = str(main["interval"])
+    for a in main["arms"].values():
+        if a["strategy"] == "none" or a["interval"] != main["interval"]:
+            continue
+        st = main["strategies"][a["strategy"]]
+        d = st["by_interval"].get(iv, {})
+        b = [x for x in d.get("bytes_per_rank", []) if x] or [0]
+        rows.append(
+            {
+                "strategy": a["strategy"],
+                "overhead": a["overhead"],
+                "ci": a.get("overhead_ci90"),
+                "blocking_s": d.get("median_blocking_s"),
+                "committed_s": d.get("median_committed_s"),
+                "persisted_s": d.get("median_persisted_s"),
+                "restore_s": st.get("restore_s"),
+                "mb_min": min(b) / 1e6,
+                "mb_max": max(b) / 1e6,
+                "writers": len([x for x in d.get("bytes_per_rank", []) if x]),
+            }
+        )
+    return rows
+
+
+def _pct(v: float, ci: list[float] | None) -> str:
+    ci_text = f" [{ci[0]:+.0%}, {ci[1]:+.0%}]" if ci else ""
+    return f"{v:+.1%}{ci_text}"
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1e3:.1f}"
+
+
+def _s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def format_table(main: dict) -> str:
+    """Markdown table, targets and the in-flight measurement."""
+    rows = table_rows(main)
+    head = [
+        "strategy",
+        "blocking ms (median)",
+        "committed s",
+        "persisted s",
+        f"overhead @{main['interval']} [90% CI]",
+        "restore s",
+        "MB written/rank/ckpt",
+    ]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if r["strategy"] == "none":
+            lines.append("| none (reference) | - | - | - | 0% | - | - |")
+            continue
+        mb = (
+            f"{r['mb_max']:.1f} (rank 0 only)"
+            if r["writers"] == 1
+            else f"{r['mb_min']:.1f}-{r['mb_max']:.1f} ({r['writers']} ranks)"
+        )
+        lines.append(
+            f"| {r['strategy']} | {_ms(r['blocking_s'])} | "
+            f"{_s(r['committed_s'])} | {_s(r['persisted_s'])} | "
+            f"{_pct(r['overhead'], r.get('ci'))} | {_s(r['restore_s'])} | {mb} |"
+        )
+    lines.append("")
+    lines.append(
+        f"model {main['model']}, {main['ranks']} ranks, reference step "
+        f"{main['reference_step_s'] * 1e3:.0f} ms, {main['rounds']} windows of "
+        f"{main['window']}+{main['gap']} steps per arm; overhead = median blocking "
+        "per window + pooled median step slowdown (research.checkpoint.bench), "
+        "CI from resampling the arm's windows"
+    )
+    lines += targets(rows, main)
+    return "\n".join(lines)
+
+
+def targets(rows: list[dict], main: dict) -> list[str]:
+    """The issue's targets and the in-flight policies, as printed lines."""
+    by = {r["strategy"]: r for r in rows}
+    out = []
+    df, r0 = by.get("deepfreeze"), by.get("rank0-sync")
+    if df and r0 and df["blocking_s"] is not None and r0["blocking_s"]:
+        ratio = df["blocking_s"] / r0["blocking_s"]
+        out.append(
+            f"target: DeepFreeze blocking {ratio:.1%} of rank0-sync's "
+            f"(<= 10%): {'met' if ratio <= 0.10 else 'NOT met'}"
+        )
+    if df and main["interval"] == 10:
+        out.append(
+            f"target: DeepFreeze overhead {df['overhead']:.1%} at a checkpoint "
+            f"every 10 steps (<= 5%; CheckFreq 3.5%): "
+            f"{'met' if df['overhead'] <= 0.05 else 'NOT met'}"
+        )
+    others = [r for r in rows if r["strategy"] not in ("none", "deepfreeze")]
+    if df and others:
+        ahead_b = all(df["blocking_s"] < r["blocking_s"] for r in others)
+        ahead_o = all(df["overhead"] < r["overhead"] for r in others)
+        out.append(
+            f"DeepFreeze ahead of every baseline: blocking {ahead_b}, "
+            f"overhead {ahead_o}"
+        )
+    for arm, policy in (("deepfreeze@1", "wait"), ("deepfreeze-skip@1", "skip")):
+        a = main["arms"].get(arm)
+        st = main["strategies"].get(a["strategy"]) if a else None
+        d = st["by_interval"].get("1") if st else None
+        if d:
+            out.append(
+                f"in flight (checkpoint every step, policy {policy}): "
+                f"{d['checkpoints']} requests, {d['stalled']} waited (median "
+                f"wait {_ms(d['median_wait_s'])} ms, max blocking "
+                f"{_ms(max(d['blocking_s']))} ms), {d['skipped']} skipped, "
+                f"overhead {a['overhead']:.0%}"
+            )
+    return out
+
+
+def without(argv: list[str], flag: str) -> list[str]:
+    """``argv`` minus ``flag VALUE`` and ``flag=VALUE``."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == flag:
+            skip = True
+        elif not a.startswith(flag + "="):
+            out.append(a)
+    return out
+
+
+def launch_jobs(
+    args: argparse.Namespace, argv: list[str], root: Path, module: str
+) -> int:
+    """Start the main job and the ranks-sweep jobs under mpiexec, one at a time.
+
+    Each job runs ``python -m module argv --run-dir root --job JOB``.
+    """
+    env = dict(
+        os.environ, XLA_FLAGS=xla_thread_flags(args.threads), PYTHONUNBUFFERED="1"
+    )
+    base = [mpiexec_path(), "-n"]
+    rest = [
+        sys.executable,
+        "-m",
+        module,
+        *argv,
+        "--run-dir",
+        str(root),
+    ]
+    jobs = [(args.np_, "main")] + [
+        (n, "ranks") for n in args.sweep_ranks if n != args.np_
+    ]
+    for n, job in jobs:
+        code = subprocess.call(base + [str(n)] + rest + ["--job", job], env=env)
+        if code != 0:
+            return code
+    return 0
+
+
+def report(root: Path, plot: Callable[[Path], list[Path]] | None = None) -> str | None:
+    """Table (printed, table.md) and figures from the job files in ``root``.
+
+    ``plot(root)`` draws the figures and returns their paths (None: no figures).
+    """
+    main, _ = load_results(root)
+    if main is None:
+        return None
+    text = format_table(main)
+    (root / "table.md").write_text(text + "\n")
+    print(text, flush=True)
+    if plot is not None:
+        for path in plot(root):
+            print(f"figure {path}", flush=True)
+    print(f"results in {root}", flush=True)
+    return text
