@@ -366,7 +366,8 @@ class ParameterServerAverager(Averager):
     """Staged averager over :class:`ParameterServer`; ``reduce`` returns parameters.
 
     The loop must call :meth:`bind` with the initial parameters and the server's
-    optimizer before the first step (see ``experiments.eager_sgd.BindParameterServer``).
+    optimizer before the first step (``research.train.loop.Trainer`` does, in
+    ``_bind_server``).
     """
 
     name = "ps"
