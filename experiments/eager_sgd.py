@@ -84,7 +84,11 @@ mean +- std over the 3 seeds)::
     without its own delay is 1.02x the no-imbalance step, majority's 1.42x; solo
     and majority reach 85% sooner than allreduce (4.7 and 4.2 s against 5.7 s) and
     end within 0.02 of its accuracy. A single-seed default run the same hour
-    (1 min 30 s): allreduce +87% of the delay, solo 0.90x, majority 1.17x.
+    (1 min 30 s): allreduce +87% of the delay, solo 0.90x, majority 1.17x. Two
+    3-seed runs of allreduce and majority alone, on a quieter machine (load 1-3):
+    majority 1.08x (``--sync-every 4``) and 1.01x (16) the no-imbalance step,
+    3.5 and 3.6 s to 85% against 4.9 and 4.7 s; allreduce grew by 73% and 64% of
+    the delay (the reference step itself varied by +-3-5 ms between seeds).
 
 Reading it: time to accuracy is on the training clock without evaluation and
 without step 1 (compilation); final accuracies within ``ACC_TOLERANCE`` = 0.02 of
