@@ -403,7 +403,11 @@ class _Spinner:
             return jax.lax.fori_loop(0, n, lambda i, v: v * 0.999 + 0.001, x)
 
         self._loop = jax.jit(loop, static_argnums=1)
-        self._x = jnp.ones(256, jnp.float32)
+        try:  # the host core, also where an accelerator is the default device
+            device = jax.devices("cpu")[0]
+        except RuntimeError:  # JAX_PLATFORMS without cpu
+            device = None
+        self._x = jax.device_put(jnp.ones(256, jnp.float32), device)
         probe = 2000
         self._loop(self._x, probe).block_until_ready()  # compile
         t = time.perf_counter()
