@@ -22,6 +22,7 @@ import json
 from pathlib import Path
 
 from research.plots import save_figure
+from research.studies.deepfreeze import load_results
 from research.trace import read_trace_events
 
 COLORS = {
@@ -50,11 +51,6 @@ PHASES = {
     "retention": "0.8",
     "wait for checkpoints in flight": "magenta",
 }
-
-
-def load(root: str | Path) -> tuple[dict | None, list[dict]]:
-    jobs = [json.loads(p.read_text()) for p in sorted(Path(root).glob("*-np*.json"))]
-    return next((j for j in jobs if j["job"] == "main"), None), jobs
 
 
 def plot_overhead(main: dict, out: Path) -> Path:
@@ -207,7 +203,7 @@ def plot_all(root: str | Path) -> list[Path]:
 
     matplotlib.use("Agg")
     root = Path(root)
-    main, jobs = load(root)
+    main, jobs = load_results(Path(root))
     if main is None:
         return []
     paths = [
