@@ -217,8 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_IMBALANCE,
         help="injected imbalance (research.imbalance grammar: none, "
         "fixed:ranks=1:seconds=0.1, random:k=1-2:seconds=0.32, "
-        "dist:exponential:mean=0.05); a value 'auto' is --delay-scale times the "
-        "balanced reference's median step time; default %(default)s",
+        "dist:exponential:mean=0.05; optional :start=S and :how=sleep|spin, "
+        "spin keeping the straggler's core busy); a value 'auto' is --delay-scale "
+        "times the balanced reference's median step time; default %(default)s",
     )
     g.add_argument(
         "--delay-scale",
