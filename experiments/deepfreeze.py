@@ -292,9 +292,6 @@ def _plot(root: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> str | None:
     argv = sys.argv[1:] if argv is None else argv
-    from research.comm.registry import add_strategy_module
-
-    add_strategy_module("research.comm.partial")  # the "sync" averager
     args = parse(argv)
     if args.list:
         from research.cli import listing
@@ -303,7 +300,7 @@ def main(argv: list[str] | None = None) -> str | None:
         return None
     config_from_args(args, PROG)  # validate before paying for MPI start-up
     plot = None if args.no_plots else _plot
-    from research.comm.world import launched_by_mpi
+    from research.comm.env import launched_by_mpi
 
     if not launched_by_mpi() and args.np_ > 0:
         from research.rundir import default_run_dir

@@ -218,7 +218,7 @@ def config_from_args(args: argparse.Namespace, prog: str) -> TrainConfig:
 def validate(cfg: TrainConfig) -> str | None:
     """The first problem with ``cfg`` as one line, or None."""
     import models
-    from research.comm.registry import list_averagers
+    from research.comm.registry import known_averagers
     from research.data import list_datasets
 
     if cfg.model not in models.list_models():
@@ -229,10 +229,10 @@ def validate(cfg: TrainConfig) -> str | None:
             f"unknown dataset {cfg.dataset!r}; choose one of "
             f"{', '.join(list_datasets())}"
         )
-    if cfg.strategy not in list_averagers():
+    if cfg.strategy not in known_averagers():
         return (
             f"unknown strategy {cfg.strategy!r}; choose one of "
-            f"{', '.join(list_averagers())}"
+            f"{', '.join(known_averagers())}"
         )
     if cfg.batch_size <= 0:
         return f"--batch-size must be positive, got {cfg.batch_size}"
@@ -247,11 +247,11 @@ def validate(cfg: TrainConfig) -> str | None:
 
 def listing() -> str:
     import models
-    from research.comm.registry import list_averagers
+    from research.comm.registry import known_averagers
     from research.data import list_datasets
 
     return (
         f"models:     {', '.join(models.list_models())}\n"
         f"datasets:   {', '.join(list_datasets())}\n"
-        f"strategies: {', '.join(list_averagers())}"
+        f"strategies: {', '.join(known_averagers())}"
     )

@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from research.comm.world import launched_by_mpi
+    from research.comm.env import launched_by_mpi
 
     if not launched_by_mpi():
         results = relaunch(args, argv)

@@ -147,3 +147,36 @@ def test_failing_rank_ends_job(tmp_path):
     assert proc.returncode != 0
     assert "injected failure on rank 1 at step 3" in proc.stderr
     assert "r1 |" in proc.stderr
+
+
+def test_flag_checks_before_relaunch_do_not_start_mpi():
+    # Importing mpi4py.MPI initializes MPI; the parent that relaunches itself
+    # under mpiexec must check --strategy (and --list) without it.
+    code = (
+        "import sys\n"
+        "from research.cli import listing, validate\n"
+        "from research.train.config import TrainConfig\n"
+        "assert validate(TrainConfig(strategy='majority')) is None\n"
+        "assert 'unknown strategy' in validate(TrainConfig(strategy='nope'))\n"
+        "assert 'solo' in listing()\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('mpi4py', 'mpi4jax'))))\n"
+    )
+    proc = run(["-c", code], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_builtin_strategy_names_match_what_the_modules_register():
+    import importlib
+
+    from research.comm import registry
+
+    for module in set(registry.BUILTIN_NAMES.values()):
+        importlib.import_module(module)
+    registered = {
+        name: f.__module__
+        for name, f in registry._REGISTRY.items()
+        if f.__module__.startswith("research.comm.")
+    }
+    assert registered == registry.BUILTIN_NAMES
+    assert set(registry.STRATEGY_MODULES) == set(registry.BUILTIN_NAMES.values())

@@ -9,7 +9,8 @@ How a new strategy registers (e.g. ``solo`` in ``research/comm/partial.py``)::
     class SoloAllreduce(Averager):
         def __init__(self, world, *, staleness_bound=32): ...
 
-then append ``"research.comm.partial"`` to :data:`STRATEGY_MODULES` below. The
+then append ``"research.comm.partial"`` to :data:`STRATEGY_MODULES` below (and
+its names to :data:`BUILTIN_NAMES`, which a test keeps true). The
 registry imports those modules lazily, on the first ``get_averager`` or
 ``list_averagers`` call, so import order never matters: the strategy modules
 import this one (not the other way round at import time), and a user never has to
@@ -35,6 +36,18 @@ STRATEGY_MODULES: list[str] = [
     "research.comm.partial",
     "research.comm.ps",
 ]
+
+#: Names the built-in modules register, known without importing them: checking a
+#: ``--strategy`` flag before relaunching under mpiexec must not import mpi4py (its
+#: import initializes MPI in the parent process).
+BUILTIN_NAMES: dict[str, str] = {
+    "fused": "research.comm.dense",
+    "host": "research.comm.dense",
+    "solo": "research.comm.partial",
+    "majority": "research.comm.partial",
+    "sync": "research.comm.partial",
+    "ps": "research.comm.ps",
+}
 
 _REGISTRY: dict[str, Callable[..., Averager]] = {}
 
@@ -83,6 +96,17 @@ def list_averagers() -> list[str]:
     """Names accepted by :func:`get_averager`, sorted."""
     _load_strategy_modules()
     return sorted(_REGISTRY)
+
+
+def known_averagers() -> list[str]:
+    """Like :func:`list_averagers` without importing any strategy module.
+
+    The built-in names, those registered so far, and, for modules added with
+    :func:`add_strategy_module` (whose names cannot be known otherwise), theirs.
+    """
+    if any(m not in BUILTIN_NAMES.values() for m in STRATEGY_MODULES):
+        _load_strategy_modules()
+    return sorted(set(BUILTIN_NAMES) | set(_REGISTRY))
 
 
 def get_averager(name: str, world: Any, **options: Any) -> Averager:
