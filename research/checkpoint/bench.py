@@ -157,12 +157,12 @@ class Interleaved(Callback):
         self.after[step] = time.perf_counter()
         r = self._round_end.get(step)
         if r is not None and trainer.world.rank == 0:
-            done, total = step, trainer.total_steps
+            total = trainer.total_steps
             spent = self.after[step] - self._t0
-            left = spent * (total - done) / done
+            left = spent * (total - step) / step
             print(
                 f"r0 | round {r + 1}/{len(self._round_end)} of windows done: step "
-                f"{done}/{total}, {spent:.0f} s, about {left:.0f} s left",
+                f"{step}/{total}, {spent:.0f} s, about {left:.0f} s left",
                 flush=True,
             )
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from research.comm.base import Averager, CommInfo
 from research.comm.world import World
-from research.imbalance import Imbalance, hold
+from research.imbalance import Imbalance
 from research.rundir import MetricsWriter, versions, write_json
 from research.trace import NullTracer, Tracer, get_tracer, set_tracer
 from research.train import step as steps
@@ -203,11 +203,14 @@ class Trainer:
     def _hold(self, delay: float, step: int) -> None:
         """The injected imbalance: part of the compute phase (a slower rank)."""
         if delay > 0:
-            how = getattr(self.imbalance, "how", "sleep")
             with self.tracer.span(
-                "injected delay", "delay", step=step, seconds=delay, how=how
+                "injected delay",
+                "delay",
+                step=step,
+                seconds=delay,
+                how=self.imbalance.how,
             ):
-                hold(delay, how)
+                self.imbalance.hold(delay)
 
     def _apply(self, out: Any, batch_stats: Any) -> None:
         if self.averager.replaces_update:
@@ -265,7 +268,7 @@ class Trainer:
             if world.rank == 0:
                 write_json(self.run_dir / "config.json", self._config_record())
             self._bind_server()
-            hold(0.0, getattr(self.imbalance, "how", "sleep"))  # compiles a spin
+            self.imbalance.hold(0.0)  # compiles and calibrates a spin, if any
             for cb in self.callbacks:
                 cb.on_train_start(self)
             bar = self._progress_bar()
@@ -408,8 +411,8 @@ class Trainer:
         per_rank = self.world.allgather(med)
         # What a step costs apart from the rank's own injected delay: the waiting
         # for stragglers that a strategy does or avoids (imbalance studies).
-        skip = len(self._step_times) - len(times)
-        busy = [t - d for t, d in zip(times, self._delays[skip:])]
+        busy = [t - d for t, d in zip(self._step_times, self._delays)]
+        busy = busy[1:] or busy
         busy_per_rank = self.world.allgather(
             statistics.median(busy) if busy else float("nan")
         )
