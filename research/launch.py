@@ -4,7 +4,8 @@
   environment's ``mpiexec`` with ``--np`` ranks; under mpiexec, srun or a PBS job it
   uses the world it is given.
 * Bad input gets one clear line and exit code 2, printed by one process only.
-* XLA threads per rank are set before JAX creates its CPU client.
+* Compute threads per rank (``--threads``) are set before JAX creates its CPU
+  client, through the variables XLA:CPU really reads (:func:`thread_env`).
 """
 
 from __future__ import annotations
@@ -44,33 +45,81 @@ def mpiexec_path() -> str:
     return found
 
 
+#: Environment variables that size XLA:CPU's intra-op thread pool. The PJRT CPU
+#: client makes its Eigen pool with ``PJRT_NPROC`` (else ``NPROC``) threads, else
+#: one per schedulable CPU; XLA has no command-line flag for it. Measured on the
+#: 2-core machine, one 2048x2048 float32 matmul: NPROC=1 208 ms at 1.00 CPU
+#: seconds per wall second, NPROC=2 97 ms at 1.97, unset 93 ms at 1.95; the
+#: process then has exactly N ``tf_XLAEigen`` threads (tests/test_threads.py).
+THREAD_ENV_VARS = ("PJRT_NPROC", "NPROC")
+_BLAS_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+# Tokens earlier versions put into XLA_FLAGS; not XLA flags (a bare token is read
+# as a flag-file name and XLA aborts at start-up), so they are dropped.
+_STALE_TOKENS = ("intra_op_parallelism_threads",)
+
+
 def xla_thread_flags(threads: int) -> str:
-    """XLA_FLAGS giving each rank ``threads`` intra-op threads (0: XLA's default)."""
-    if threads <= 0:
-        return os.environ.get("XLA_FLAGS", "")
+    """XLA_FLAGS for ``threads`` per rank: the inherited flags, with
+    ``--xla_cpu_multi_thread_eigen=false`` added for one thread (0: untouched)."""
     flags = [
         f
         for f in os.environ.get("XLA_FLAGS", "").split()
-        if not f.startswith(
-            ("--xla_cpu_multi_thread_eigen", "intra_op_parallelism_threads")
-        )
+        if not f.startswith(_STALE_TOKENS)
+        and not (threads > 0 and f.startswith("--xla_cpu_multi_thread_eigen"))
     ]
     if threads == 1:
-        flags += [
-            "--xla_cpu_multi_thread_eigen=false",
-            "intra_op_parallelism_threads=1",
-        ]
-    else:
-        flags += [f"intra_op_parallelism_threads={threads}"]
+        flags.append("--xla_cpu_multi_thread_eigen=false")
     return " ".join(flags)
 
 
-def set_threads(threads: int) -> None:
-    """Apply :func:`xla_thread_flags` to this process (before any JAX computation)."""
-    os.environ["XLA_FLAGS"] = xla_thread_flags(threads)
+def thread_env(threads: int) -> dict[str, str]:
+    """Environment that gives each rank ``threads`` compute threads (0: XLA's default).
+
+    XLA:CPU's intra-op pool is sized by ``PJRT_NPROC``/``NPROC`` (see
+    :data:`THREAD_ENV_VARS`); BLAS and OpenMP pools by their own variables.
+    """
+    env = {"XLA_FLAGS": xla_thread_flags(threads)}
     if threads > 0:
-        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-            os.environ[var] = str(threads)
+        for var in (*THREAD_ENV_VARS, *_BLAS_VARS):
+            env[var] = str(threads)
+    return env
+
+
+def check_xla_flags(flags: str | None = None) -> str | None:
+    """A one-line problem with XLA_FLAGS (a token not starting with ``--``), or None."""
+    flags = os.environ.get("XLA_FLAGS", "") if flags is None else flags
+    bad = [f for f in flags.split() if not f.startswith("--")]
+    if bad:
+        return (
+            f"XLA_FLAGS holds {bad[0]!r}, which is not an XLA flag (every token "
+            "must start with --; XLA would read it as a flag file and abort)"
+        )
+    return None
+
+
+def xla_compute_threads() -> int | None:
+    """Threads of XLA:CPU's intra-op pool in this process, counted in /proc.
+
+    The pool's threads are named ``tf_XLAEigen``; None where /proc is missing.
+    Counts only once JAX has made its CPU client (after the first computation).
+    """
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    n = 0
+    for t in tasks:
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                n += f.read().strip() == "tf_XLAEigen"
+        except OSError:  # the thread ended meanwhile
+            continue
+    return n
+
+
+def set_threads(threads: int) -> None:
+    """Apply :func:`thread_env` to this process (before JAX makes its CPU client)."""
+    os.environ.update(thread_env(threads))
 
 
 def relaunch(module: str, argv: list[str], np_: int, threads: int = 1) -> int:
@@ -79,7 +128,7 @@ def relaunch(module: str, argv: list[str], np_: int, threads: int = 1) -> int:
     Rank output streams straight through. Ctrl-C stops the whole job.
     """
     env = dict(os.environ)
-    env["XLA_FLAGS"] = xla_thread_flags(threads)
+    env.update(thread_env(threads))
     env.setdefault("PYTHONUNBUFFERED", "1")
     cmd = [mpiexec_path(), "-n", str(np_), sys.executable, "-m", module, *argv]
     try:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 # Before jax is imported anywhere: one XLA thread per rank, or the ranks' Eigen
 # pools fight over the same cores and the timings measure the scheduler.
-PINNED_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+PINNED = {"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false", "NPROC": "1"}
 ROOT = Path(__file__).resolve().parent.parent
 RESNET50_PARAMS = 25_557_032
 
@@ -152,7 +152,8 @@ def gradient_shapes(synthetic: bool) -> tuple[object, str]:
 def run_under_mpi(args: argparse.Namespace) -> dict:
     """Time every variant in this MPI job; returns the table (same on all ranks)."""
     if not args.unpinned:
-        os.environ.setdefault("XLA_FLAGS", PINNED_XLA)
+        for k, v in PINNED.items():
+            os.environ.setdefault(k, v)
     import resource
     import time
 
@@ -298,7 +299,7 @@ def relaunch(args: argparse.Namespace, argv: list[str]) -> list[dict]:
     if args.unpinned:
         env.pop("XLA_FLAGS", None)
     else:
-        env["XLA_FLAGS"] = PINNED_XLA
+        env.update(PINNED)
     if args.glibc_tunables:
         env["GLIBC_TUNABLES"] = args.glibc_tunables
     env["PYTHONPATH"] = os.pathsep.join(

@@ -12,9 +12,8 @@ programs and compiling is most of this suite's time.
 
 import os
 
-os.environ.setdefault(
-    "XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-)
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
+os.environ.setdefault("NPROC", "1")  # XLA:CPU's intra-op pool: one thread
 os.environ.setdefault(
     "JAX_COMPILATION_CACHE_DIR", f"/tmp/research-jax-cache-{os.getuid()}"
 )

@@ -38,7 +38,8 @@ def run_under_mpiexec(
     env = dict(os.environ)
     env.update(
         RESEARCH_UNDER_MPI="1",
-        XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
+        XLA_FLAGS="--xla_cpu_multi_thread_eigen=false",
+        NPROC="1",  # XLA:CPU's intra-op pool: one thread per rank
         PYTHONUNBUFFERED="1",
         PYTHONPATH=str(ROOT),
     )

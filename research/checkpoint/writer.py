@@ -48,6 +48,7 @@ from research.checkpoint.integrity import (
     remove_tree,
     scan_dir,
 )
+from research.launch import thread_env
 
 Progress = Callable[[str], None]
 
@@ -171,8 +172,7 @@ class WriterProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_PASSED)}
         env.update(
             JAX_PLATFORMS="cpu",  # never take an accelerator from the training
-            XLA_FLAGS="--xla_cpu_multi_thread_eigen=false "
-            "intra_op_parallelism_threads=1",
+            **thread_env(1),  # one compute thread: the writer only copies
             RESEARCH_WRITER_NICE=str(nice),
             PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
         )

@@ -10,9 +10,8 @@ import sys
 
 import pytest
 
-os.environ.setdefault(
-    "XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-)
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
+os.environ.setdefault("NPROC", "1")  # XLA:CPU's intra-op pool: one thread
 
 
 @pytest.fixture(scope="session")
