@@ -121,7 +121,7 @@ from pathlib import Path
 from typing import Any
 
 from research.cli import config_from_args
-from research.launch import fail_usage, maybe_relaunch, set_threads
+from research.launch import UsageError, fail_usage, maybe_relaunch, set_threads
 from research.studies.eager_sgd import (
     ARMS,
     DEFAULT_IMBALANCE,
@@ -298,14 +298,15 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     maybe_relaunch("experiments.eager_sgd", argv, args.np_, args.threads)
     set_threads(args.threads)
     enable_compile_cache()
-    from research.comm.world import get_world
+    from research.comm.world import get_world, install_abort_on_error
 
     world = get_world()
+    install_abort_on_error()
     root = run_root(args.run_dir, world, "eager_sgd")
     plot = None if args.no_plots else _plot
     try:
         return run_experiment(args, root, world, prog=PROG, plot=plot)
-    except ValueError as e:  # data or model settings: raised alike on every rank
+    except UsageError as e:  # data or model settings: raised alike on every rank
         fail_usage(PROG, str(e))
 
 

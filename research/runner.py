@@ -14,19 +14,19 @@ def run_training(
 ) -> dict[str, Any]:
     """Train with ``cfg`` on this process's world; rank 0 plots and prints a summary.
 
-    ``ValueError`` from configuration or data (raised identically on every rank
-    before any collective) propagates so the caller can report it as a usage
-    error; anything else aborts the whole job.
+    Bad data or settings found while the Trainer is built raise
+    :class:`research.launch.UsageError` on every rank alike, for the caller to
+    report as one line; any other exception, on any rank, aborts the whole job.
     """
     world = get_world()
+    install_abort_on_error()
     if not cfg.run_dir:
         cfg.run_dir = world.bcast(
             default_run_dir(experiment) if world.rank == 0 else None
         )
     from research.train.loop import Trainer
 
-    trainer = Trainer(cfg, world, **trainer_kw)  # ValueError here: same on all ranks
-    install_abort_on_error()
+    trainer = Trainer(cfg, world, **trainer_kw)
     summary = trainer.run()
     if world.rank == 0:
         from research.plots import plot_training_curves

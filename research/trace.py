@@ -94,7 +94,7 @@ class NullTracer:
     def flush(self) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, collective: bool = True) -> None:
         pass
 
 
@@ -308,12 +308,19 @@ class Tracer:
             self._last_merge = now
             merge_traces(self.run_dir, self.size)
 
-    def close(self) -> None:
-        """Flush; rank 0 then merges all ranks into ``trace.json``. Collective."""
+    def close(self, collective: bool = True) -> None:
+        """Flush; rank 0 then merges all ranks into ``trace.json``.
+
+        Collective unless ``collective=False``, which an error path must pass:
+        another rank may be inside a collective this one will never join. Then
+        only this rank's file is flushed (it stays valid JSON).
+        """
         if self._closed:
             return
         self._closed = True
         self.flush()
+        if not collective:
+            return
         if self.comm is not None:
             self.comm.Barrier()
         if self.rank == 0:
@@ -386,6 +393,10 @@ def tracing(tracer: Tracer | NullTracer):
     set_tracer(tracer)
     try:
         yield tracer
-    finally:
+    except BaseException:
+        tracer.close(collective=False)  # the others may be in a collective
+        raise
+    else:
         tracer.close()
+    finally:
         set_tracer(prev)

@@ -288,7 +288,7 @@ class OrbaxAsyncRank0(_Base):
     def close(self) -> None:
         try:
             self.wait()
-        finally:
+        finally:  # local: Orbax's own threads
             if self._ckptr is not None:
                 self._ckptr.close()
-            super().close()
+        super().close()  # collective: on success only

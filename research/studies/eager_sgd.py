@@ -91,14 +91,12 @@ def run_arm(cfg: TrainConfig, arm: str, imbalance_spec: str, world) -> dict[str,
     """Train one arm in this MPI job; returns the Trainer's summary."""
     import research.comm.partial  # noqa: F401  (registers solo, majority, sync)
     import research.comm.ps  # noqa: F401  (registers ps)
-    from research.comm.world import install_abort_on_error
     from research.train.loop import Trainer
 
     spec = "none" if arm == "balanced" else imbalance_spec
     imbalance = parse_imbalance(spec, size=world.size, seed=cfg.seed)
     callbacks = []  # the Trainer binds a parameter server itself
     trainer = Trainer(cfg, world, imbalance=imbalance, callbacks=callbacks)
-    install_abort_on_error()
     if world.rank == 0:
         print(
             f"r0 | arm {arm} seed {cfg.seed}: {trainer.total_steps} steps, "

@@ -13,11 +13,20 @@ strategy (``research.comm.base.Averager``) decides the style:
 Per step the loop blocks on the step's metrics, so step times are honest and
 rank 0's progress bar shows the loss; the cost is that the host cannot enqueue
 step s+1 while step s computes (small on CPU, where dispatch is cheap).
+
+Failures: set-up that only reads (data, model, state) runs before any collective,
+and the ranks then agree on its outcome, so bad input raises the same
+:class:`research.launch.UsageError` on every rank. After that an exception on
+one rank leaves the others inside a collective it will never join, so the error
+path runs no collective (the trace is flushed locally, nothing is merged or
+closed collectively) and the exception propagates to the entry point, whose
+abort hook (``research.comm.world.install_abort_on_error``) ends the job.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import sys
 import time
@@ -30,13 +39,20 @@ import numpy as np
 from research.comm.base import Averager, CommInfo
 from research.comm.world import World
 from research.imbalance import Imbalance
+from research.launch import UsageError, xla_compute_threads
 from research.rundir import MetricsWriter, versions, write_json
 from research.trace import NullTracer, Tracer, get_tracer, set_tracer
 from research.train import step as steps
 from research.train.config import TrainConfig
 from research.train.optim import make_optimizer, make_schedule
 from research.train.periodic import itstime
-from research.train.state import TrainState, create_train_state, param_count, tree_bytes
+from research.train.state import (
+    TrainState,
+    create_train_state,
+    param_count,
+    tree_bytes,
+    tree_digest,
+)
 
 
 class Callback:
@@ -74,22 +90,72 @@ class Trainer:
         callbacks: tuple[Callback, ...] | list[Callback] = (),
         run_dir: str | Path | None = None,
     ) -> None:
-        import models
         from research.comm.registry import get_averager
-        from research.data import get_dataset
-        from research.data.sharding import ShardedLoader
 
         self.config = config
         self.world = world
-        self.run_dir = Path(run_dir or config.run_dir)
+        # Absolute once: Orbax and other libraries refuse relative paths.
+        self.run_dir = Path(run_dir or config.run_dir).absolute()
+        self.callbacks = list(callbacks)
+        self.imbalance = imbalance or Imbalance()
+        # Local set-up first (no collective): bad data or settings raise here on
+        # any rank; the ranks then agree, so every rank stops alike.
+        problem = None
+        try:
+            self._setup_local()
+        except (ValueError, UsageError) as e:
+            problem = str(e)
+        problems = world.allgather(problem)
+        failed = [(r, p) for r, p in enumerate(problems) if p is not None]
+        if failed:
+            r, p = failed[0]
+            raise UsageError(p if len(failed) == world.size else f"rank {r}: {p}")
+        if config.checkpoint != "none":
+            from research.checkpoint import CheckpointConfig
+            from research.checkpoint.callback import CheckpointCallback
+
+            ck = CheckpointConfig(
+                strategy=config.checkpoint,
+                every=config.checkpoint_every,
+                resume=config.resume,
+                final=True,
+            )
+            self.callbacks.append(CheckpointCallback(ck))
         if world.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         world.barrier()
-        self.callbacks = list(callbacks)
-        self.imbalance = imbalance or Imbalance()
         self.averager = averager or get_averager(
             config.strategy, world, **config.strategy_options
         )
+        self.step = 0
+        self.tracer: Tracer | NullTracer = Tracer.start(
+            self.run_dir,
+            rank=world.rank,
+            size=world.size,
+            comm=world.comm,
+            enabled=config.trace,
+            max_events=config.trace_max_events,
+        )
+        self.metrics = MetricsWriter(self.run_dir, enabled=world.rank == 0)
+        self._fused = (
+            steps.make_fused_step(self.averager.average_in_jit)
+            if self.averager.style == "fused"
+            else None
+        )
+        self._step_times: list[float] = []
+        self._delays: list[float] = []  # injected into each step (imbalance)
+        self._contributors: list[int] = []
+        self._evals: list[dict[str, Any]] = []
+        self._train_time = 0.0  # wall time in training steps, evaluation excluded
+        self._t_start = 0.0
+
+    def _setup_local(self) -> None:
+        """Data, loader, schedule, model and state: this rank's work alone."""
+        import models
+        from research.data import get_dataset
+        from research.data.sharding import ShardedLoader
+
+        config, world = self.config, self.world
         self.dataset = get_dataset(
             config.dataset,
             path=config.data_dir,
@@ -122,27 +188,6 @@ class Trainer:
         self.state: TrainState = create_train_state(
             self.model, self.dataset.train_x[:1], tx, config.seed
         )
-        self.step = 0
-        self.tracer: Tracer | NullTracer = Tracer.start(
-            self.run_dir,
-            rank=world.rank,
-            size=world.size,
-            comm=world.comm,
-            enabled=config.trace,
-            max_events=config.trace_max_events,
-        )
-        self.metrics = MetricsWriter(self.run_dir, enabled=world.rank == 0)
-        self._fused = (
-            steps.make_fused_step(self.averager.average_in_jit)
-            if self.averager.style == "fused"
-            else None
-        )
-        self._step_times: list[float] = []
-        self._delays: list[float] = []  # injected into each step (imbalance)
-        self._contributors: list[int] = []
-        self._evals: list[dict[str, Any]] = []
-        self._train_time = 0.0  # wall time in training steps, evaluation excluded
-        self._t_start = 0.0
 
     # -- resume -------------------------------------------------------------------
     def restore(self, state: TrainState, step: int, data_position: dict | None) -> None:
@@ -260,47 +305,59 @@ class Trainer:
 
     # -- the loop -----------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        """Train for ``total_steps``, evaluating and logging; returns the summary."""
-        world = self.world
+        """Train for ``total_steps``, evaluating and logging; returns the summary.
+
+        On an exception only local clean-up runs (see the module docstring) and
+        the exception propagates; the collective clean-up runs on success only.
+        """
         prev_tracer = get_tracer()
         set_tracer(self.tracer)
         try:
-            if world.rank == 0:
-                write_json(self.run_dir / "config.json", self._config_record())
-            self._bind_server()
-            self.imbalance.hold(0.0)  # compiles and calibrates a spin, if any
-            for cb in self.callbacks:
-                cb.on_train_start(self)
-            bar = self._progress_bar()
-            world.barrier()
-            self._t_start = time.perf_counter()
-            while self.step < self.total_steps:
-                t0 = time.perf_counter()
-                m, info, phases = self._train_step()
-                dt = time.perf_counter() - t0
-                self._train_time += dt
-                self.step += 1
-                self._step_times.append(dt)
-                self._delays.append(phases.get("delay_s", 0.0))
-                if info is not None:
-                    self._contributors.append(info.contributors)
-                self._after_step(m, info, phases, dt, bar)
-            self._flush_averager()
-            if not self._evals or self._evals[-1]["step"] != self.step:
-                self._eval_and_log()
-            for cb in self.callbacks:
-                cb.on_train_end(self)
-            if bar is not None:
-                bar.close()
-            summary = self._summary()
-            if world.rank == 0:
-                write_json(self.run_dir / "summary.json", summary)
-            return summary
-        finally:
+            summary = self._run()
+        except BaseException:
             self.metrics.close()
-            self.tracer.close()
+            self.tracer.close(collective=False)
             set_tracer(prev_tracer)
-            self.averager.close()
+            raise
+        self.metrics.close()
+        self.tracer.close()
+        set_tracer(prev_tracer)
+        self.averager.close()
+        return summary
+
+    def _run(self) -> dict[str, Any]:
+        world = self.world
+        if world.rank == 0:
+            write_json(self.run_dir / "config.json", self._config_record())
+        self._bind_server()
+        self.imbalance.hold(0.0)  # compiles and calibrates a spin, if any
+        for cb in self.callbacks:
+            cb.on_train_start(self)
+        bar = self._progress_bar()
+        world.barrier()
+        self._t_start = time.perf_counter()
+        while self.step < self.total_steps:
+            t0 = time.perf_counter()
+            m, info, phases = self._train_step()
+            dt = time.perf_counter() - t0
+            self._train_time += dt
+            self.step += 1
+            self._step_times.append(dt)
+            self._delays.append(phases.get("delay_s", 0.0))
+            if info is not None:
+                self._contributors.append(info.contributors)
+            self._after_step(m, info, phases, dt, bar)
+        self._flush_averager()
+        if not self._evals or self._evals[-1]["step"] != self.step:
+            self._eval_and_log()
+        for cb in self.callbacks:
+            cb.on_train_end(self)
+        if bar is not None:
+            bar.close()
+        summary = self._summary()
+        if world.rank == 0:
+            write_json(self.run_dir / "summary.json", summary)
+        return summary
 
     def _bind_server(self) -> None:
         """Give a parameter-server strategy its start parameters and optimizer.
@@ -402,6 +459,12 @@ class Trainer:
             "dataset": self.dataset.describe(),
             "total_steps": self.total_steps,
             "steps_per_epoch": self.loader.steps_per_epoch,
+            # What sized XLA:CPU's compute pool (research.launch.thread_env),
+            # and the pool this rank really has.
+            "compute_threads": {
+                **{v: os.environ.get(v) for v in ("PJRT_NPROC", "NPROC", "XLA_FLAGS")},
+                "xla_eigen_threads": xla_compute_threads(),
+            },
             "versions": versions(),
         }
 
@@ -433,6 +496,7 @@ class Trainer:
             "samples_per_s": global_batch * len(times) / max(sum(times), 1e-9),
             "final_test_acc": last.get("test_acc"),
             "final_test_loss": last.get("test_loss"),
+            "params_sha256": tree_digest(self.state.params),
             "evals": self._evals,
         }
         if self._contributors:

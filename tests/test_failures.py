@@ -1,0 +1,51 @@
+"""One failing rank ends the whole job, in every phase, with tracing on.
+
+Each case runs a real MPI job (``tests/fail_driver.py``) in which one rank of 2
+or of 4 fails at one step in one phase (data loading, the jitted step, the
+partial collective on the progress thread, a callback, DeepFreeze's background
+thread, its writer process, evaluation, writing the run folder). The job must
+exit non-zero within 30 s of the failure, with the failing rank's traceback
+printed once; before the fix, a failure with tracing on hung in the tracer's
+closing barrier until killed.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from tests.fail_driver import PHASES
+from tests.test_mpi import run_under_mpiexec
+
+FAIL_STEP = 4  # even: DeepFreeze checkpoints every 2 steps in the driver
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+@pytest.mark.parametrize("phase", PHASES)
+def test_one_failing_rank_ends_the_job(phase, np_, tmp_path):
+    rank = 0 if phase == "rundir" else np_ - 1  # only rank 0 writes the run folder
+    proc = run_under_mpiexec(
+        np_,
+        ["tests/fail_driver.py", str(tmp_path / "run"), phase, str(rank), "4"],
+        timeout=240,
+    )
+    end = time.time()
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-4000:]
+    stamps = re.findall(r"INJECTED (\d+\.\d+)", proc.stdout)
+    assert len(stamps) == 1, out[-4000:]
+    assert end - float(stamps[0]) < 30, f"took {end - float(stamps[0]):.0f} s"
+    # Every rank that reports says who it is, once.
+    reports = re.findall(r"r(\d+) \| uncaught exception", proc.stderr)
+    assert reports and len(reports) == len(set(reports)), out[-4000:]
+    if phase != "writer":
+        assert reports == [str(rank)], out[-4000:]
+        assert f"injected failure on rank {rank} in phase {phase}" in proc.stderr
+    else:  # the commit round tells every rank; whichever raises first aborts
+        assert (
+            f"rank {rank}: RuntimeError: checkpoint writer process ended"
+            in (proc.stderr)
+            or f"rank {rank}: BrokenPipeError" in proc.stderr
+        ), out[-4000:]
