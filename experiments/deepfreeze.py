@@ -124,7 +124,7 @@ from pathlib import Path
 from typing import Any
 
 from research.cli import config_from_args
-from research.launch import fail_usage, set_threads
+from research.launch import UsageError, fail_usage, set_threads
 from research.studies.deepfreeze import (
     STRATEGIES,
     check_flags,
@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> str | None:
     if not launched_by_mpi() and args.np_ > 0:
         from research.rundir import default_run_dir
 
-        root = Path(args.run_dir or default_run_dir("deepfreeze"))
+        root = Path(args.run_dir or default_run_dir("deepfreeze")).absolute()
         root.mkdir(parents=True, exist_ok=True)
         argv = without(argv, "--run-dir")
         code = launch_jobs(args, argv, root, "experiments.deepfreeze")
@@ -313,14 +313,15 @@ def main(argv: list[str] | None = None) -> str | None:
             raise SystemExit(code)
         return report(root, plot)
     set_threads(args.threads)
-    from research.comm.world import get_world
+    from research.comm.world import get_world, install_abort_on_error
 
     world = get_world()
+    install_abort_on_error()
     root = run_root(args.run_dir, world, "deepfreeze")
     root.mkdir(parents=True, exist_ok=True)
     try:
         run_job(args, root, PROG)
-    except ValueError as e:  # data or model settings: raised alike on every rank
+    except UsageError as e:  # data or model settings: raised alike on every rank
         fail_usage(PROG, str(e))
     if args.job == "all" and world.rank == 0:  # started by the user's own mpiexec
         return report(root, plot)

@@ -2,21 +2,34 @@
 
     python -m experiments.train                      # 2 ranks, embedded synthetic task
     python -m experiments.train --np 4 --strategy host --trace
-    mpiexec -n 8 python -m experiments.train --model resnet18 --dataset cifar10 \
+    mpiexec -n 8 python -m experiments.train --model resnet18 --dataset cifar10 \\
         --data-dir ~/data/cifar-10-batches-py --model-opt stem=cifar
     sbatch scripts/slurm.sbatch experiments.train --model resnet50 ...   # a cluster
 
+    # checkpoint every 50 steps; the same command again (after a crash, a time
+    # limit, or with a larger --steps) resumes from the newest committed step
+    python -m experiments.train --run-dir runs/r50 --steps 2000 \\
+        --checkpoint deepfreeze --checkpoint-every 50
+
 Started without mpiexec it relaunches itself under the environment's mpiexec with
-``--np`` ranks. The run folder gets config.json, metrics.jsonl, summary.json,
-trace.json (with --trace) and curves.png.
+``--np`` ranks. The run folder gets config.json, metrics.jsonl, summary.json
+(with ``resumed_from`` and a fingerprint of the final parameters), trace.json
+(with --trace), curves.png and, with --checkpoint, checkpoints/. ``--threads N``
+sets each rank's compute threads (XLA:CPU's intra-op pool, through PJRT_NPROC).
 """
 
 from __future__ import annotations
 
 import sys
 
-from research.cli import ArgumentParser, add_train_flags, config_from_args, listing
-from research.launch import fail_usage, maybe_relaunch, set_threads
+from research.cli import (
+    ArgumentParser,
+    add_checkpoint_flags,
+    add_train_flags,
+    config_from_args,
+    listing,
+)
+from research.launch import UsageError, fail_usage, maybe_relaunch, set_threads
 from research.train.config import TrainConfig
 
 PROG = "python -m experiments.train"
@@ -29,7 +42,9 @@ def parse(argv: list[str]):
         epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=__import__("argparse").RawDescriptionHelpFormatter,
     )
-    add_train_flags(p, TrainConfig(epochs=3, eval_every=100))
+    defaults = TrainConfig(epochs=3, eval_every=100)
+    add_train_flags(p, defaults)
+    add_checkpoint_flags(p, defaults)
     return p.parse_args(argv)
 
 
@@ -46,7 +61,7 @@ def main(argv: list[str] | None = None) -> dict | None:
 
     try:
         return run_training(cfg, "train")
-    except ValueError as e:  # bad data files, batch larger than a shard, ...
+    except UsageError as e:  # bad data files, batch larger than a shard, ...
         fail_usage(PROG, str(e))
 
 

@@ -179,6 +179,34 @@ def add_train_flags(p: argparse.ArgumentParser, defaults: TrainConfig) -> None:
     )
 
 
+def add_checkpoint_flags(p: argparse.ArgumentParser, defaults: TrainConfig) -> None:
+    """Checkpoint and resume flags (``research.checkpoint``) of a training run."""
+    from research.checkpoint.config import STRATEGIES
+
+    g = p.add_argument_group("checkpointing")
+    g.add_argument(
+        "--checkpoint",
+        default=defaults.checkpoint,
+        choices=STRATEGIES,
+        help="checkpoint strategy (into RUN_DIR/checkpoints); default %(default)s",
+    )
+    g.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=defaults.checkpoint_every,
+        metavar="N",
+        help="checkpoint every N steps and after the last; default %(default)s",
+    )
+    g.add_argument(
+        "--no-resume",
+        dest="resume",
+        action="store_false",
+        default=defaults.resume,
+        help="start over even when --run-dir holds a committed checkpoint "
+        "(default: resume from the newest one)",
+    )
+
+
 def config_from_args(args: argparse.Namespace, prog: str) -> TrainConfig:
     """Build and validate the config; bad input ends with one line and exit 2."""
     try:
@@ -204,8 +232,14 @@ def config_from_args(args: argparse.Namespace, prog: str) -> TrainConfig:
             log_every=args.log_every,
             trace=args.trace,
             threads=args.threads,
-            run_dir=args.run_dir or "",
+            # Absolute once, where the run folder is named: every rank resolves
+            # it alike (mpiexec starts them in the same folder), and libraries
+            # handed paths below it (Orbax) refuse relative ones.
+            run_dir=os.path.abspath(args.run_dir) if args.run_dir else "",
             progress=not args.no_progress,
+            checkpoint=getattr(args, "checkpoint", "none"),
+            checkpoint_every=getattr(args, "checkpoint_every", 100),
+            resume=getattr(args, "resume", True),
         )
     except ValueError as e:
         fail_usage(prog, str(e))
@@ -213,6 +247,23 @@ def config_from_args(args: argparse.Namespace, prog: str) -> TrainConfig:
     if problem:
         fail_usage(prog, problem)
     return cfg
+
+
+def check_writable_dir(path: str | os.PathLike, flag: str) -> str | None:
+    """None when ``path`` is (or can be made) a folder this process can write in.
+
+    Creates the folder (the run would) and a probe file in it, so a tier on a
+    read-only or pseudo file system is one line before any rank starts.
+    """
+    import tempfile
+
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".probe-"):
+            pass
+    except OSError as e:
+        return f"{flag} {os.fspath(path)!r} cannot be written: {e.strerror or e}"
+    return None
 
 
 def validate(cfg: TrainConfig) -> str | None:
@@ -242,6 +293,17 @@ def validate(cfg: TrainConfig) -> str | None:
         return f"--lr must be positive, got {cfg.lr}"
     if cfg.data_dir is not None and not os.path.isdir(cfg.data_dir):
         return f"--data-dir {cfg.data_dir!r} is not a folder"
+    if cfg.threads < 0:
+        return f"--threads must be >= 0 (0: XLA's default), got {cfg.threads}"
+    if cfg.checkpoint != "none" and cfg.checkpoint_every < 1:
+        return f"--checkpoint-every must be >= 1, got {cfg.checkpoint_every}"
+    from research.launch import check_xla_flags, xla_thread_flags
+
+    problem = check_xla_flags(xla_thread_flags(cfg.threads))
+    if problem:
+        return problem
+    if cfg.run_dir:
+        return check_writable_dir(cfg.run_dir, "--run-dir")
     return None
 
 

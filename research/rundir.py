@@ -16,9 +16,12 @@ from typing import Any
 
 
 def default_run_dir(experiment: str) -> str:
-    """``runs/<experiment>-<UTC timestamp>`` (the timestamp is rank 0's)."""
-    return os.path.join(
-        "runs", f"{experiment}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    """``<cwd>/runs/<experiment>-<UTC timestamp>``, absolute (the timestamp is rank
+    0's): libraries handed paths below it (Orbax) refuse relative ones."""
+    return os.path.abspath(
+        os.path.join(
+            "runs", f"{experiment}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+        )
     )
 
 

@@ -44,17 +44,19 @@ def test_default_pipeline_at_toy_size(tmp_path):
         "--data-opt",
         "n_train=256",
         "--run-dir",
-        str(tmp_path),
+        "runs/df",  # relative, run from another folder, as users type it
     ]
+    shm_before = _shm_entries()
     proc = subprocess.run(
-        cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400
+        cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400
     )
+    root = tmp_path / "runs" / "df"
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for name in ("rank0-sync", "orbax-sync", "orbax-async-rank0", "deepfreeze"):
         assert f"| {name} |" in proc.stdout
     assert "target: DeepFreeze blocking" in proc.stdout
     assert "in flight (checkpoint every step, policy skip)" in proc.stdout
-    main = json.loads((tmp_path / "main-np2.json").read_text())
+    main = json.loads((root / "main-np2.json").read_text())
     assert main["ranks"] == 2 and main["strategies"]["deepfreeze"]["restore_s"] > 0
     for fig in (
         "overhead_vs_interval.png",
@@ -63,4 +65,26 @@ def test_default_pipeline_at_toy_size(tmp_path):
         "timeline_excerpt.json",
         "table.md",
     ):
-        assert (tmp_path / fig).exists(), fig
+        assert (root / fig).exists(), fig
+    # Fast tiers and transfer files are memory: a finished run removes its own.
+    assert _shm_entries() - shm_before == set()
+
+
+def _shm_entries() -> set[str]:
+    shm = Path("/dev/shm")
+    return {p.name for p in shm.glob("research-*")} if shm.is_dir() else set()
+
+
+def test_unwritable_fast_tier_is_one_line_before_launch(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("RESEARCH_UNDER_MPI", None)
+    cmd = [sys.executable, "-m", "experiments.deepfreeze", "--fast-dir", "/proc/nope"]
+    proc = subprocess.run(
+        cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert (
+        len(errors) == 1 and "--fast-dir '/proc/nope' cannot be written" in (errors[0])
+    ), proc.stderr
+    assert not (tmp_path / "runs").exists()  # nothing started

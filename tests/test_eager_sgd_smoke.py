@@ -14,13 +14,15 @@ ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("balanced", "allreduce", "solo", "majority", "ps")
 
 
-def run(args: list[str], timeout: float = 400) -> subprocess.CompletedProcess:
+def run(
+    args: list[str], timeout: float = 400, cwd: Path = ROOT
+) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI"):
         env.pop(var, None)  # the module must launch its own mpiexec
     return subprocess.run(
         [sys.executable, "-m", "experiments.eager_sgd", *args],
-        cwd=ROOT,
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
@@ -29,7 +31,8 @@ def run(args: list[str], timeout: float = 400) -> subprocess.CompletedProcess:
 
 
 def test_tiny_run_writes_folders_table_and_figures(tmp_path):
-    out = tmp_path / "eager"
+    # From another folder, with a relative run folder, as users type it.
+    out = tmp_path / "runs" / "eager"
     proc = run(
         [
             "--np",
@@ -45,9 +48,10 @@ def test_tiny_run_writes_folders_table_and_figures(tmp_path):
             "--target-acc",
             "0.05",
             "--run-dir",
-            str(out),
+            "runs/eager",
             "--no-progress",
-        ]
+        ],
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "| arm | steps | samples/s | median step ms | without own delay" in (

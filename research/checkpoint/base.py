@@ -82,10 +82,13 @@ class Checkpointer:
         # A private communicator per instance: two checkpointers alive in one
         # process (tests, the experiment's strategies) never match each other.
         self.comm: MPI.Intracomm = world.dup("checkpoint").Dup()
-        persistent = Tier("persistent", Path(directory))
+        # Absolute once, here: Orbax refuses relative paths, users type them.
+        persistent = Tier("persistent", Path(directory).absolute())
         if fast_dir == "auto":
             fast_dir = default_fast_root(persistent.root)
-        self.tiers = ([Tier("fast", Path(fast_dir))] if fast_dir else []) + [persistent]
+        self.tiers = ([Tier("fast", Path(fast_dir).absolute())] if fast_dir else []) + [
+            persistent
+        ]
         self.fsync = fsync
         self.records: dict[int, SaveRecord] = {}
         self.restore_s: float | None = None
@@ -124,11 +127,26 @@ class Checkpointer:
         """Block until every requested checkpoint is committed or failed."""
 
     def close(self) -> None:
-        """Finish outstanding work and release the communicator. Collective."""
+        """Finish outstanding work and release the communicator. Collective.
+
+        Subclasses call it only once their own work finished without error: on
+        an error path another rank may never reach this barrier.
+        """
         if self.comm != MPI.COMM_NULL:
             # After this barrier every manifest update of this instance is on disk.
             self.comm.Barrier()
             self.comm.Free()
+
+    def forget_all(self) -> list[int]:
+        """Forget every committed step in every tier (a run that starts over).
+
+        Collective. Returns the steps forgotten.
+        """
+        self.wait()
+        steps = self.committed_steps()
+        if steps:
+            self._forget_after(-1)
+        return steps
 
     def restore(self, target: Any, step: int | None = None) -> Restored | None:
         """The newest globally committed step (or ``step``) that verifies, in any tier.

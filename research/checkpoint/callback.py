@@ -48,7 +48,15 @@ class CheckpointCallback(Callback):
     def on_train_start(self, trainer: Trainer) -> None:
         self._world = trainer.world
         self.ckpt = self.config.create(trainer.world, trainer.run_dir, **self._kw)
-        if self.ckpt is None or not self.config.resume:
+        if self.ckpt is None:
+            return
+        if not self.config.resume:
+            dropped = self.ckpt.forget_all()
+            if dropped:
+                trainer.world.log(
+                    f"not resuming: forgot committed steps {dropped} in "
+                    f"{self.ckpt.tiers[-1].root}"
+                )
             return
         restored = self.ckpt.restore(trainer.state)
         if restored is not None:
@@ -62,7 +70,7 @@ class CheckpointCallback(Callback):
 
     def on_step_end(self, trainer: Trainer, step: int) -> None:
         if self.ckpt is not None and itstime(
-            step, self.config.every, trainer.total_steps, last=False
+            step, self.config.every, trainer.total_steps, last=self.config.final
         ):
             self.ckpt.save(
                 step,
@@ -79,17 +87,18 @@ class CheckpointCallback(Callback):
     def summary(self) -> dict[str, Any]:
         """Per-rank checkpoint numbers (collective: every rank calls it)."""
         if self.ckpt is None:
-            return {"checkpoint": {"strategy": "none"}}
+            return {"resumed_from": None, "checkpoint": {"strategy": "none"}}
         mine = self.ckpt.summary()
         mine["close_s"] = self._end_s
         mine["resumed_from"] = self.resumed_from
         records = mine.pop("records")
         per_rank = self._world.allgather(mine) if self._world else [mine]
         return {
+            "resumed_from": self.resumed_from,
             "checkpoint": {
                 "strategy": self.ckpt.name,
                 "every": self.config.every,
                 "per_rank": per_rank,
                 "records": records if self._world.rank == 0 else None,
-            }
+            },
         }

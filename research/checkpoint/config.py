@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from research.checkpoint.base import Checkpointer
-from research.comm.world import World
+if TYPE_CHECKING:  # importing them imports mpi4py, which starts MPI: flag
+    # parsing before an experiment relaunches itself must not
+    from research.checkpoint.base import Checkpointer
+    from research.comm.world import World
 
 STRATEGIES = ("none", "rank0-sync", "orbax-sync", "orbax-async-rank0", "deepfreeze")
 
@@ -29,7 +31,10 @@ class CheckpointConfig:
       snapshot: DeepFreeze snapshot mode: auto, view, host or device.
       compress: zstd-compress shard chunks (every strategy).
       fsync: make persistent files durable.
-      resume: restore the newest committed step at the start of training.
+      resume: restore the newest committed step at the start of training;
+        False forgets every committed step instead (the run starts over).
+      final: also checkpoint after the last step (a finished run can then be
+        extended: the same command with more steps resumes where it ended).
       rank_local: DeepFreeze: name prefixes of leaves that differ between ranks
         (BatchNorm statistics); each rank saves and gets back its own. The
         baselines save one copy (rank 0's or the owner's) for all ranks.
@@ -50,6 +55,7 @@ class CheckpointConfig:
     compress: bool = False
     fsync: bool = True
     resume: bool = True
+    final: bool = False
     rank_local: tuple[str, ...] = ("batch_stats",)
     writer: str = "process"
     nice: int = 10

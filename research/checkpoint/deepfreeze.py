@@ -298,16 +298,30 @@ class DeepFreeze(Checkpointer):
         self._raise_errors()
 
     def close(self) -> None:
-        """Finish outstanding checkpoints (raising failures), stop. Collective."""
+        """Finish outstanding checkpoints (raising failures), stop. Collective.
+
+        On success the fast tier is removed (its committed steps are in the
+        persistent tier too; it is memory when it is ``/dev/shm``) unless it is
+        the only tier. When a checkpoint failed the failure is raised and
+        nothing collective runs: the background thread may be blocked in a
+        commit round that another rank never joins, so it is not waited for.
+        """
         if self._closed:
             return
         self._closed = True
         try:
             self.wait()
-        finally:
+        except BaseException:
             self._queue.put(None)
-            self._thread.join()
-            super().close()
+            raise
+        self._queue.put(None)
+        self._thread.join()
+        fast = self.tiers[0] if len(self.tiers) > 1 else None
+        if fast is not None:
+            remove_tree(fast.rank_dir(self.rank))
+        super().close()  # its barrier: every rank's shards are gone
+        if fast is not None and self.rank == 0:
+            remove_tree(fast.root)
 
     # -- background thread -----------------------------------------------------------
     def _run(self) -> None:

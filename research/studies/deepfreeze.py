@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from research.cli import config_from_args
-from research.launch import mpiexec_path, xla_thread_flags
+from research.cli import check_writable_dir, config_from_args
+from research.launch import mpiexec_path, thread_env
 
 STRATEGIES = ("rank0-sync", "orbax-sync", "orbax-async-rank0", "deepfreeze")
 
@@ -31,6 +31,8 @@ def check_flags(args: argparse.Namespace) -> str | None:
         return "--interval, --intervals, --window and --rounds must be >= 1"
     if args.interval > args.window or max(args.intervals, default=1) > args.window:
         return f"intervals must not exceed --window ({args.window})"
+    if args.tiers != "persistent" and args.fast_dir != "auto":
+        return check_writable_dir(args.fast_dir, "--fast-dir")
     return None
 
 
@@ -257,9 +259,7 @@ def launch_jobs(
 
     Each job runs ``python -m module argv --run-dir root --job JOB``.
     """
-    env = dict(
-        os.environ, XLA_FLAGS=xla_thread_flags(args.threads), PYTHONUNBUFFERED="1"
-    )
+    env = dict(os.environ, **thread_env(args.threads), PYTHONUNBUFFERED="1")
     base = [mpiexec_path(), "-n"]
     rest = [
         sys.executable,

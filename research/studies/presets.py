@@ -73,7 +73,7 @@ def apply_model_preset(args: argparse.Namespace, preset: Mapping[str, Any]) -> N
 def run_root(run_dir: str | None, world, experiment: str) -> Path:
     """``run_dir``, else rank 0's ``runs/<experiment>-<time>`` on every rank."""
     if run_dir:
-        return Path(run_dir)
+        return Path(run_dir).absolute()
     from research.rundir import default_run_dir
 
     return Path(world.bcast(default_run_dir(experiment) if world.rank == 0 else None))

@@ -38,3 +38,8 @@ class TrainConfig:
     threads: int = 1
     run_dir: str = ""
     progress: bool = True
+    # Checkpointing (research.checkpoint): a strategy name or "none"; every N
+    # steps and after the last one; resume from the newest committed step.
+    checkpoint: str = "none"
+    checkpoint_every: int = 100
+    resume: bool = True

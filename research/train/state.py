@@ -51,3 +51,23 @@ def param_count(tree: Any) -> int:
 
 def tree_bytes(tree: Any) -> int:
     return int(sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree)))
+
+
+def tree_digest(tree: Any) -> str:
+    """SHA-256 of a pytree's structure, shapes, dtypes and bytes (hex).
+
+    Equal digests mean bit-identical trees: ``summary.json`` records the final
+    parameters' digest, so a resumed run can be checked against one that never
+    stopped without reading the checkpoints.
+    """
+    import hashlib
+
+    import numpy as np
+
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    h = hashlib.sha256(str(treedef).encode())
+    for leaf in leaves:
+        a = np.ascontiguousarray(jax.device_get(leaf))
+        h.update(f"{a.shape}{a.dtype}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()

@@ -1,0 +1,101 @@
+"""``--threads N`` really sizes XLA:CPU's compute pool, and XLA_FLAGS stays valid.
+
+XLA has no flag for its intra-op threads: the PJRT CPU client sizes its Eigen
+pool from ``PJRT_NPROC``/``NPROC`` (else the schedulable CPUs), and a bare token
+such as ``intra_op_parallelism_threads=2`` in XLA_FLAGS makes XLA abort at
+start-up (read as a flag-file name). The pool's threads are named
+``tf_XLAEigen``, so their number is a deterministic check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from research.launch import check_xla_flags, thread_env, xla_thread_flags
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBE = (
+    "import jax, jax.numpy as jnp\n"
+    "from research.launch import xla_compute_threads\n"
+    "jax.jit(lambda a: a @ a)(jnp.ones((256, 256))).block_until_ready()\n"
+    "print('eigen', xla_compute_threads())\n"
+)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_jax_starts_with_the_flags_threads_builds(threads, monkeypatch):
+    # As inherited from a user's shell, including a stale token of old versions.
+    monkeypatch.setenv("XLA_FLAGS", "intra_op_parallelism_threads=4")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **thread_env(threads))
+    assert check_xla_flags(env["XLA_FLAGS"]) is None
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-1] == str(threads)
+
+
+def test_threads_zero_leaves_xla_default(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    env = thread_env(0)
+    assert env == {"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"}
+    assert xla_thread_flags(1).split() == [
+        "--xla_cpu_enable_fast_math=false",
+        "--xla_cpu_multi_thread_eigen=false",
+    ]
+
+
+def test_a_bare_token_in_xla_flags_is_named():
+    problem = check_xla_flags("--xla_cpu_enable_fast_math=false oops=1")
+    assert problem is not None and "'oops=1'" in problem
+
+
+def test_threads_2_recorded_in_config(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI", "NPROC", "PJRT_NPROC"):
+        env.pop(var, None)
+    cmd = [
+        sys.executable,
+        "-m",
+        "experiments.train",
+        "--np",
+        "2",
+        "--threads",
+        "2",
+        "--model",
+        "candle_p1b2_tiny",
+        "--dataset",
+        "synthetic_tabular",
+        "--data-opt",
+        "features=256",
+        "--data-opt",
+        "n_train=128",
+        "--data-opt",
+        "n_test=32",
+        "--batch-size",
+        "8",
+        "--steps",
+        "2",
+        "--run-dir",
+        "run",
+        "--no-progress",
+    ]
+    proc = subprocess.run(
+        cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["config"]["threads"] == 2
+    assert config["compute_threads"]["NPROC"] == "2"
+    assert config["compute_threads"]["xla_eigen_threads"] == 2
+    assert "intra_op" not in (config["compute_threads"]["XLA_FLAGS"] or "")
