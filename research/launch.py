@@ -122,6 +122,53 @@ def set_threads(threads: int) -> None:
     os.environ.update(thread_env(threads))
 
 
+#: Shared-memory files MPICH's ranks on one node talk through. MPICH removes them
+#: in MPI_Finalize; a job that aborts or is killed leaves them (2-4 MB each).
+SHM_DIR = "/dev/shm"
+SHM_PREFIXES = ("mpich_shm_",)
+
+
+def _mapped_shm_files() -> set[str]:
+    """Files under SHM_DIR that some live process has mapped (from /proc/*/maps)."""
+    mapped: set[str] = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    path = line.rstrip("\n").partition(f" {SHM_DIR}/")[2]
+                    if path:
+                        mapped.add(path.removesuffix(" (deleted)"))
+        except OSError:  # ended meanwhile, or not ours to read
+            continue
+    return mapped
+
+
+def remove_orphaned_shm() -> list[str]:
+    """Remove MPICH's shared-memory files that no live process maps any more.
+
+    A rank that aborts or is killed cannot remove them, and /dev/shm is memory.
+    Called around every launched job, and by the test suite. Returns the names.
+    """
+    try:
+        names = [n for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIXES)]
+    except OSError:
+        return []
+    if not names:
+        return []
+    mapped = _mapped_shm_files()
+    removed = []
+    for name in names:
+        if name not in mapped:
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+                removed.append(name)
+            except OSError:
+                continue
+    return removed
+
+
 def relaunch(module: str, argv: list[str], np_: int, threads: int = 1) -> int:
     """Run ``python -m module argv`` under ``mpiexec -n np_`` and return its exit code.
 
@@ -131,10 +178,14 @@ def relaunch(module: str, argv: list[str], np_: int, threads: int = 1) -> int:
     env.update(thread_env(threads))
     env.setdefault("PYTHONUNBUFFERED", "1")
     cmd = [mpiexec_path(), "-n", str(np_), sys.executable, "-m", module, *argv]
+    remove_orphaned_shm()  # a killed earlier job's MPICH segments
     try:
-        return subprocess.call(cmd, env=env)
+        code = subprocess.call(cmd, env=env)
     except KeyboardInterrupt:
-        return 130
+        code = 130
+    if code != 0:
+        remove_orphaned_shm()  # an aborted job's MPICH segments
+    return code
 
 
 def maybe_relaunch(module: str, argv: list[str], np_: int, threads: int = 1) -> None:

@@ -21,3 +21,13 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 collect_ignore_glob = [] if os.environ.get("RESEARCH_UNDER_MPI") else ["mpi/*"]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """What killed jobs cannot remove: MPICH's and DeepFreeze's files in /dev/shm."""
+    if not os.environ.get("RESEARCH_UNDER_MPI"):
+        from research.checkpoint.deepfreeze import remove_stale_transfer_files
+        from research.launch import remove_orphaned_shm
+
+        remove_orphaned_shm()
+        remove_stale_transfer_files()

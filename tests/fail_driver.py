@@ -94,7 +94,13 @@ def main() -> None:
     if phase in ("checkpoint-thread", "writer"):
 
         def hook(event: str, step: int) -> None:
-            if mine and phase == "checkpoint-thread" and step == fail_step:
+            # After the commit round, outside any reporting: the thread breaks.
+            if (
+                mine
+                and phase == "checkpoint-thread"
+                and event == "committed"
+                and (step == fail_step)
+            ):
                 raise injected(rank, phase)
 
         ck = CheckpointConfig(strategy="deepfreeze", every=2)

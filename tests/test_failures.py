@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import pytest
 
+from research.checkpoint.integrity import remove_tree
+from research.checkpoint.tiers import default_fast_root
 from tests.fail_driver import PHASES
 from tests.test_mpi import run_under_mpiexec
 
@@ -26,12 +29,16 @@ FAIL_STEP = 4  # even: DeepFreeze checkpoints every 2 steps in the driver
 @pytest.mark.parametrize("phase", PHASES)
 def test_one_failing_rank_ends_the_job(phase, np_, tmp_path):
     rank = 0 if phase == "rundir" else np_ - 1  # only rank 0 writes the run folder
+    shm_before = _shm()
     proc = run_under_mpiexec(
         np_,
         ["tests/fail_driver.py", str(tmp_path / "run"), phase, str(rank), "4"],
         timeout=240,
     )
     end = time.time()
+    # A killed run leaves its fast tier for the next run of the same folder to
+    # take over; this one has no next run.
+    remove_tree(default_fast_root(tmp_path / "run" / "checkpoints"))
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-4000:]
     stamps = re.findall(r"INJECTED (\d+\.\d+)", proc.stdout)
@@ -49,3 +56,10 @@ def test_one_failing_rank_ends_the_job(phase, np_, tmp_path):
             in (proc.stderr)
             or f"rank {rank}: BrokenPipeError" in proc.stderr
         ), out[-4000:]
+    # The aborting rank unlinked MPICH's shared-memory file of the node.
+    assert {n for n in _shm() - shm_before if n.startswith("mpich_shm_")} == set()
+
+
+def _shm() -> set[str]:
+    shm = Path("/dev/shm")
+    return {p.name for p in shm.iterdir()} if shm.is_dir() else set()

@@ -72,17 +72,25 @@ def _describe(e: BaseException) -> str:
     return str(e) if isinstance(e, WriterError) else f"{type(e).__name__}: {e}"
 
 
-def _transfer_path(first: Tier, rank: int) -> Path:
-    """Where snapshots go for the writer: memory (``/dev/shm``) when there is one."""
+def _transfer_dir() -> Path:
     base = Path("/dev/shm")
     if not (base.is_dir() and os.access(base, os.W_OK)):
         base = Path(tempfile.gettempdir())
-    # A rank killed with -9 cannot remove its file: whoever comes next does.
-    for old in base.glob("research-xfer-*"):
+    return base
+
+
+def remove_stale_transfer_files() -> None:
+    """Remove transfer files of ranks that died (a killed rank cannot)."""
+    for old in _transfer_dir().glob("research-xfer-*"):
         pid = old.name.split("-")[2]
         if pid.isdigit() and not _alive(int(pid)):
             old.unlink(missing_ok=True)
-    return base / f"research-xfer-{os.getpid()}-{id(first):x}-r{rank}"
+
+
+def _transfer_path(first: Tier, rank: int) -> Path:
+    """Where snapshots go for the writer: memory (``/dev/shm``) when there is one."""
+    remove_stale_transfer_files()  # whoever comes next cleans up after the killed
+    return _transfer_dir() / f"research-xfer-{os.getpid()}-{id(first):x}-r{rank}"
 
 
 def _alive(pid: int) -> bool:

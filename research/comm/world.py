@@ -8,6 +8,7 @@ of different subsystems can then never match each other.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -75,9 +76,16 @@ def get_world() -> World:
 
 
 def abort(code: int = 1) -> None:
-    """End the whole job now: MPI_Abort in a real world, ``os._exit`` when alone."""
+    """End the whole job now: MPI_Abort in a real world, ``os._exit`` when alone.
+
+    First unlinks the MPICH shared-memory files this rank has mapped: an
+    aborted job never reaches MPI_Finalize, which would remove them, and
+    /dev/shm is memory. The other ranks keep their mappings (unlink only
+    removes the name), so nothing breaks while the job is taken down.
+    """
     sys.stdout.flush()
     sys.stderr.flush()
+    _unlink_my_shm()
     if (
         MPI.Is_initialized()
         and not MPI.Is_finalized()
@@ -85,6 +93,22 @@ def abort(code: int = 1) -> None:
     ):
         MPI.COMM_WORLD.Abort(code)
     os._exit(code)
+
+
+def _unlink_my_shm() -> None:
+    from research.launch import SHM_DIR, SHM_PREFIXES
+
+    try:
+        with open("/proc/self/maps") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return
+    for line in lines:
+        path = line.partition(f" {SHM_DIR}/")[2].removesuffix(" (deleted)")
+        if path.startswith(SHM_PREFIXES):
+            # Another rank of the node may have removed it first.
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(SHM_DIR, path))
 
 
 def install_abort_on_error() -> None:
