@@ -72,6 +72,7 @@ class CheckpointCallback(Callback):
         if self.ckpt is not None and itstime(
             step, self.config.every, trainer.total_steps, last=self.config.final
         ):
+            trainer.drain()  # nothing in flight or carried in the snapshot
             self.ckpt.save(
                 step,
                 trainer.state,

@@ -1,25 +1,24 @@
-"""The one seam through which every gradient-averaging strategy plugs into the loop.
+"""The communication side of a gradient-averaging strategy.
 
-A strategy receives one step's gradients and returns the gradients to apply plus a
-:class:`CommInfo` record of what happened. Two execution styles exist:
+An :class:`Averager` is what a strategy does with gradients; how a training step
+around it runs is its executor's business (``research.train.executors``), named
+by the averager's ``executor`` attribute:
 
-* ``fused``: :meth:`Averager.average_in_jit` is traced into the jitted train step,
-  so gradient, allreduce (mpi4jax) and update are one XLA program;
-* ``staged``: the loop runs a jitted gradient step, hands the gradients to
-  :meth:`Averager.reduce` on the host (communication may run on the progress
-  thread and may return a different round's result, as partial collectives do),
-  then runs a jitted update with what came back.
+* ``"fused"``: :meth:`Averager.average_in_jit` is traced into one jitted program
+  with the gradient and the update (mpi4jax);
+* ``"staged"``: :meth:`Averager.reduce` gets the step's gradients on the host and
+  returns the gradients to apply (communication may run on the progress thread
+  and may return another round's result, as partial collectives do);
+* ``"server"``: :meth:`Averager.reduce` returns the *parameters* to continue
+  from (a parameter server).
 
-A strategy may also set ``replaces_update = True`` and return new *parameters*
-(a parameter server); the loop then skips its own optimizer update.
+Every call returns a :class:`CommInfo` record of what happened.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Literal
-
-Style = Literal["fused", "staged"]
+from typing import Any, ClassVar
 
 
 @dataclasses.dataclass
@@ -52,17 +51,16 @@ class CommInfo:
 class Averager:
     """Base class of gradient-averaging strategies (see module docstring)."""
 
-    style: ClassVar[Style] = "staged"
-    #: True when ``reduce`` returns parameters to use, not gradients to apply.
-    replaces_update: ClassVar[bool] = False
+    #: The executor that runs this strategy's steps (research.train.executors).
+    executor: ClassVar[str] = "staged"
     name: ClassVar[str] = "base"
 
     def average_in_jit(self, grads: Any) -> Any:
-        """Fused style: average ``grads`` inside a jitted function."""
+        """Fused: average ``grads`` inside a jitted function."""
         raise NotImplementedError(f"{type(self).__name__} is not a fused strategy")
 
     def reduce(self, grads: Any) -> tuple[Any, CommInfo]:
-        """Staged style: return the gradients to apply and a record of the call."""
+        """Staged: the gradients to apply (server: the parameters) and a record."""
         raise NotImplementedError(f"{type(self).__name__} is not a staged strategy")
 
     def flush(self) -> tuple[Any, CommInfo] | None:

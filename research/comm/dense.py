@@ -129,7 +129,7 @@ class FusedAllreduce(Averager):
         (see :class:`_Chain`; False only to measure the difference).
     """
 
-    style = "fused"
+    executor = "fused"
     name = "fused"
 
     def __init__(
@@ -315,7 +315,7 @@ class HostAllreduce(Averager):
       as_jax: return jax arrays instead of numpy arrays.
     """
 
-    style = "staged"
+    executor = "staged"
     name = "host"
 
     def __init__(

@@ -597,7 +597,7 @@ class PartialAverager(Averager):
     still turn into a step).
     """
 
-    style = "staged"
+    executor = "staged"
     mode: Mode = "solo"
 
     def __init__(

@@ -365,14 +365,13 @@ class ParameterServer:
 class ParameterServerAverager(Averager):
     """Staged averager over :class:`ParameterServer`; ``reduce`` returns parameters.
 
-    The loop must call :meth:`bind` with the initial parameters and the server's
-    optimizer before the first step (``research.train.loop.Trainer`` does, in
-    ``_bind_server``).
+    :meth:`bind` must get the initial parameters and the server's optimizer
+    before the first step (the ``server`` executor of ``research.train.executors``
+    does, in ``start``).
     """
 
     name = "ps"
-    style = "staged"
-    replaces_update = True
+    executor = "server"
 
     def __init__(self, world: Any, *, root: int = 0, **options: Any) -> None:
         self.ps = ParameterServer(world, root=root, **options)

@@ -1,14 +1,12 @@
-"""The training loop: one seam for averaging, both execution styles, callbacks.
+"""The training loop: steps, evaluation, logging, callbacks; the strategy runs the step.
 
 ``Trainer(config, world, averager=..., imbalance=..., callbacks=...).run()``
-trains, evaluates and writes the run folder (``research.rundir``). The averaging
-strategy (``research.comm.base.Averager``) decides the style:
-
-* fused: ``state, metrics = fused_step(state, x, y)`` (gradient, mpi4jax
-  allreduce and update in one jitted program);
-* staged: ``grads = grad_step(...)``; ``grads, info = averager.reduce(grads)`` on
-  the host; ``state = apply_step(state, grads)``. A strategy with
-  ``replaces_update`` returns parameters instead (parameter server).
+trains, evaluates and writes the run folder (``research.rundir``). How a step
+runs (one jitted program, host-side averaging, a parameter server, stages
+overlapped with communication) is its strategy's executor
+(``research.train.executors``): the loop asks it for each step's new state,
+metrics and communication record, and has it ``drain`` whatever is in flight
+before an evaluation, a checkpoint snapshot and the end.
 
 Per step the loop blocks on the step's metrics, so step times are honest and
 rank 0's progress bar shows the loss; the cost is that the host cannot enqueue
@@ -44,7 +42,8 @@ from research.rundir import MetricsWriter, versions, write_json
 from research.trace import NullTracer, Tracer, get_tracer, set_tracer
 from research.train import step as steps
 from research.train.config import TrainConfig
-from research.train.optim import make_optimizer, make_schedule
+from research.train.executors import StepContext, make_executor
+from research.train.optim import make_optimizer_for
 from research.train.periodic import itstime
 from research.train.state import (
     TrainState,
@@ -127,6 +126,9 @@ class Trainer:
         self.averager = averager or get_averager(
             config.strategy, world, **config.strategy_options
         )
+        self.executor = make_executor(
+            self.averager, StepContext(world.size, self._optimizer)
+        )
         self.step = 0
         self.tracer: Tracer | NullTracer = Tracer.start(
             self.run_dir,
@@ -137,11 +139,6 @@ class Trainer:
             max_events=config.trace_max_events,
         )
         self.metrics = MetricsWriter(self.run_dir, enabled=world.rank == 0)
-        self._fused = (
-            steps.make_fused_step(self.averager.average_in_jit)
-            if self.averager.style == "fused"
-            else None
-        )
         self._step_times: list[float] = []
         self._delays: list[float] = []  # injected into each step (imbalance)
         self._contributors: list[int] = []
@@ -175,13 +172,7 @@ class Trainer:
             if config.steps > 0
             else max(1, math.ceil(config.epochs * self.loader.steps_per_epoch))
         )
-        lr = config.lr * (
-            config.batch_size * world.size / 256 if config.scale_lr else 1
-        )
-        self.schedule = make_schedule(
-            config.schedule, lr, self.total_steps, config.warmup_steps
-        )
-        tx = make_optimizer(self.schedule, config.momentum, config.weight_decay)
+        self.schedule, tx = self._optimizer(1)
         self.model = models.get_model(
             config.model, num_classes=self.dataset.num_classes, **config.model_options
         )
@@ -197,53 +188,24 @@ class Trainer:
         if data_position is not None:
             self.loader.set_position(data_position)
 
+    def _optimizer(self, pushes_per_step: int):
+        """``(schedule, tx)`` for a consumer of ``pushes_per_step`` updates per step."""
+        return make_optimizer_for(
+            self.config, self.world.size, self.total_steps, pushes_per_step
+        )
+
     # -- one step -----------------------------------------------------------------
     def _train_step(self) -> tuple[dict, CommInfo | None, dict[str, float]]:
-        tr, rank, step = self.tracer, self.world.rank, self.step
-        phases: dict[str, float] = {}
+        step = self.step
         t0 = time.perf_counter()
-        with tr.span("load batch", "data", step=step):
+        with self.tracer.span("load batch", "data", step=step):
             x, y = self.loader.next_batch()
-        t1 = time.perf_counter()
-        phases["data_s"] = t1 - t0
-        delay = self.imbalance.delay(step, rank)
-        phases["delay_s"] = delay
-        info = None
-        if self._fused is not None:
-            self._hold(delay, step)  # one jitted call: the delay can only go first
-            t2 = time.perf_counter()
-            with tr.span("fwd+bwd+allreduce+update", "compute", step=step):
-                self.state, m = self._fused(self.state, x, y)
-                m = jax.device_get(m)
-            phases["compute_s"] = time.perf_counter() - t2
-        else:
-            t2 = time.perf_counter()
-            with tr.span("forward+backward", "compute", step=step):
-                grads, batch_stats, m = steps.grad_step(self.state, x, y)
-                grads = jax.block_until_ready(grads)
-                m = jax.device_get(m)
-            compute_s = time.perf_counter() - t2
-            # The straggler's extra work follows its forward+backward, so it
-            # computes alongside the others (as contended as they are when ranks
-            # share cores) and is then held while they wait or move on.
-            self._hold(delay, step)
-            t3 = time.perf_counter()
-            with tr.span(
-                "average", "comm", step=step, strategy=self.averager.name
-            ) as sp:
-                out, info = self.averager.reduce(grads)
-                sp.set(
-                    bytes=info.bytes,
-                    contributors=info.contributors,
-                    staleness=info.staleness,
-                )
-            t4 = time.perf_counter()
-            with tr.span("update", "update", step=step):
-                self._apply(out, batch_stats)
-            phases.update(
-                compute_s=compute_s, comm_s=t4 - t3, update_s=time.perf_counter() - t4
-            )
-        return m, info, phases
+        data_s = time.perf_counter() - t0
+        delay = self.imbalance.delay(step, self.world.rank)
+        self.state, m, info, phases = self.executor.step(
+            self.state, x, y, step=step, hold=lambda: self._hold(delay, step)
+        )
+        return m, info, {"data_s": data_s, "delay_s": delay, **phases}
 
     def _hold(self, delay: float, step: int) -> None:
         """The injected imbalance: part of the compute phase (a slower rank)."""
@@ -257,12 +219,13 @@ class Trainer:
             ):
                 self.imbalance.hold(delay)
 
-    def _apply(self, out: Any, batch_stats: Any) -> None:
-        if self.averager.replaces_update:
-            self.state = steps.set_params_step(self.state, out, batch_stats)
-        else:
-            self.state = steps.apply_step(self.state, out, batch_stats)
-        jax.block_until_ready(self.state.params)
+    def drain(self, final: bool = False) -> None:
+        """Complete the strategy's communication in flight (collective).
+
+        Called before every evaluation and checkpoint snapshot and at the end,
+        so nobody sees half-updated parameters or misses a carried gradient.
+        """
+        self.state = self.executor.drain(self.state, final)
 
     # -- evaluation ---------------------------------------------------------------
     def sync_batch_stats(self) -> None:
@@ -322,14 +285,14 @@ class Trainer:
         self.metrics.close()
         self.tracer.close()
         set_tracer(prev_tracer)
-        self.averager.close()
+        self.executor.close()
         return summary
 
     def _run(self) -> dict[str, Any]:
         world = self.world
         if world.rank == 0:
             write_json(self.run_dir / "config.json", self._config_record())
-        self._bind_server()
+        self.executor.start(self.state)
         self.imbalance.hold(0.0)  # compiles and calibrates a spin, if any
         for cb in self.callbacks:
             cb.on_train_start(self)
@@ -347,7 +310,7 @@ class Trainer:
             if info is not None:
                 self._contributors.append(info.contributors)
             self._after_step(m, info, phases, dt, bar)
-        self._flush_averager()
+        self.drain(final=True)
         if not self._evals or self._evals[-1]["step"] != self.step:
             self._eval_and_log()
         for cb in self.callbacks:
@@ -358,23 +321,6 @@ class Trainer:
         if world.rank == 0:
             write_json(self.run_dir / "summary.json", summary)
         return summary
-
-    def _bind_server(self) -> None:
-        """Give a parameter-server strategy its start parameters and optimizer.
-
-        P pushes make one synchronous step's worth of gradient, so the server
-        steps with lr / P on a schedule P times as long (same per-example rate).
-        """
-        if not (self.averager.replaces_update and hasattr(self.averager, "bind")):
-            return
-        c, p = self.config, self.world.size
-        lr = c.lr * (c.batch_size * p / 256 if c.scale_lr else 1)
-        sched = make_schedule(
-            c.schedule, lr / p, self.total_steps * p, c.warmup_steps * p
-        )
-        self.averager.bind(
-            self.state.params, make_optimizer(sched, c.momentum, c.weight_decay)
-        )
 
     def _after_step(self, m, info, phases, dt, bar) -> None:
         cfg = self.config
@@ -402,16 +348,8 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_step_end(self, self.step)
 
-    def _flush_averager(self) -> None:
-        out = self.averager.flush()
-        if out is not None:
-            tree, info = out
-            with self.tracer.span("flush", "comm", contributors=info.contributors):
-                self._apply(tree, self.state.batch_stats)
-            # The flush round delivers carried gradients: it is not a new step.
-            self.state = self.state.replace(step=self.step)
-
     def _eval_and_log(self) -> None:
+        self.drain()
         t0 = time.perf_counter()
         ev = self.evaluate()
         row = {
@@ -450,7 +388,10 @@ class Trainer:
         return {
             "config": self.config,
             "world_size": self.world.size,
-            "strategy": {"name": self.averager.name, "style": self.averager.style},
+            "strategy": {
+                "name": self.averager.name,
+                "executor": self.averager.executor,
+            },
             "imbalance": getattr(
                 self.imbalance, "describe", lambda: self.imbalance.name
             )(),

@@ -64,3 +64,21 @@ def make_optimizer(
         parts.append(optax.add_decayed_weights(weight_decay))
     parts.append(optax.sgd(schedule, momentum=momentum or None, nesterov=nesterov))
     return optax.chain(*parts)
+
+
+def make_optimizer_for(
+    config, world_size: int, total_steps: int, pushes_per_step: int = 1
+) -> tuple[optax.Schedule, optax.GradientTransformation]:
+    """The run's ``(schedule, optimizer)`` from a ``TrainConfig``.
+
+    ``config.lr`` is scaled by the global batch / 256 when ``config.scale_lr``.
+    A consumer that applies ``pushes_per_step`` updates per synchronous step (a
+    parameter server: one push per worker) gets lr / pushes on a schedule that
+    many times as long, so the per-example rate is the same.
+    """
+    k = max(1, pushes_per_step)
+    lr = config.lr * (config.batch_size * world_size / 256 if config.scale_lr else 1)
+    schedule = make_schedule(
+        config.schedule, lr / k, total_steps * k, config.warmup_steps * k
+    )
+    return schedule, make_optimizer(schedule, config.momentum, config.weight_decay)

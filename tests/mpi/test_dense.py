@@ -79,9 +79,9 @@ def test_registry_names_and_errors(world) -> None:
     names = list_averagers()
     assert {"fused", "host"} <= set(names)
     avg = get_averager("fused", world, bucket_bytes=1 << 20)
-    assert isinstance(avg, FusedAllreduce) and avg.style == "fused"
+    assert isinstance(avg, FusedAllreduce) and avg.executor == "fused"
     host = get_averager("host", world)
-    assert isinstance(host, HostAllreduce) and host.style == "staged"
+    assert isinstance(host, HostAllreduce) and host.executor == "staged"
     assert isinstance(host, Averager)
     with pytest.raises(ValueError, match="fused") as err:
         get_averager("no-such-strategy", world)

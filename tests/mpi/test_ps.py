@@ -71,7 +71,7 @@ def test_optimizer_update_and_averager(world):
     optax = pytest.importorskip("optax")
     init = {"w": np.full(3, 2.0, np.float32)}
     av = ParameterServerAverager(world)
-    assert av.replaces_update
+    assert av.executor == "server"
     with pytest.raises(RuntimeError, match="bind"):
         av.reduce(init)
     av.bind(init, optax.sgd(0.1, momentum=0.9))

@@ -84,3 +84,77 @@ def test_summary_and_files(world, runs):
             "update",
             "evaluate",
         } <= names
+
+
+def test_solo_restart_applies_every_gradient_exactly_once(world, tmp_path_factory):
+    """Checkpoint mid-run with gradients carried, restart, every one applied once.
+
+    Plain SGD (constant lr, no momentum or decay) makes the final parameters
+    ``p0 - lr / P * (sum of every gradient applied)``; the gradients each rank
+    computes are recorded on the way (the real jitted step runs). The last rank
+    is held up each step, so solo rounds run without it and it carries
+    gradients: the checkpoint must be taken after a drain, or they are lost.
+    """
+    from research.checkpoint.callback import CheckpointCallback
+    from research.checkpoint.config import CheckpointConfig
+    from research.imbalance import parse_imbalance
+    from research.train import step as steps
+
+    if world.size < 2:
+        pytest.skip("needs two ranks")
+    run_dir = world.bcast(
+        str(tmp_path_factory.mktemp("solo-restart")) if world.rank == 0 else None
+    )
+    computed = []
+    grad_step = steps.grad_step
+
+    def recording_grad_step(state, x, y):
+        out = grad_step(state, x, y)
+        computed.append(jax.tree.map(np.asarray, out[0]))
+        return out
+
+    def trainer(total: int) -> Trainer:
+        cfg = TrainConfig(
+            model="candle_p1b2_tiny",
+            dataset="synthetic_tabular",
+            data_options={"features": 256, "n_train": 512, "n_test": 64},
+            batch_size=8,
+            steps=total,
+            eval_every=0,
+            strategy="solo",
+            strategy_options={"sync_every": None},
+            schedule="constant",
+            warmup_steps=0,
+            momentum=0.0,
+            weight_decay=0.0,
+            lr=0.05,
+            progress=False,
+            run_dir=run_dir,
+        )
+        late = f"fixed:ranks={world.size - 1}:seconds=0.01"
+        ck = CheckpointConfig(strategy="deepfreeze", every=6, fast_dir=None, final=True)
+        return Trainer(
+            cfg,
+            world,
+            imbalance=parse_imbalance(late, size=world.size),
+            callbacks=[CheckpointCallback(ck)],
+        )
+
+    steps.grad_step = recording_grad_step
+    try:
+        first = trainer(6)
+        p0 = jax.tree.map(np.asarray, first.state.params)
+        first.run()
+        second = trainer(12)
+        second.run()
+    finally:
+        steps.grad_step = grad_step
+    assert second.callbacks[-1].resumed_from == 6
+    assert len(computed) == 12  # 6 before the checkpoint, 6 after the restart
+    mine = jax.tree.map(lambda *g: np.sum(g, axis=0, dtype=np.float64), *computed)
+    everyone = jax.tree.map(lambda a: world.comm.allreduce(a), mine)
+    final = jax.tree.map(np.asarray, second.state.params)
+    expected = jax.tree.map(lambda p, g: p - 0.05 / world.size * g, p0, everyone)
+    for got, want in zip(jax.tree.leaves(final), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert len(set(world.allgather(_checksum(second.state.params)))) == 1

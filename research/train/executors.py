@@ -1,0 +1,207 @@
+"""How one training step runs: the strategy's executor, the loop's only seam.
+
+The loop (:class:`research.train.loop.Trainer`) asks its executor for each step's
+new state, metrics and communication record, and knows nothing of how a strategy
+communicates::
+
+    executor = make_executor(averager, ctx)
+    executor.start(state)                       # once, before the first step
+    state, metrics, info, phases = executor.step(state, x, y, step=s, hold=hold)
+    state = executor.drain(state)               # before evaluation, a checkpoint
+    state = executor.drain(state, final=True)   #   snapshot, and at the end
+    executor.close()                            # success path only (collective)
+
+``hold()`` spends the step's injected delay (``research.imbalance``); each
+executor calls it where a slower rank would be slow: after its own computation,
+or first when the whole step is one program.
+
+Built in, chosen by the averager's ``executor`` attribute:
+
+* ``fused``: gradient, mpi4jax allreduce and update are one jitted program;
+* ``staged``: jitted gradient, the averager's host-side ``reduce`` (which may
+  return another round's result, as partial collectives do), jitted update;
+  ``drain`` runs the averager's ``flush`` (a synchronous round delivering what
+  it carries), so evaluation and checkpoints never miss a computed gradient;
+* ``server``: jitted gradient, push to and pull from a parameter server whose
+  optimizer steps P times per synchronous step (lr / P on a P-times-longer
+  schedule: the same per-example rate).
+
+A strategy that runs its step differently (stage by stage, overlapped) registers
+its own executor with :func:`register_executor` and names it in its averager.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+from research.comm.base import Averager, CommInfo
+from research.trace import get_tracer
+from research.train import step as steps
+from research.train.state import TrainState
+
+StepOut = tuple[TrainState, dict, "CommInfo | None", dict[str, float]]
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What an executor may need beyond its averager.
+
+    Attributes:
+      world_size: ranks in the job.
+      optimizer: ``optimizer(pushes_per_step) -> (schedule, tx)``, the run's
+        optimizer for a consumer that applies ``pushes_per_step`` updates per
+        synchronous step (1 for the loop itself; P for a parameter server).
+    """
+
+    world_size: int
+    optimizer: Callable[[int], Any]
+
+
+class Executor:
+    """Runs the steps of one strategy (see the module docstring)."""
+
+    def __init__(self, averager: Averager, ctx: StepContext) -> None:
+        self.averager = averager
+        self.ctx = ctx
+
+    @property
+    def name(self) -> str:
+        return self.averager.name
+
+    def start(self, state: TrainState) -> None:
+        """Once, before the first step, on every rank."""
+
+    def step(
+        self, state: TrainState, x: Any, y: Any, *, step: int, hold: Callable[[], None]
+    ) -> StepOut:
+        raise NotImplementedError
+
+    def drain(self, state: TrainState, final: bool = False) -> TrainState:
+        """Complete whatever is in flight or carried; collective."""
+        return state
+
+    def close(self) -> None:
+        """Release threads and communicators (success path; may be collective)."""
+        self.averager.close()
+
+
+_EXECUTORS: dict[str, type[Executor]] = {}
+
+
+def register_executor(name: str):
+    """Class decorator: averagers with ``executor = name`` run on this class."""
+
+    def deco(cls: type[Executor]) -> type[Executor]:
+        _EXECUTORS[name] = cls
+        return cls
+
+    return deco
+
+
+def make_executor(averager: Averager, ctx: StepContext) -> Executor:
+    """The executor that runs ``averager``'s steps."""
+    kind = averager.executor
+    if kind not in _EXECUTORS:
+        raise ValueError(
+            f"strategy {averager.name!r} asks for executor {kind!r}; known: "
+            + ", ".join(sorted(_EXECUTORS))
+        )
+    return _EXECUTORS[kind](averager, ctx)
+
+
+def _timed_grad(state: TrainState, x: Any, y: Any, step: int):
+    t0 = time.perf_counter()
+    with get_tracer().span("forward+backward", "compute", step=step):
+        grads, batch_stats, m = steps.grad_step(state, x, y)
+        grads = jax.block_until_ready(grads)
+        m = jax.device_get(m)
+    return grads, batch_stats, m, time.perf_counter() - t0
+
+
+@register_executor("fused")
+class FusedExecutor(Executor):
+    """Gradient, averaging and update in one jitted program."""
+
+    def __init__(self, averager: Averager, ctx: StepContext) -> None:
+        super().__init__(averager, ctx)
+        self._step = steps.make_fused_step(averager.average_in_jit)
+
+    def step(self, state, x, y, *, step, hold) -> StepOut:
+        hold()  # one program: the delay can only go first
+        t0 = time.perf_counter()
+        with get_tracer().span("fwd+bwd+allreduce+update", "compute", step=step):
+            state, m = self._step(state, x, y)
+            m = jax.device_get(m)
+        return state, m, None, {"compute_s": time.perf_counter() - t0}
+
+
+@register_executor("staged")
+class StagedExecutor(Executor):
+    """Jitted gradient, host-side averaging, jitted update."""
+
+    def step(self, state, x, y, *, step, hold) -> StepOut:
+        grads, batch_stats, m, compute_s = _timed_grad(state, x, y, step)
+        # The straggler's extra work follows its forward+backward, so it
+        # computes alongside the others (as contended as they are when ranks
+        # share cores) and is then held while they wait or move on.
+        hold()
+        t0 = time.perf_counter()
+        with get_tracer().span(
+            "average", "comm", step=step, strategy=self.averager.name
+        ) as sp:
+            out, info = self.averager.reduce(grads)
+            sp.set(
+                bytes=info.bytes,
+                contributors=info.contributors,
+                staleness=info.staleness,
+            )
+        t1 = time.perf_counter()
+        with get_tracer().span("update", "update", step=step):
+            state = self._apply(state, out, batch_stats)
+        phases = {
+            "compute_s": compute_s,
+            "comm_s": t1 - t0,
+            "update_s": time.perf_counter() - t1,
+        }
+        return state, m, info, phases
+
+    def _apply(self, state: TrainState, grads: Any, batch_stats: Any) -> TrainState:
+        state = steps.apply_step(state, grads, batch_stats)
+        jax.block_until_ready(state.params)
+        return state
+
+    def drain(self, state: TrainState, final: bool = False) -> TrainState:
+        out = self.averager.flush()
+        if out is None:
+            return state
+        tree, info = out
+        with get_tracer().span("flush", "comm", contributors=info.contributors):
+            done = int(state.step)
+            state = self._apply(state, tree, state.batch_stats)
+        # The flush round delivers carried gradients: it is not a new step.
+        return state.replace(step=done)
+
+
+@register_executor("server")
+class ServerExecutor(StagedExecutor):
+    """Push gradients to a parameter server, pull its parameters (``ps``)."""
+
+    def start(self, state: TrainState) -> None:
+        # P pushes make one synchronous step's worth of gradient.
+        _, tx = self.ctx.optimizer(self.ctx.world_size)
+        self.averager.bind(state.params, tx)
+
+    def _apply(self, state: TrainState, params: Any, batch_stats: Any) -> TrainState:
+        state = steps.set_params_step(state, params, batch_stats)
+        jax.block_until_ready(state.params)
+        return state
+
+    def drain(self, state: TrainState, final: bool = False) -> TrainState:
+        # Push-pull is synchronous for the worker: nothing is in flight between
+        # steps. Only the end retires the server (every rank's final pull).
+        return super().drain(state, final) if final else state
