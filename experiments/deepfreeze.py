@@ -164,8 +164,13 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
 
 #: --paper-scale: the paper's model sizes (224x224, 1000 classes), for clusters.
 PAPER_SCALE = {
-    "data_opt": ["image_size=224", "num_classes=1000", "n_train=2048", "n_test=256"],
-    "model_opt": ["stem='imagenet'", "image_size=224"],
+    "data_options": [
+        "image_size=224",
+        "num_classes=1000",
+        "n_train=2048",
+        "n_test=256",
+    ],
+    "model_options": ["stem='imagenet'", "image_size=224"],
     "batch_size": 32,
     "rounds": 3,
     "np_": 64,

@@ -24,7 +24,6 @@ import sys
 
 from research.cli import (
     ArgumentParser,
-    add_checkpoint_flags,
     add_train_flags,
     config_from_args,
     listing,
@@ -43,8 +42,7 @@ def parse(argv: list[str]):
         formatter_class=__import__("argparse").RawDescriptionHelpFormatter,
     )
     defaults = TrainConfig(epochs=3, eval_every=100)
-    add_train_flags(p, defaults)
-    add_checkpoint_flags(p, defaults)
+    add_train_flags(p, defaults, checkpointing=True)
     return p.parse_args(argv)
 
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import os
 from collections.abc import Sequence
 from typing import Any
 
 from research.launch import fail_usage
-from research.train.config import TrainConfig
+from research.train.config import CKPT, PARALLEL, TrainConfig
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -37,88 +38,53 @@ def parse_options(pairs: Sequence[str] | None, flag: str) -> dict[str, Any]:
     return out
 
 
-def add_train_flags(p: argparse.ArgumentParser, defaults: TrainConfig) -> None:
-    """The flags of one training run; ``defaults`` supplies the shown defaults."""
-    g = p.add_argument_group("model and data")
-    g.add_argument(
-        "--model",
-        default=defaults.model,
-        help="model name (see --list); default %(default)s",
-    )
-    g.add_argument(
-        "--model-opt",
-        action="append",
-        metavar="KEY=VALUE",
-        help="model option, repeatable (e.g. width=16, stem=cifar)",
-    )
-    g.add_argument(
-        "--dataset",
-        default=defaults.dataset,
-        help="dataset name (see --list); default %(default)s",
-    )
-    g.add_argument(
-        "--data-dir",
-        default=defaults.data_dir,
-        help="folder of an on-disk dataset (cifar10, candle_nt3, candle_p1b2)",
-    )
-    g.add_argument(
-        "--data-opt",
-        action="append",
-        metavar="KEY=VALUE",
-        help="dataset option, repeatable (e.g. n_train=4096, features=512)",
-    )
-    g = p.add_argument_group("optimisation")
-    g.add_argument(
-        "--batch-size",
-        type=int,
-        default=defaults.batch_size,
-        help="examples per rank per step; default %(default)s",
-    )
-    g.add_argument(
-        "--steps",
-        type=int,
-        default=defaults.steps,
-        help="training steps (overrides --epochs when > 0); default %(default)s",
-    )
-    g.add_argument(
-        "--epochs",
-        type=float,
-        default=defaults.epochs,
-        help="epochs over the training split; default %(default)s",
-    )
-    g.add_argument(
-        "--lr",
-        type=float,
-        default=defaults.lr,
-        help="peak learning rate; default %(default)s",
-    )
-    g.add_argument(
-        "--scale-lr",
-        action="store_true",
-        default=defaults.scale_lr,
-        help="multiply --lr by global batch / 256 (Goyal et al.)",
-    )
-    g.add_argument(
-        "--schedule",
-        default=defaults.schedule,
-        choices=("constant", "step", "cosine"),
-        help="learning-rate schedule after warm-up; default %(default)s",
-    )
-    g.add_argument(
-        "--warmup-steps",
-        type=int,
-        default=defaults.warmup_steps,
-        help="linear warm-up steps; default %(default)s",
-    )
-    g.add_argument("--momentum", type=float, default=defaults.momentum)
-    g.add_argument("--weight-decay", type=float, default=defaults.weight_decay)
-    g.add_argument(
-        "--seed",
-        type=int,
-        default=defaults.seed,
-        help="seed of data, initialisation and sharding; default %(default)s",
-    )
-    g = p.add_argument_group("parallelism")
+def add_train_flags(
+    p: argparse.ArgumentParser, defaults: TrainConfig, *, checkpointing: bool = False
+) -> None:
+    """The flags of one training run, built from :class:`TrainConfig`'s fields.
+
+    ``defaults`` supplies the shown defaults; the checkpointing group is added
+    only with ``checkpointing`` (experiments whose runs checkpoint).
+    """
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in dataclasses.fields(TrainConfig):
+        meta = f.metadata
+        if not meta or (meta["group"] == CKPT and not checkpointing):
+            continue
+        if meta["group"] not in groups:
+            groups[meta["group"]] = p.add_argument_group(meta["group"])
+        g = groups[meta["group"]]
+        default = getattr(defaults, f.name)
+        kw: dict[str, Any] = {"dest": f.name, "help": meta["help"]}
+        if isinstance(default, dict):
+            g.add_argument(
+                meta["name"], action="append", metavar="KEY=VALUE", default=None, **kw
+            )
+        elif isinstance(default, bool):
+            name = meta["name"] or ("--no-" if default else "--") + f.name.replace(
+                "_", "-"
+            )
+            if f.name == "trace":
+                g.add_argument(
+                    "--trace",
+                    action=argparse.BooleanOptionalAction,
+                    default=default,
+                    **kw,
+                )
+            else:
+                action = "store_false" if default else "store_true"
+                g.add_argument(name, action=action, default=default, **kw)
+        else:
+            typ = type(default) if default not in (None, "") else str
+            g.add_argument(
+                meta["name"] or "--" + f.name.replace("_", "-"),
+                type=typ,
+                default=default if default != "" else None,
+                choices=meta["choices"],
+                metavar=meta["metavar"],
+                **kw,
+            )
+    g = groups[PARALLEL]
     g.add_argument(
         "--np",
         type=int,
@@ -127,120 +93,29 @@ def add_train_flags(p: argparse.ArgumentParser, defaults: TrainConfig) -> None:
         help="ranks to launch when started without mpiexec (0: run in this "
         "process alone); ignored under mpiexec/srun; default %(default)s",
     )
-    g.add_argument(
-        "--threads",
-        type=int,
-        default=defaults.threads,
-        help="XLA intra-op threads per rank (0: XLA default); default %(default)s",
-    )
-    g.add_argument(
-        "--strategy",
-        default=defaults.strategy,
-        help="gradient averaging: fused (mpi4jax in jit), host (mpi4py, "
-        "staged), or a paper's strategy (see --list); default %(default)s",
-    )
-    g.add_argument(
-        "--strategy-opt",
-        action="append",
-        metavar="KEY=VALUE",
-        help="strategy option, repeatable (e.g. bucket_bytes=67108864)",
-    )
-    g = p.add_argument_group("output")
-    g.add_argument(
-        "--run-dir",
-        default=defaults.run_dir or None,
-        help="run folder (default runs/<experiment>-<timestamp>)",
-    )
-    g.add_argument(
-        "--eval-every",
-        type=int,
-        default=defaults.eval_every,
-        help="evaluate on the test split every N steps; default %(default)s",
-    )
-    g.add_argument(
-        "--log-every",
-        type=int,
-        default=defaults.log_every,
-        help="write a metrics.jsonl row every N steps; default %(default)s",
-    )
-    g.add_argument(
-        "--trace",
-        action=argparse.BooleanOptionalAction,
-        default=defaults.trace,
-        help="write the timeline trace.json",
-    )
-    g.add_argument(
-        "--no-progress", action="store_true", help="no progress bar on rank 0"
-    )
     p.add_argument(
         "--list",
         action="store_true",
-        help="list models, datasets and strategies, then exit",
-    )
-
-
-def add_checkpoint_flags(p: argparse.ArgumentParser, defaults: TrainConfig) -> None:
-    """Checkpoint and resume flags (``research.checkpoint``) of a training run."""
-    from research.checkpoint.config import STRATEGIES
-
-    g = p.add_argument_group("checkpointing")
-    g.add_argument(
-        "--checkpoint",
-        default=defaults.checkpoint,
-        choices=STRATEGIES,
-        help="checkpoint strategy (into RUN_DIR/checkpoints); default %(default)s",
-    )
-    g.add_argument(
-        "--checkpoint-every",
-        type=int,
-        default=defaults.checkpoint_every,
-        metavar="N",
-        help="checkpoint every N steps and after the last; default %(default)s",
-    )
-    g.add_argument(
-        "--no-resume",
-        dest="resume",
-        action="store_false",
-        default=defaults.resume,
-        help="start over even when --run-dir holds a committed checkpoint "
-        "(default: resume from the newest one)",
+        help="list models, datasets and strategies (with their options), then exit",
     )
 
 
 def config_from_args(args: argparse.Namespace, prog: str) -> TrainConfig:
     """Build and validate the config; bad input ends with one line and exit 2."""
+    values: dict[str, Any] = {}
     try:
-        cfg = TrainConfig(
-            model=args.model,
-            model_options=parse_options(args.model_opt, "--model-opt"),
-            dataset=args.dataset,
-            data_dir=args.data_dir,
-            data_options=parse_options(args.data_opt, "--data-opt"),
-            batch_size=args.batch_size,
-            steps=args.steps,
-            epochs=args.epochs,
-            lr=args.lr,
-            scale_lr=args.scale_lr,
-            schedule=args.schedule,
-            warmup_steps=args.warmup_steps,
-            momentum=args.momentum,
-            weight_decay=args.weight_decay,
-            seed=args.seed,
-            strategy=args.strategy,
-            strategy_options=parse_options(args.strategy_opt, "--strategy-opt"),
-            eval_every=args.eval_every,
-            log_every=args.log_every,
-            trace=args.trace,
-            threads=args.threads,
-            # Absolute once, where the run folder is named: every rank resolves
-            # it alike (mpiexec starts them in the same folder), and libraries
-            # handed paths below it (Orbax) refuse relative ones.
-            run_dir=os.path.abspath(args.run_dir) if args.run_dir else "",
-            progress=not args.no_progress,
-            checkpoint=getattr(args, "checkpoint", "none"),
-            checkpoint_every=getattr(args, "checkpoint_every", 100),
-            resume=getattr(args, "resume", True),
-        )
+        for f in dataclasses.fields(TrainConfig):
+            if not f.metadata or not hasattr(args, f.name):
+                continue
+            value = getattr(args, f.name)
+            if f.metadata["name"] and f.metadata["name"].endswith("-opt"):
+                value = parse_options(value, f.metadata["name"])
+            values[f.name] = value
+        # Absolute once, where the run folder is named: every rank resolves it
+        # alike (mpiexec starts them in the same folder), and libraries handed
+        # paths below it (Orbax) refuse relative ones.
+        values["run_dir"] = os.path.abspath(args.run_dir) if args.run_dir else ""
+        cfg = TrainConfig(**values)
     except ValueError as e:
         fail_usage(prog, str(e))
     problem = validate(cfg)
@@ -269,7 +144,7 @@ def check_writable_dir(path: str | os.PathLike, flag: str) -> str | None:
 def validate(cfg: TrainConfig) -> str | None:
     """The first problem with ``cfg`` as one line, or None."""
     import models
-    from research.comm.registry import known_averagers
+    from research.comm.registry import check_options, known_averagers
     from research.data import list_datasets
 
     if cfg.model not in models.list_models():
@@ -285,6 +160,9 @@ def validate(cfg: TrainConfig) -> str | None:
             f"unknown strategy {cfg.strategy!r}; choose one of "
             f"{', '.join(known_averagers())}"
         )
+    problem = check_options(cfg.strategy, cfg.strategy_options)
+    if problem:
+        return f"--strategy-opt: {problem}"
     if cfg.batch_size <= 0:
         return f"--batch-size must be positive, got {cfg.batch_size}"
     if cfg.steps < 0 or cfg.epochs <= 0:
@@ -309,11 +187,15 @@ def validate(cfg: TrainConfig) -> str | None:
 
 def listing() -> str:
     import models
-    from research.comm.registry import known_averagers
+    from research.comm.registry import BUILTIN_OPTIONS, known_averagers
     from research.data import list_datasets
 
-    return (
-        f"models:     {', '.join(models.list_models())}\n"
-        f"datasets:   {', '.join(list_datasets())}\n"
-        f"strategies: {', '.join(known_averagers())}"
-    )
+    lines = [
+        f"models:     {', '.join(models.list_models())}",
+        f"datasets:   {', '.join(list_datasets())}",
+        "strategies (--strategy-opt KEY=VALUE):",
+    ]
+    for name in known_averagers():
+        opts = ", ".join(BUILTIN_OPTIONS.get(name, {})) or "-"
+        lines.append(f"  {name:<10} {opts}")
+    return "\n".join(lines)

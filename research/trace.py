@@ -21,10 +21,9 @@ Design choices (see also README "Timeline"):
   25 MB merged for 4 ranks); later events are counted, not stored, and the count is
   recorded as a ``dropped_events`` metadata event.
 * Timestamps are microseconds since a barrier at start, so ranks line up.
-* Honesty under asynchronous dispatch: a span only measures host time. Code that
-  closes a span around jitted work calls :meth:`Tracer.block` on the result, which
-  blocks only while tracing is on (the cost: the host cannot run ahead and enqueue
-  the next step while the device finishes this one).
+* Honesty under asynchronous dispatch: a span only measures host time, so code
+  that closes a span around jitted work blocks on its result first (the training
+  loop does, every step, whether tracing is on or not).
 """
 
 from __future__ import annotations
@@ -76,20 +75,10 @@ class NullTracer:
     def span(self, name: str, track: str = "compute", **args: Any) -> _NullSpan:
         return _NULL_SPAN
 
-    def instant(self, name: str, track: str = "compute", **args: Any) -> None:
-        pass
-
     def complete(
         self, name: str, track: str, start_s: float, end_s: float, **args: Any
     ) -> None:
         pass
-
-    def counter(self, name: str, **values: float) -> None:
-        pass
-
-    @staticmethod
-    def block(x: Any) -> Any:
-        return x
 
     def flush(self) -> None:
         pass
@@ -243,38 +232,6 @@ class Tracer:
                 "args": args,
             }
         )
-
-    def instant(self, name: str, track: str = "compute", **args: Any) -> None:
-        self._add(
-            {
-                "ph": "i",
-                "s": "t",
-                "pid": self.rank,
-                "tid": TRACKS.get(track, 99),
-                "name": name,
-                "cat": track,
-                "ts": self._us(time.perf_counter()),
-                "args": args,
-            }
-        )
-
-    def counter(self, name: str, **values: float) -> None:
-        self._add(
-            {
-                "ph": "C",
-                "pid": self.rank,
-                "name": name,
-                "ts": self._us(time.perf_counter()),
-                "args": values,
-            }
-        )
-
-    @staticmethod
-    def block(x: Any) -> Any:
-        """Wait for jitted results so the span that ends here is honest."""
-        import jax
-
-        return jax.block_until_ready(x)
 
     # -- writing -----------------------------------------------------------------
     def flush(self) -> None:

@@ -84,6 +84,15 @@ def test_smoke_two_ranks_relaunch(tmp_path):
         (["--batch-size", "-3"], "--batch-size must be positive"),
         (["--data-dir", "/no/such/folder"], "is not a folder"),
         (["--strategy", "nope"], "unknown strategy 'nope'"),
+        (
+            ["--strategy", "solo", "--strategy-opt", "sync_evry=4"],
+            "strategy 'solo' has no option 'sync_evry'",
+        ),
+        (
+            ["--strategy", "host", "--strategy-opt", "bucket_bytes=big"],
+            "bucket_bytes='big' must be int",
+        ),
+        (["--threads", "-1"], "--threads must be >= 0"),
         (["--bogus-flag"], "unrecognized arguments"),
     ],
 )
@@ -169,3 +178,40 @@ def test_builtin_strategy_names_match_what_the_modules_register():
     }
     assert registered == registry.BUILTIN_NAMES
     assert set(registry.STRATEGY_MODULES) == set(registry.BUILTIN_NAMES.values())
+
+
+def test_builtin_options_match_the_constructors():
+    import inspect
+
+    from research.comm import registry
+
+    registry.list_averagers()  # imports every strategy module
+    for name, options in registry.BUILTIN_OPTIONS.items():
+        factory = registry._REGISTRY[name]
+        params = inspect.signature(factory).parameters
+        assert set(registry._keywords(factory)) == set(options), name
+        for key, types in options.items():
+            default = params[key].default
+            assert isinstance(default, types), (name, key, default)
+
+
+def test_flags_come_from_the_config_fields():
+    import dataclasses
+
+    from experiments.train import parse
+    from research.cli import config_from_args
+    from research.train.config import TrainConfig
+
+    cfg = config_from_args(parse([]), "test")
+    want = TrainConfig(epochs=3, eval_every=100)
+    for f in dataclasses.fields(TrainConfig):
+        if f.name != "run_dir":
+            assert getattr(cfg, f.name) == getattr(want, f.name), f.name
+    argv = ["--momentum", "0.5", "--no-resume", "--model-opt", "width=8", "--trace"]
+    cfg = config_from_args(parse(argv), "test")
+    assert (cfg.momentum, cfg.resume, cfg.model_options, cfg.trace) == (
+        0.5,
+        False,
+        {"width": 8},
+        True,
+    )

@@ -153,10 +153,6 @@ class FusedAllreduce(Averager):
         """The bucket plan used for trees shaped like ``grads``."""
         return self._plans.get(grads)
 
-    def bytes_per_call(self, grads: Any) -> int:
-        """Bytes this rank hands to MPI per averaging of ``grads`` (0 when alone)."""
-        return 0 if self.size == 1 else self.plan(grads).nbytes
-
     def average_in_jit(self, grads: Any) -> Any:
         """The mean of ``grads`` over all ranks (call inside ``jit``)."""
         if self.size == 1:

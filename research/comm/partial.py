@@ -601,10 +601,21 @@ class PartialAverager(Averager):
     mode: Mode = "solo"
 
     def __init__(
-        self, world: Any, *, seed: int = 0, sync_every: int | None = 32, **options: Any
+        self,
+        world: Any,
+        *,
+        seed: int = 0,
+        sync_every: int | None = 32,
+        slice_s: float = 0.02,
+        max_sleep: float = 5e-4,
     ) -> None:
         self.pa = PartialAllreduce(
-            world, mode=self.mode, seed=seed, sync_every=sync_every, **options
+            world,
+            mode=self.mode,
+            seed=seed,
+            sync_every=sync_every,
+            slice_s=slice_s,
+            max_sleep=max_sleep,
         )
 
     def reduce(self, grads: Any) -> tuple[Any, CommInfo]:

@@ -373,8 +373,17 @@ class ParameterServerAverager(Averager):
     name = "ps"
     executor = "server"
 
-    def __init__(self, world: Any, *, root: int = 0, **options: Any) -> None:
-        self.ps = ParameterServer(world, root=root, **options)
+    def __init__(
+        self,
+        world: Any,
+        *,
+        root: int = 0,
+        slice_s: float = 0.02,
+        max_sleep: float = 5e-4,
+    ) -> None:
+        self.ps = ParameterServer(
+            world, root=root, slice_s=slice_s, max_sleep=max_sleep
+        )
 
     @property
     def size(self) -> int:

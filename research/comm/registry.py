@@ -49,6 +49,67 @@ BUILTIN_NAMES: dict[str, str] = {
     "ps": "research.comm.ps",
 }
 
+#: Options of the built-in strategies (``--strategy-opt KEY=VALUE``) and the
+#: types they accept, also known without importing the modules, so a misspelt
+#: option is one line before launch; a test keeps it true to the constructors.
+_INT, _INT_OR_NONE, _FLOAT, _BOOL = (int,), (int, type(None)), (float, int), (bool,)
+_PARTIAL = {
+    "seed": _INT,
+    "sync_every": _INT_OR_NONE,
+    "slice_s": _FLOAT,
+    "max_sleep": _FLOAT,
+}
+BUILTIN_OPTIONS: dict[str, dict[str, tuple[type, ...]]] = {
+    "fused": {
+        "bucket_bytes": _INT,
+        "alone_bytes": _INT_OR_NONE,
+        "sequential": _BOOL,
+        "prescale": _BOOL,
+    },
+    "host": {"bucket_bytes": _INT, "as_jax": _BOOL},
+    "solo": _PARTIAL,
+    "majority": _PARTIAL,
+    "sync": _PARTIAL,
+    "ps": {"root": _INT, "slice_s": _FLOAT, "max_sleep": _FLOAT},
+}
+
+
+def check_options(name: str, options: dict[str, Any]) -> str | None:
+    """A one-line problem with ``options`` for strategy ``name``, or None.
+
+    Built-in strategies are checked by name and type; a strategy registered
+    from outside is checked against its constructor's keyword arguments.
+    """
+    known = BUILTIN_OPTIONS.get(name)
+    if known is None:
+        if name not in _REGISTRY:
+            return None  # unknown strategy: reported by the name check
+        known = {k: (object,) for k in _keywords(_REGISTRY[name])}
+    for key, value in options.items():
+        if key not in known:
+            valid = ", ".join(sorted(known)) or "none"
+            return f"strategy {name!r} has no option {key!r}; its options: {valid}"
+        types = known[key]
+        if not isinstance(value, types) or (
+            isinstance(value, bool) and bool not in types
+        ):
+            want = " or ".join("None" if t is type(None) else t.__name__ for t in types)
+            return f"strategy option {key}={value!r} must be {want}"
+    return None
+
+
+def _keywords(factory: Callable[..., Any]) -> list[str]:
+    """Keyword arguments of a strategy's constructor (after ``world``)."""
+    import inspect
+
+    params = inspect.signature(factory).parameters.values()
+    return [
+        p.name
+        for p in params
+        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "world"
+    ]
+
+
 _REGISTRY: dict[str, Callable[..., Averager]] = {}
 
 F = TypeVar("F", bound=Callable[..., Averager])

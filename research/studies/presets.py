@@ -62,12 +62,12 @@ def apply_model_preset(args: argparse.Namespace, preset: Mapping[str, Any]) -> N
     if "dataset" in preset and args.dataset == "synthetic_images":
         args.dataset = preset["dataset"]
     # Preset options first, so --model-opt/--data-opt given by the user win.
-    args.model_opt = [
+    args.model_options = [
         f"{k}={v!r}" for k, v in preset.get("model_options", {}).items()
-    ] + list(args.model_opt or [])
-    args.data_opt = [
+    ] + list(args.model_options or [])
+    args.data_options = [
         f"{k}={v!r}" for k, v in preset.get("data_options", {}).items()
-    ] + list(args.data_opt or [])
+    ] + list(args.data_options or [])
 
 
 def run_root(run_dir: str | None, world, experiment: str) -> Path:

