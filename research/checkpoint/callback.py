@@ -45,6 +45,19 @@ class CheckpointCallback(Callback):
         self._world = None
         self._end_s = 0.0
 
+    @classmethod
+    def for_run(cls, config: Any) -> CheckpointCallback:
+        """The callback a ``TrainConfig`` asks for (``checkpoint``, its interval,
+        ``resume``), checkpointing after the last step too."""
+        return cls(
+            CheckpointConfig(
+                strategy=config.checkpoint,
+                every=config.checkpoint_every,
+                resume=config.resume,
+                final=True,
+            )
+        )
+
     def on_train_start(self, trainer: Trainer) -> None:
         self._world = trainer.world
         self.ckpt = self.config.create(trainer.world, trainer.run_dir, **self._kw)

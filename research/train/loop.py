@@ -24,34 +24,25 @@ abort hook (``research.comm.world.install_abort_on_error``) ends the job.
 from __future__ import annotations
 
 import math
-import os
-import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import jax
-import numpy as np
-
 from research.comm.base import Averager, CommInfo
+from research.comm.dense import HostAllreduce
 from research.comm.world import World
 from research.imbalance import Imbalance
-from research.launch import UsageError, xla_compute_threads
-from research.rundir import MetricsWriter, versions, write_json
+from research.launch import UsageError
+from research.rundir import MetricsWriter, write_json
 from research.trace import NullTracer, Tracer, get_tracer, set_tracer
-from research.train import step as steps
 from research.train.config import TrainConfig
+from research.train.evaluate import evaluate, sync_batch_stats
 from research.train.executors import StepContext, make_executor
 from research.train.optim import make_optimizer_for
 from research.train.periodic import itstime
-from research.train.state import (
-    TrainState,
-    create_train_state,
-    param_count,
-    tree_bytes,
-    tree_digest,
-)
+from research.train.report import config_record, summary_record
+from research.train.state import TrainState, create_train_state
 
 
 class Callback:
@@ -110,16 +101,9 @@ class Trainer:
             r, p = failed[0]
             raise UsageError(p if len(failed) == world.size else f"rank {r}: {p}")
         if config.checkpoint != "none":
-            from research.checkpoint import CheckpointConfig
             from research.checkpoint.callback import CheckpointCallback
 
-            ck = CheckpointConfig(
-                strategy=config.checkpoint,
-                every=config.checkpoint_every,
-                resume=config.resume,
-                final=True,
-            )
-            self.callbacks.append(CheckpointCallback(ck))
+            self.callbacks.append(CheckpointCallback.for_run(config))
         if world.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         world.barrier()
@@ -139,11 +123,12 @@ class Trainer:
             max_events=config.trace_max_events,
         )
         self.metrics = MetricsWriter(self.run_dir, enabled=world.rank == 0)
-        self._step_times: list[float] = []
-        self._delays: list[float] = []  # injected into each step (imbalance)
-        self._contributors: list[int] = []
-        self._evals: list[dict[str, Any]] = []
-        self._train_time = 0.0  # wall time in training steps, evaluation excluded
+        self._stats_mean = HostAllreduce(world)  # BatchNorm statistics
+        self.step_times: list[float] = []
+        self.delays: list[float] = []  # injected into each step (imbalance)
+        self.contributors: list[int] = []
+        self.evals: list[dict[str, Any]] = []
+        self.train_time = 0.0  # wall time in training steps, evaluation excluded
         self._t_start = 0.0
 
     def _setup_local(self) -> None:
@@ -227,45 +212,6 @@ class Trainer:
         """
         self.state = self.executor.drain(self.state, final)
 
-    # -- evaluation ---------------------------------------------------------------
-    def sync_batch_stats(self) -> None:
-        """Average BatchNorm statistics over ranks (collective), as Flax's example."""
-        leaves, treedef = jax.tree_util.tree_flatten(self.state.batch_stats)
-        if not leaves or self.world.size == 1:
-            return
-        from mpi4py import MPI
-
-        flat = np.concatenate([np.asarray(a, np.float64).ravel() for a in leaves])
-        self.world.comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
-        flat /= self.world.size
-        out, off = [], 0
-        for a in leaves:
-            out.append(flat[off : off + a.size].reshape(a.shape).astype(a.dtype))
-            off += a.size
-        self.state = self.state.replace(
-            batch_stats=jax.tree_util.tree_unflatten(treedef, out)
-        )
-
-    def evaluate(self) -> dict[str, float]:
-        """Test loss and accuracy over the whole test split, summed over ranks."""
-        from research.data.sharding import eval_batches
-
-        with self.tracer.span("evaluate", "eval", step=self.step):
-            self.sync_batch_stats()
-            totals = np.zeros(3)
-            for x, y in eval_batches(
-                self.dataset.test_x,
-                self.dataset.test_y,
-                self.config.eval_batch_size,
-                self.world.rank,
-                self.world.size,
-            ):
-                loss_sum, correct = steps.eval_step(self.state, x, y)
-                totals += (float(loss_sum), float(correct), len(y))
-            totals = self.world.comm.allreduce(totals)
-        n = max(totals[2], 1)
-        return {"test_loss": totals[0] / n, "test_acc": totals[1] / n}
-
     # -- the loop -----------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         """Train for ``total_steps``, evaluating and logging; returns the summary.
@@ -291,7 +237,7 @@ class Trainer:
     def _run(self) -> dict[str, Any]:
         world = self.world
         if world.rank == 0:
-            write_json(self.run_dir / "config.json", self._config_record())
+            write_json(self.run_dir / "config.json", config_record(self))
         self.executor.start(self.state)
         self.imbalance.hold(0.0)  # compiles and calibrates a spin, if any
         for cb in self.callbacks:
@@ -303,21 +249,21 @@ class Trainer:
             t0 = time.perf_counter()
             m, info, phases = self._train_step()
             dt = time.perf_counter() - t0
-            self._train_time += dt
+            self.train_time += dt
             self.step += 1
-            self._step_times.append(dt)
-            self._delays.append(phases.get("delay_s", 0.0))
+            self.step_times.append(dt)
+            self.delays.append(phases.get("delay_s", 0.0))
             if info is not None:
-                self._contributors.append(info.contributors)
+                self.contributors.append(info.contributors)
             self._after_step(m, info, phases, dt, bar)
         self.drain(final=True)
-        if not self._evals or self._evals[-1]["step"] != self.step:
+        if not self.evals or self.evals[-1]["step"] != self.step:
             self._eval_and_log()
         for cb in self.callbacks:
             cb.on_train_end(self)
         if bar is not None:
             bar.close()
-        summary = self._summary()
+        summary = summary_record(self)
         if world.rank == 0:
             write_json(self.run_dir / "summary.json", summary)
         return summary
@@ -334,7 +280,7 @@ class Trainer:
                 "lr": float(self.schedule(self.step - 1)),
                 "step_time": dt,
                 "wall": time.perf_counter() - self._t_start,
-                "train_time": self._train_time,
+                "train_time": self.train_time,
                 **phases,
             }
             if info is not None:
@@ -348,19 +294,31 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_step_end(self, self.step)
 
-    def _eval_and_log(self) -> None:
+    def evaluate(self) -> dict[str, float]:
+        """Test loss and accuracy now (collective): drains, syncs BatchNorm stats."""
         self.drain()
+        with self.tracer.span("evaluate", "eval", step=self.step):
+            self.state = sync_batch_stats(self.state, self._stats_mean)
+            return evaluate(
+                self.state,
+                self.dataset.test_x,
+                self.dataset.test_y,
+                self.config.eval_batch_size,
+                self.world,
+            )
+
+    def _eval_and_log(self) -> None:
         t0 = time.perf_counter()
         ev = self.evaluate()
         row = {
             "step": self.step,
             "epoch": self.step / self.loader.steps_per_epoch,
             "wall": t0 - self._t_start,
-            "train_time": self._train_time,
+            "train_time": self.train_time,
             "eval_s": time.perf_counter() - t0,
             **ev,
         }
-        self._evals.append(row)
+        self.evals.append(row)
         if self.world.rank == 0:
             self.metrics.write({"kind": "eval", **row})
             if not (sys.stderr.isatty() and self.config.progress):
@@ -383,65 +341,3 @@ class Trainer:
             dynamic_ncols=True,
             mininterval=0.5,
         )
-
-    def _config_record(self) -> dict[str, Any]:
-        return {
-            "config": self.config,
-            "world_size": self.world.size,
-            "strategy": {
-                "name": self.averager.name,
-                "executor": self.averager.executor,
-            },
-            "imbalance": getattr(
-                self.imbalance, "describe", lambda: self.imbalance.name
-            )(),
-            "model_params": param_count(self.state.params),
-            "param_bytes": tree_bytes(self.state.params),
-            "dataset": self.dataset.describe(),
-            "total_steps": self.total_steps,
-            "steps_per_epoch": self.loader.steps_per_epoch,
-            # What sized XLA:CPU's compute pool (research.launch.thread_env),
-            # and the pool this rank really has.
-            "compute_threads": {
-                **{v: os.environ.get(v) for v in ("PJRT_NPROC", "NPROC", "XLA_FLAGS")},
-                "xla_eigen_threads": xla_compute_threads(),
-            },
-            "versions": versions(),
-        }
-
-    def _summary(self) -> dict[str, Any]:
-        times = self._step_times[1:] or self._step_times  # step 1 includes compilation
-        med = statistics.median(times) if times else float("nan")
-        per_rank = self.world.allgather(med)
-        # What a step costs apart from the rank's own injected delay: the waiting
-        # for stragglers that a strategy does or avoids (imbalance studies).
-        busy = [t - d for t, d in zip(self._step_times, self._delays)]
-        busy = busy[1:] or busy
-        busy_per_rank = self.world.allgather(
-            statistics.median(busy) if busy else float("nan")
-        )
-        global_batch = self.config.batch_size * self.world.size
-        last = self._evals[-1] if self._evals else {}
-        summary = {
-            "steps": self.step,
-            "world_size": self.world.size,
-            "strategy": self.averager.name,
-            "model": self.config.model,
-            "dataset": self.config.dataset,
-            "global_batch": global_batch,
-            "median_step_s": med,
-            "median_step_s_per_rank": per_rank,
-            # median over ranks of each rank's median (step - own injected delay)
-            "median_step_without_delay_s": statistics.median(busy_per_rank),
-            "train_time_s": self._train_time,
-            "samples_per_s": global_batch * len(times) / max(sum(times), 1e-9),
-            "final_test_acc": last.get("test_acc"),
-            "final_test_loss": last.get("test_loss"),
-            "params_sha256": tree_digest(self.state.params),
-            "evals": self._evals,
-        }
-        if self._contributors:
-            summary["mean_contributors"] = float(np.mean(self._contributors))
-        for cb in self.callbacks:
-            summary.update(cb.summary())
-        return summary

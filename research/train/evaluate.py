@@ -1,0 +1,41 @@
+"""Evaluation over the whole test split, every rank taking its share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from research.comm.dense import HostAllreduce
+from research.comm.world import World
+from research.data.sharding import eval_batches
+from research.train import step as steps
+from research.train.state import TrainState
+
+
+def sync_batch_stats(state: TrainState, mean: HostAllreduce) -> TrainState:
+    """BatchNorm statistics averaged over ranks (collective), as Flax's example.
+
+    Ranks see different batches, so their running statistics differ; evaluation
+    uses their mean, packed and reduced as gradients are (``research.comm.fusion``).
+    """
+    if mean.size == 1 or not jax.tree_util.tree_leaves(state.batch_stats):
+        return state
+    stats, _ = mean.reduce(state.batch_stats)
+    # The result views recycled host buckets: copy it into the state.
+    return state.replace(batch_stats=jax.tree.map(jnp.array, stats))
+
+
+def evaluate(
+    state: TrainState, test_x: Any, test_y: Any, batch_size: int, world: World
+) -> dict[str, float]:
+    """Test loss and accuracy of ``state``, summed over every rank's share."""
+    totals = np.zeros(3)
+    for x, y in eval_batches(test_x, test_y, batch_size, world.rank, world.size):
+        loss_sum, correct = steps.eval_step(state, x, y)
+        totals += (float(loss_sum), float(correct), len(y))
+    totals = world.comm.allreduce(totals)
+    n = max(totals[2], 1)
+    return {"test_loss": totals[0] / n, "test_acc": totals[1] / n}

@@ -1,0 +1,79 @@
+"""What a run records about itself: ``config.json`` and ``summary.json`` records.
+
+Kept apart from the loop so the loop reads whole; both functions take the
+:class:`research.train.loop.Trainer` and read only its public attributes.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from research.launch import xla_compute_threads
+from research.rundir import versions
+from research.train.state import param_count, tree_bytes, tree_digest
+
+if TYPE_CHECKING:
+    from research.train.loop import Trainer
+
+
+def config_record(t: Trainer) -> dict[str, Any]:
+    """The resolved configuration, world, model and versions (rank 0 writes it)."""
+    return {
+        "config": t.config,
+        "world_size": t.world.size,
+        "strategy": {"name": t.averager.name, "executor": t.averager.executor},
+        "imbalance": getattr(t.imbalance, "describe", lambda: t.imbalance.name)(),
+        "model_params": param_count(t.state.params),
+        "param_bytes": tree_bytes(t.state.params),
+        "dataset": t.dataset.describe(),
+        "total_steps": t.total_steps,
+        "steps_per_epoch": t.loader.steps_per_epoch,
+        # What sized XLA:CPU's compute pool (research.launch.thread_env), and
+        # the pool this rank really has.
+        "compute_threads": {
+            **{v: os.environ.get(v) for v in ("PJRT_NPROC", "NPROC", "XLA_FLAGS")},
+            "xla_eigen_threads": xla_compute_threads(),
+        },
+        "versions": versions(),
+    }
+
+
+def summary_record(t: Trainer) -> dict[str, Any]:
+    """The numbers a table or figure needs. Collective (gathers every rank's)."""
+    times = t.step_times[1:] or t.step_times  # step 1 includes compilation
+    med = statistics.median(times) if times else float("nan")
+    per_rank = t.world.allgather(med)
+    # What a step costs apart from the rank's own injected delay: the waiting
+    # for stragglers that a strategy does or avoids (imbalance studies).
+    busy = [s - d for s, d in zip(t.step_times, t.delays)]
+    busy = busy[1:] or busy
+    busy_per_rank = t.world.allgather(statistics.median(busy) if busy else float("nan"))
+    global_batch = t.config.batch_size * t.world.size
+    last = t.evals[-1] if t.evals else {}
+    summary = {
+        "steps": t.step,
+        "world_size": t.world.size,
+        "strategy": t.averager.name,
+        "model": t.config.model,
+        "dataset": t.config.dataset,
+        "global_batch": global_batch,
+        "median_step_s": med,
+        "median_step_s_per_rank": per_rank,
+        # median over ranks of each rank's median (step - own injected delay)
+        "median_step_without_delay_s": statistics.median(busy_per_rank),
+        "train_time_s": t.train_time,
+        "samples_per_s": global_batch * len(times) / max(sum(times), 1e-9),
+        "final_test_acc": last.get("test_acc"),
+        "final_test_loss": last.get("test_loss"),
+        "params_sha256": tree_digest(t.state.params),
+        "evals": t.evals,
+    }
+    if t.contributors:
+        summary["mean_contributors"] = float(np.mean(t.contributors))
+    for cb in t.callbacks:
+        summary.update(cb.summary())
+    return summary
