@@ -3,12 +3,19 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench
+.PHONY: run test test-cluster lint bench
 run: $(STAMP)
 	$(PY) -m experiments.eager_sgd
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# The batch templates under a one-node Slurm on localhost (Debian's slurm-wlm,
+# installed here when missing; skipped with the reason where it cannot start).
+test-cluster: $(STAMP)
+	command -v slurmctld >/dev/null || (apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge) || true
+	RESEARCH_CLUSTER_TESTS=1 $(PY) -m pytest tests/cluster -rs
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -21,6 +21,8 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 collect_ignore_glob = [] if os.environ.get("RESEARCH_UNDER_MPI") else ["mpi/*"]
+if not os.environ.get("RESEARCH_CLUSTER_TESTS"):  # `make test-cluster` runs them
+    collect_ignore_glob.append("cluster/*")
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -27,6 +27,25 @@ def launched_by_mpi() -> bool:
     return "SLURM_PROCID" in os.environ and "SLURM_STEP_ID" in os.environ
 
 
+def env_size() -> int | None:
+    """The number of ranks the launcher started, as it announced it (None: unknown).
+
+    srun's ``SLURM_NTASKS`` counts only inside a job step (``SLURM_STEP_ID``).
+    """
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        if var in os.environ:
+            try:
+                return int(os.environ[var])
+            except ValueError:
+                pass
+    if "SLURM_STEP_ID" in os.environ and "SLURM_STEP_NUM_TASKS" in os.environ:
+        try:
+            return int(os.environ["SLURM_STEP_NUM_TASKS"])
+        except ValueError:
+            pass
+    return None
+
+
 def env_rank() -> int:
     """This process's rank as the launcher announced it (0 when not launched)."""
     for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):

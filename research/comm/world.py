@@ -22,7 +22,7 @@ mpi4py.rc.thread_level = "multiple"
 mpi4py.rc.finalize = True
 from mpi4py import MPI  # noqa: E402
 
-from research.comm.env import env_rank, launched_by_mpi  # noqa: E402,F401
+from research.comm.env import env_rank, env_size, launched_by_mpi  # noqa: E402,F401
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,18 @@ def get_world() -> World:
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
     comm = MPI.COMM_WORLD.Dup()
     comm.Set_name("research.world")
+    started = env_size()
+    if started is not None and started > 1 and comm.Get_size() == 1:
+        # srun without a PMI plugin MPI understands starts N singletons, each a
+        # world of its own: N copies of the run writing into one folder.
+        print(
+            f"r{env_rank()} | error: the launcher started {started} processes but "
+            "MPI sees a world of 1: under srun pass --mpi=pmi2 (or the plugin "
+            "your MPI was built for, e.g. pmix); check `srun --mpi=list`",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(2)
     return World(comm=comm, rank=comm.Get_rank(), size=comm.Get_size())
 
 

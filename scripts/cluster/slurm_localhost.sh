@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# A one-node Slurm on this machine, for running the batch templates for real.
+#
+#   bash scripts/cluster/slurm_localhost.sh start   # munged, slurmctld, slurmd
+#   bash scripts/cluster/slurm_localhost.sh stop
+#
+# Needs Debian's slurm-wlm and munge (`make test-cluster` installs them where it
+# can). Everything lives in $SLURM_LOCAL_DIR (default /tmp/research-slurm-$UID):
+# the configuration, spool and state, and the daemons' logs. Exits 3 with one
+# line when Slurm cannot start here (no packages, not root, no munge key).
+set -euo pipefail
+DIR="${SLURM_LOCAL_DIR:-/tmp/research-slurm-$(id -u)}"
+CONF="$DIR/slurm.conf"
+NODE="$(hostname -s)"
+
+cannot() { echo "slurm_localhost: cannot start Slurm here: $*" >&2; exit 3; }
+
+start() {
+  for exe in slurmctld slurmd munged sbatch; do
+    command -v "$exe" >/dev/null || [ -x "/usr/sbin/$exe" ] ||
+      cannot "$exe not found (apt-get install slurm-wlm munge)"
+  done
+  [ "$(id -u)" = 0 ] || cannot "the daemons need root"
+  mkdir -p "$DIR/spool" "$DIR/state" "$DIR/log"
+  cpus="$(nproc)"
+  mem="$(awk '/MemTotal/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)"
+  cat >"$CONF" <<CONF
+ClusterName=research-local
+SlurmctldHost=$NODE
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+StateSaveLocation=$DIR/state
+SlurmdSpoolDir=$DIR/spool
+SlurmctldPidFile=$DIR/slurmctld.pid
+SlurmdPidFile=$DIR/slurmd.pid
+SlurmctldLogFile=$DIR/log/slurmctld.log
+SlurmdLogFile=$DIR/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+SchedulerType=sched/backfill
+NodeName=$NODE CPUs=$cpus RealMemory=$mem State=UNKNOWN
+PartitionName=local Nodes=$NODE Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+CONF
+  if ! pgrep -x munged >/dev/null; then
+    [ -r /etc/munge/munge.key ] || cannot "no /etc/munge/munge.key"
+    mkdir -p /run/munge /var/log/munge /var/lib/munge
+    chown -R munge:munge /run/munge /var/log/munge /var/lib/munge /etc/munge 2>/dev/null || true
+    if id munge >/dev/null 2>&1; then
+      su -s /bin/sh munge -c "/usr/sbin/munged" || /usr/sbin/munged --force
+    else
+      /usr/sbin/munged --force
+    fi
+  fi
+  stop_daemons
+  /usr/sbin/slurmctld -f "$CONF"
+  /usr/sbin/slurmd -f "$CONF"
+  for _ in $(seq 1 60); do
+    state="$(SLURM_CONF="$CONF" sinfo -h -o %T 2>/dev/null || true)"
+    case "$state" in idle*|mixed*|allocated*) echo "$CONF"; return 0 ;; esac
+    sleep 0.5
+  done
+  cannot "the node did not come up (state '${state:-none}'; see $DIR/log)"
+}
+
+stop_daemons() {
+  for pidfile in "$DIR/slurmd.pid" "$DIR/slurmctld.pid"; do
+    if [ -f "$pidfile" ]; then
+      kill "$(cat "$pidfile")" 2>/dev/null || true
+      rm -f "$pidfile"
+    fi
+  done
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop_daemons ;;
+  *) echo "usage: $0 start|stop" >&2; exit 2 ;;
+esac
