@@ -10,8 +10,9 @@ Three measurements in one run (medians over repetitions of the slowest rank):
    real and the emulated part of each batch.
 3. ``idle``: rank 0 arrives ``--late`` seconds late to one small allreduce; the
    CPU time the other ranks burn meanwhile in a blocking ``Allreduce`` vs in a
-   handle's progress thread for several ``max_sleep`` caps, and each cap's
-   median time of a small allreduce when nobody is late (what a long cap costs).
+   handle's progress thread: sleeps capped at 50 us, 200 us or 1 ms throughout,
+   and the default (50 us, rising to ``progress.LONG_SLEEP`` as the wait grows);
+   with each, the median time of a small allreduce when nobody is late.
 
 Run ``python -m scripts.bench_handles`` (it starts itself under mpiexec) or
 ``mpiexec -n 2 python -m scripts.bench_handles``. Kept under a minute.
@@ -60,7 +61,7 @@ def bench(args: argparse.Namespace) -> None:
     import numpy as np
 
     from research.comm.handles import AsyncComm
-    from research.comm.progress import get_progress
+    from research.comm.progress import LONG_SLEEP, ProgressThread, get_progress
     from research.comm.world import get_world, install_abort_on_error
 
     install_abort_on_error()
@@ -130,7 +131,6 @@ def bench(args: argparse.Namespace) -> None:
 
     say(f"\n3. idle: CPU seconds while rank 0 is {args.late} s late (rank 1)")
     x, out = np.ones(128), np.empty(128)
-    progress = get_progress().thread
 
     def late_cpu(run) -> float:
         comm.Barrier()
@@ -146,11 +146,18 @@ def bench(args: argparse.Namespace) -> None:
     cpu = late_cpu(blocking_cpu)
     if world.rank == 1:
         say(f"  blocking Allreduce: {cpu:.3f} s CPU", all_ranks=True)
-    for cap in (50e-6, 200e-6, 1e-3):
-        eng = AsyncComm(world, max_sleep=cap)
+    variants = [(f"{c * 1e6:4.0f} us cap throughout", c, c) for c in (5e-5, 2e-4, 1e-3)]
+    variants.append((f"default: 50 us, up to {LONG_SLEEP * 1e3:g} ms", 5e-5, None))
+    for label, cap, long_sleep in variants:
+        thread = (
+            get_progress()
+            if long_sleep is None
+            else ProgressThread("bench-progress", long_sleep=long_sleep)
+        )
+        eng = AsyncComm(world, max_sleep=cap, progress=thread)
 
-        def handle_cpu(eng=eng) -> float:
-            clock = time.pthread_getcpuclockid(progress.ident)
+        def handle_cpu(eng=eng, ident=thread.thread.ident) -> float:
+            clock = time.pthread_getcpuclockid(ident)
             t0 = time.clock_gettime(clock)
             eng.allreduce(x, out=out).wait()
             return time.clock_gettime(clock) - t0
@@ -159,11 +166,13 @@ def bench(args: argparse.Namespace) -> None:
         t = batch(lambda eng=eng: eng.allreduce(x, out=out).wait(), 50)
         if world.rank == 1:
             say(
-                f"  handle, max_sleep {cap * 1e6:>4.0f} us: {cpu:.3f} s CPU; "
+                f"  handle, {label}: {cpu:.3f} s CPU; "
                 f"on time: {t * 1e6:.0f} us per 1 KB allreduce",
                 all_ranks=True,
             )
         eng.close()
+        if long_sleep is not None:
+            thread.close()
     real.close()
     emul.close()
 

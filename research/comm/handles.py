@@ -81,7 +81,9 @@ class Handle:
       wait_s: time callers spent inside :meth:`wait`.
     """
 
-    def __init__(self, kind: str, nbytes: int, result: np.ndarray, model_s: float):
+    def __init__(
+        self, kind: str, nbytes: int, result: np.ndarray | None, model_s: float
+    ) -> None:
         self.kind, self.nbytes, self.model_s = kind, int(nbytes), float(model_s)
         self.started_at: float | None = None
         self.real_s: float | None = None
@@ -96,7 +98,7 @@ class Handle:
         """True once the result (or an error) is ready; never blocks."""
         return self._event.is_set()
 
-    def wait(self, timeout: float | None = None) -> np.ndarray:
+    def wait(self, timeout: float | None = None) -> np.ndarray | None:
         """Block (sleeping) until done; the result buffer, or raise its error.
 
         Raises:
@@ -142,7 +144,7 @@ class _Op(Task):
         if self.real_done is None:
             if not _test_all(self.reqs, self.statuses):
                 return Poll.IDLE
-            self.real_done = now
+            self.real_done = now = time.perf_counter()
         if now < self.finish_at:
             return Poll.IDLE  # the thread sleeps until wake_at
         h = self.handle
@@ -222,14 +224,8 @@ class AsyncComm:
         else:
             out, send = _result(out, buf.shape, buf.dtype), buf
         cost = self.link.allreduce(buf.nbytes, self.size)
-        return self._start(
-            "allreduce",
-            buf.nbytes,
-            out,
-            cost,
-            lambda c: [c.Iallreduce(send, out, op=op)],
-            buf,
-        )
+        issue = lambda c: [c.Iallreduce(send, out, op=op)]  # noqa: E731
+        return self._start("allreduce", buf, out, cost, issue)
 
     def reduce_scatter(
         self,
@@ -266,21 +262,15 @@ class AsyncComm:
             issue = lambda c: [c.Ireduce_scatter_block(buf, out, op=op)]  # noqa: E731
         else:
             issue = lambda c: [c.Ireduce_scatter(buf, out, counts, op=op)]  # noqa: E731
-        return self._start("reduce_scatter", buf.nbytes, out, cost, issue, buf)
+        return self._start("reduce_scatter", buf, out, cost, issue)
 
     def allgather(self, buf: np.ndarray, *, out: np.ndarray | None = None) -> Handle:
         """Every rank's ``buf`` (same shape everywhere); result ``(size, *shape)``."""
         _check_buf(buf)
         out = _result(out, (self.size, *buf.shape), buf.dtype)
         cost = self.link.allgather(buf.nbytes * self.size, self.size)
-        return self._start(
-            "allgather",
-            buf.nbytes,
-            out,
-            cost,
-            lambda c: [c.Iallgather(buf, out)],
-            buf,
-        )
+        issue = lambda c: [c.Iallgather(buf, out)]  # noqa: E731
+        return self._start("allgather", buf, out, cost, issue)
 
     def allgatherv(
         self, buf: np.ndarray, counts: Sequence[int], *, out: np.ndarray | None = None
@@ -296,14 +286,8 @@ class AsyncComm:
         out = _result(out, (sum(counts),), buf.dtype)
         spec = [out, (counts, _displs(counts))]
         cost = self.link.allgather(out.nbytes, self.size)
-        return self._start(
-            "allgatherv",
-            buf.nbytes,
-            out,
-            cost,
-            lambda c: [c.Iallgatherv(buf, spec)],
-            buf,
-        )
+        issue = lambda c: [c.Iallgatherv(buf, spec)]  # noqa: E731
+        return self._start("allgatherv", buf, out, cost, issue)
 
     def alltoall(self, buf: np.ndarray, *, out: np.ndarray | None = None) -> Handle:
         """Block i of flat ``buf`` goes to rank i; result block j came from rank j."""
@@ -316,9 +300,8 @@ class AsyncComm:
         out = _result(out, buf.shape, buf.dtype)
         sent = buf.nbytes - buf.nbytes // self.size  # the own block stays local
         cost = self.link.alltoall(sent, self.size)
-        return self._start(
-            "alltoall", buf.nbytes, out, cost, lambda c: [c.Ialltoall(buf, out)], buf
-        )
+        issue = lambda c: [c.Ialltoall(buf, out)]  # noqa: E731
+        return self._start("alltoall", buf, out, cost, issue)
 
     def alltoallv(
         self,
@@ -341,14 +324,8 @@ class AsyncComm:
         recv = [out, (recv_counts, _displs(recv_counts))]
         sent = (sum(send_counts) - send_counts[self.rank]) * buf.itemsize
         cost = self.link.alltoall(sent, self.size)
-        return self._start(
-            "alltoallv",
-            buf.nbytes,
-            out,
-            cost,
-            lambda c: [c.Ialltoallv(send, recv)],
-            buf,
-        )
+        issue = lambda c: [c.Ialltoallv(send, recv)]  # noqa: E731
+        return self._start("alltoallv", buf, out, cost, issue)
 
     def sendrecv(
         self,
@@ -397,7 +374,9 @@ class AsyncComm:
                 reqs.append(c.Isend(buf, dest, tag))
             return reqs
 
-        return self._start("sendrecv", sent, result, cost, issue, buf)
+        return self._start(
+            "sendrecv", buf if dest is not None else None, result, cost, issue
+        )
 
     # -- lifetime --------------------------------------------------------------------
     @property
@@ -451,23 +430,23 @@ class AsyncComm:
     def _start(
         self,
         kind: str,
-        nbytes: int,
+        buf: np.ndarray | None,
         result: np.ndarray | None,
         model_s: float,
         issue: Callable[[MPI.Intracomm], list[MPI.Request]],
-        keep: Any,
     ) -> Handle:
+        """Hand ``issue`` to the progress thread; ``buf`` is kept alive meanwhile."""
         if self._closed:
             raise RuntimeError("AsyncComm is closed")
         if self._error is not None:
             raise RuntimeError(
                 f"AsyncComm failed earlier, no new collectives: {self._error!r}"
             ) from self._error
-        handle = Handle(kind, nbytes, result, model_s)
+        handle = Handle(kind, 0 if buf is None else buf.nbytes, result, model_s)
         if len(self._inflight) > 64:
             self._inflight = [h for h in self._inflight if not h.done()]
         self._inflight.append(handle)
-        self._progress.add(_Op(self, handle, issue, keep))
+        self._progress.add(_Op(self, handle, issue, buf))
         return handle
 
     def _counts(
