@@ -5,19 +5,16 @@ nonblocking collectives it issues and completes, and the partial collectives'
 rounds (:mod:`research.comm.partial`) and the parameter server
 (:mod:`research.comm.ps`). What does not: the host allreduce
 (:class:`research.comm.dense.HostAllreduce`) blocks in the calling thread, and the
-checkpoint agreement completes its requests in the calling thread with
-:func:`wait_all`.
+checkpoint agreement (:mod:`research.checkpoint.agreement`) completes its
+requests with :func:`wait_all` on the checkpointer's own background thread.
 
-Two kinds of work, taken in one FIFO queue, so the MPI calls they *issue* happen
-in submission order, identical on every rank as long as every rank submits in
-the same order:
-
-* a callable (:meth:`ProgressThread.submit`) runs once; its future holds the
-  result or the exception;
-* a :class:`Task` (:meth:`ProgressThread.add`) is started once, then polled
-  together with every other active task until it reports itself finished. Tasks
-  never block in MPI: they issue nonblocking calls and test them, so any number
-  can be in flight at once and one waiting on a slow peer holds up no other.
+Work comes as :class:`Task` objects (:meth:`ProgressThread.add`), taken from one
+FIFO queue and started in that order, so the MPI calls they *issue* happen in
+submission order, identical on every rank as long as every rank submits in the
+same order. A started task is polled together with every other active task until
+it reports itself finished. Tasks never block in MPI: they issue nonblocking
+calls and test them, so any number can be in flight at once and one waiting on a
+slow peer holds up no other.
 
 Waiting never spins. MPICH's blocking calls (``Wait``, ``Allreduce``...) poll at
 full speed and would steal the core the compute thread needs; here a round of
@@ -52,7 +49,6 @@ import enum
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from typing import Any
 
 from mpi4py import MPI
@@ -128,12 +124,11 @@ class Task:
 
 
 class ProgressThread:
-    """A single daemon thread that runs callables and polls tasks, in order.
+    """A single daemon thread that starts tasks in order and polls them.
 
-    ``submit`` returns a ``concurrent.futures.Future``. An exception inside a
-    callable is stored in its future and re-raised by ``result()`` in the caller;
-    one inside a task goes to its :meth:`Task.fail`. Errors therefore surface in
-    the compute thread, which then aborts the job.
+    An exception inside a task's ``start`` or ``poll`` goes to its
+    :meth:`Task.fail`, which hands it to the thread waiting for the task, so
+    errors surface in the compute thread (which then aborts the job).
 
     Args:
       name: the thread's name.
@@ -156,14 +151,8 @@ class ProgressThread:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future:
-        """Run ``fn(*args, **kwargs)`` once on the thread; its future."""
-        fut: Future = Future()
-        self._put((fut, fn, args, kwargs))
-        return fut
-
     def add(self, task: Task) -> None:
-        """Start ``task`` on the thread (in order with submissions), then poll it."""
+        """Start ``task`` on the thread (after those added before), then poll it."""
         self._put(task)
 
     def wake(self) -> None:
@@ -181,7 +170,7 @@ class ProgressThread:
         return self._thread
 
     def close(self, timeout: float | None = None) -> None:
-        """Finish queued callables and active tasks, then stop. Idempotent."""
+        """Finish queued and active tasks, then stop. Idempotent."""
         self._put(_STOP, closing=True)
         self._thread.join(timeout)
 
@@ -223,11 +212,8 @@ class ProgressThread:
             for item in incoming:
                 if item is _STOP:
                     stopping = True
-                elif isinstance(item, Task):
-                    if self._guard(item, item.start) is not Poll.FINISHED:
-                        tasks.append(item)
-                else:
-                    self._call(*item)
+                elif self._guard(item, item.start) is not Poll.FINISHED:
+                    tasks.append(item)
             for task in list(tasks):
                 outcome = self._guard(task, task.poll)
                 if outcome is Poll.FINISHED:
@@ -255,15 +241,6 @@ class ProgressThread:
         except BaseException as exc:  # noqa: BLE001 - handed to the task's waiter
             task.fail(exc)
             return Poll.FINISHED
-
-    @staticmethod
-    def _call(fut: Future, fn: Callable, args: tuple, kwargs: dict) -> None:
-        if not fut.set_running_or_notify_cancel():
-            return
-        try:
-            fut.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            fut.set_exception(exc)
 
 
 _shared: ProgressThread | None = None
