@@ -81,7 +81,8 @@ def test_sleep_policy(thread):
     # The backoff itself still bounds the sleep.
     assert thread._timeout([fast, slow], 20e-6, now - 0.08) == 20e-6
     # A task due soon cuts it short.
-    slow.wake_at = lambda: time.perf_counter() + 1e-5
+    due = time.perf_counter() + 1e-5
+    slow.wake_at = lambda: due
     assert thread._timeout([slow], 1.0, now - 0.08) <= 1e-5
 
 
