@@ -24,22 +24,25 @@ submission or :meth:`ProgressThread.wake` cuts the sleep short. With no task
 active the thread blocks on a condition variable and uses no CPU at all.
 
 A long wait (a peer arriving late) tolerates longer sleeps: once nothing has
-progressed for a while, the cap rises to 1/8 of the time waited so far, up to
-``LONG_SLEEP``, which adds at most ~1/8 to a wait and cuts the polls of a long
-one. Rank 1 of 2 waiting on one small allreduce while rank 0 is 0.3 s late
+progressed for a while, the cap rises to 1/32 of the time waited so far, up to
+``LONG_SLEEP`` (reached after 32 ms), which cuts the polls of a long wait. The
+price: a nonblocking collective needs a handful of tests on every rank after
+the last one arrives (4 to 8 measured for 256 KB to 16 MB, 2 ranks, each moving
+a whole chunk), and each may come up to one sleep late, so a collective that
+waited 32 ms or more may finish a few ms later than with short sleeps. Waiting
+is not for free either way: a 256 KB ``Iallreduce`` takes 0.1 ms with busy
+tests and 0.7 ms with 50 us sleeps between tests. Start many, then wait.
+
+Rank 1 of 2 waiting on one small allreduce while rank 0 is 0.3 s late
 (``python -m scripts.bench_handles``, 2 cores shared with other jobs, load 3-5),
 CPU seconds spent by the waiting rank:
 
 ===============================================  ===========
 a blocking ``Allreduce`` (MPICH polls)           0.24-0.30
-sleeping tests, 50 us cap throughout             0.066-0.077
-sleeping tests, 1 ms cap throughout              0.015-0.020
-50 us cap rising to 1 ms as the wait grows       0.017-0.020
+sleeping tests, 50 us cap throughout             0.053-0.077
+sleeping tests, 1 ms cap throughout              0.015-0.025
+50 us cap rising to 1 ms as the wait grows       0.022
 ===============================================  ===========
-
-MPICH needs few tests to move even large messages through shared memory (4 to
-45 ``Test`` calls for a 16 MB ``Iallreduce`` on 2 ranks with 50 us to 1 ms
-sleeps between them; it copies whole chunks inside one call).
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ from mpi4py import MPI
 _STOP = object()
 #: Longest sleep between polls once a wait has grown long (see module docstring).
 LONG_SLEEP = 1e-3
+#: A long wait may sleep this fraction of the time it has waited so far.
+PATIENCE = 1 / 32
 
 
 def wait_all(
@@ -227,7 +232,7 @@ class ProgressThread:
     def _timeout(self, tasks: list[Task], sleep: float, idle_since: float) -> float:
         now = time.perf_counter()
         cap = min(t.max_sleep for t in tasks)
-        cap = max(cap, min(self._long_sleep, (now - idle_since) / 8))
+        cap = max(cap, min(self._long_sleep, (now - idle_since) * PATIENCE))
         timeout = min(sleep, cap)
         wakes = [w for w in (t.wake_at() for t in tasks) if w is not None]
         if wakes:
