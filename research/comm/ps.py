@@ -18,9 +18,8 @@ Usage::
 How it runs: the server is a task polled on the root's shared progress thread
 (``research.comm.progress``): each poll probes for pushes (``Improbe``), applies
 them and sends the parameters back; the thread sleeps between polls, woken at
-once by the root's own push. The root's own
-worker hands its gradient to the server in memory. Workers wait with sleeping
-tests (``wait_all``), never in a busy-polling blocking MPI call. ``finish``: each
+once by the root's own push, which its worker hands over in memory. Workers wait
+with sleeping tests (``wait_all``), never in a busy-polling blocking MPI call. ``finish``: each
 worker sends "done"; when the server has all of them, it broadcasts the final
 parameters (``Ibcast``), so every message sent is received before the end.
 
