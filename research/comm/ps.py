@@ -19,9 +19,10 @@ How it runs: the server is a task polled on the root's shared progress thread
 (``research.comm.progress``): each poll probes for pushes (``Improbe``), applies
 them and sends the parameters back; the thread sleeps between polls, woken at
 once by the root's own push, which its worker hands over in memory. Workers wait
-with sleeping tests (``wait_all``), never in a busy-polling blocking MPI call. ``finish``: each
-worker sends "done"; when the server has all of them, it broadcasts the final
-parameters (``Ibcast``), so every message sent is received before the end.
+with sleeping tests (``wait_all``), never in a busy-polling blocking MPI call.
+``finish``: each worker sends "done"; when the server has all of them, it
+broadcasts the final parameters (``Ibcast``), so every message sent is received
+before the end.
 
 With an optimizer as update, scale it for P pushes per step: a rate of lr / P and
 a schedule P times as long keep the per-example rate of synchronous SGD
