@@ -50,17 +50,24 @@ Semantics (exact)
 How it runs
 -----------
 The rounds run on the rank's shared progress thread (``research.comm.progress``)
-as a time-sliced task: it advances a small state machine (await activation ->
-Iallreduce -> drain activation messages) without ever blocking in MPI, sleeps
-between tests (woken at once by a local ``reduce``), and yields the thread to
-other subsystems' tasks every few milliseconds. Activation in a partial round: a
-rank whose own call arrived first (solo) or the initiator (majority) sends a tiny
-activation message tagged with the round to every other rank; a rank that sees
-one (``Improbe``) joins. Several solo ranks may activate the same round at the same
-moment; each round's Iallreduce also sums a one-hot vector of activators, so after
-it every rank receives exactly the activation messages that were sent to it and
-none is ever left unreceived. Messages of round r+1 carry another tag, so rounds
-never mix. The buffer is one flat float32 array (float64 when any leaf is).
+as a polled task: each poll advances a small state machine (await activation ->
+Iallreduce -> drain activation messages) without ever blocking in MPI; between
+polls the thread sleeps (woken at once by a local ``reduce``) and polls the
+other subsystems' tasks, such as asynchronous handles, alongside.
+
+Activation in a partial round: a rank whose own call arrived first (solo) or the
+initiator (majority) sends a tiny activation message tagged with the round to
+every other rank; a rank that sees one (``Improbe``) joins. Several solo ranks
+may activate the same round at the same moment; each round's Iallreduce also
+sums a one-hot vector of activators, so after it every rank receives exactly the
+activation messages that were sent to it and none is ever left unreceived.
+Messages of round r+1 carry another tag, so rounds never mix. The buffer is one
+flat float32 array (float64 when any leaf is).
+
+With an emulated ``link`` (:mod:`research.comm.link`), a round's result is held
+on the progress thread, sleeping, until the ring-allreduce model of its buffer
+has passed since this rank issued the round's Iallreduce; the tiny activation
+messages are not modelled. ``info.extra["emulated_s"]`` is the time added.
 """
 
 from __future__ import annotations
@@ -78,7 +85,8 @@ import numpy as np
 from mpi4py import MPI
 
 from research.comm.base import Averager, CommInfo
-from research.comm.progress import get_progress
+from research.comm.link import Link
+from research.comm.progress import Poll, Task, get_progress
 from research.comm.registry import register_averager
 from research.trace import get_tracer
 
@@ -126,6 +134,7 @@ class _Round:
     sync: bool
     kind: str
     seconds: float  # activation to completion, on this rank
+    emulated_s: float  # time the emulated link added after MPI had finished
 
 
 class PartialAllreduce:
@@ -137,8 +146,9 @@ class PartialAllreduce:
       mode: ``"solo"``, ``"majority"`` or ``"sync"``.
       seed: seed of the majority initiator sequence (same on every rank).
       sync_every: every ``sync_every``-th round is synchronous (None: never).
-      slice_s: how long one background task holds the shared progress thread.
       max_sleep: longest sleep between tests while awaiting activation, seconds.
+      link: an emulated link (a :class:`Link` or a spec such as ``"10gbps"``;
+        ``"real"``: none).
     """
 
     def __init__(
@@ -148,8 +158,8 @@ class PartialAllreduce:
         seed: int = 0,
         sync_every: int | None = 32,
         *,
-        slice_s: float = 0.02,
         max_sleep: float = 5e-4,
+        link: Link | str | None = "real",
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -160,12 +170,12 @@ class PartialAllreduce:
         self._comm.Set_name(f"research.partial.{mode}")
         self.rank, self.size = self._comm.Get_rank(), self._comm.Get_size()
         self.mode, self.seed, self.sync_every = mode, int(seed), sync_every
-        self._slice_s, self._max_sleep = slice_s, max_sleep
+        self._max_sleep = max_sleep
+        self.link = Link.parse(link)
         # Shared between the compute thread and the background task.
         self._cond = threading.Condition()
         self._inbox: list[_Deposit] = []
         self._done: dict[int, _Round] = {}
-        self._wake = False
         self._error: BaseException | None = None
         self._calls = 0
         self._closed = False
@@ -191,8 +201,10 @@ class PartialAllreduce:
         self._my_calls: tuple[int, ...] = ()
         self._kind = _REDUCE
         self._t_act = 0.0
+        self._emul_until = 0.0  # the emulated link's end of the running round
+        self._real_done: float | None = None
         _OPEN.add(self)
-        self._schedule()
+        get_progress().add(_RoundTask(self))
 
     # -- public -------------------------------------------------------------------
     def initiator(self, r: int) -> int:
@@ -308,8 +320,7 @@ class PartialAllreduce:
             self._calls += 1
             call = self._calls
             self._inbox.append(_Deposit(call, flat, kind))
-            self._wake = True
-            self._cond.notify_all()
+            get_progress().wake()
             t0 = time.perf_counter()
             while call not in self._done:
                 self._raise_if_failed()
@@ -362,6 +373,7 @@ class PartialAllreduce:
             "sync": rec.sync,
             "kind": rec.kind,
             "round_s": rec.seconds,
+            "emulated_s": rec.emulated_s,
         }
         return CommInfo(
             bytes=int(rec.total.nbytes),
@@ -373,57 +385,16 @@ class PartialAllreduce:
         )
 
     # -- background task (progress thread) -------------------------------------------
-    def _schedule(self) -> None:
-        try:
-            get_progress().submit(self._slice)
-        except RuntimeError as exc:  # the progress thread was shut down under us
-            with self._cond:
-                self._error = exc
-                self._cond.notify_all()
-            self._stopped.set()
-
-    def _slice(self) -> None:
-        """Advance rounds for up to ``slice_s``, sleeping while idle; then requeue."""
-        try:
-            deadline = time.perf_counter() + self._slice_s
-            sleep = 20e-6
-            while True:
-                if self._abandoned:
-                    self._stopped.set()
-                    return
-                progressed = self._advance()
-                if self._phase == _DONE:
-                    self._stopped.set()
-                    return
-                if progressed:
-                    sleep = 20e-6
-                    continue
-                if time.perf_counter() >= deadline:
-                    break
-                with self._cond:
-                    if not self._wake:
-                        self._cond.wait(sleep)
-                    self._wake = False
-                # Awaiting a peer's activation may take a whole step: back off to
-                # max_sleep. A running Iallreduce only progresses inside Test, and
-                # each of its steps needs every rank's Test: a 50 us cap measured
-                # 2.2 ms for 600 KB on 4 ranks against 3.7 ms with 250 us.
-                cap = self._max_sleep if self._phase == _WAIT else _REDUCE_SLEEP
-                sleep = min(sleep * 2, cap)
-        except BaseException as exc:  # noqa: BLE001 - handed to the compute thread
-            with self._cond:
-                self._error = exc
-                self._cond.notify_all()
-            self._stopped.set()
-            return
-        self._schedule()
-
     def _advance(self) -> bool:
         if self._phase == _WAIT:
             return self._await_activation()
         if self._phase == _REDUCING:
-            if not self._req.Test():
-                return False
+            if self._real_done is None:
+                if not self._req.Test():
+                    return False
+                self._real_done = time.perf_counter()
+            if time.perf_counter() < self._emul_until:
+                return False  # the emulated link still moves the bytes
             self._begin_drain()
             return True
         if self._phase == _DRAIN:
@@ -506,6 +477,9 @@ class PartialAllreduce:
         self._buf, self._recv = buf, np.empty_like(buf)
         self._my_calls, self._kind, self._sync_round = tuple(calls), kind, sync
         self._req = self._comm.Iallreduce(self._buf, self._recv, op=MPI.SUM)
+        model = self.link.allreduce(buf.nbytes, self.size)
+        self._emul_until = time.perf_counter() + model if model else 0.0
+        self._real_done = None
         self._phase = _REDUCING
         return True
 
@@ -543,6 +517,7 @@ class PartialAllreduce:
             sync=self._sync_round,
             kind=self._kind,
             seconds=t_end - self._t_act,
+            emulated_s=max(0.0, self._emul_until - self._real_done),
         )
         get_tracer().complete(
             f"{self.mode} round",
@@ -569,11 +544,46 @@ class PartialAllreduce:
         """Stop the background task locally (no collective)."""
         if self._phase != _DONE and not self._stopped.is_set():
             self._abandoned = True
-            with self._cond:
-                self._wake = True
-                self._cond.notify_all()
+            get_progress().wake()
             if not get_progress().in_thread:
                 self._stopped.wait(timeout)
+
+
+class _RoundTask(Task):
+    """A :class:`PartialAllreduce`'s rounds as a task polled on the progress thread."""
+
+    def __init__(self, pa: PartialAllreduce) -> None:
+        self.pa = pa
+
+    @property
+    def max_sleep(self) -> float:
+        # Awaiting a peer's activation may take a whole step: back off to
+        # max_sleep. A running Iallreduce only progresses inside Test, and each of
+        # its steps needs every rank's Test: a 50 us cap measured 2.2 ms for 600 KB
+        # on 4 ranks against 3.7 ms with 250 us.
+        return self.pa._max_sleep if self.pa._phase == _WAIT else _REDUCE_SLEEP
+
+    def wake_at(self) -> float | None:
+        pa = self.pa
+        waiting = pa._phase == _REDUCING and pa._real_done is not None
+        return pa._emul_until if waiting else None
+
+    def poll(self) -> Poll:
+        pa = self.pa
+        if pa._abandoned:
+            pa._stopped.set()
+            return Poll.FINISHED
+        progressed = pa._advance()
+        if pa._phase == _DONE:
+            pa._stopped.set()
+            return Poll.FINISHED
+        return Poll.PROGRESSED if progressed else Poll.IDLE
+
+    def fail(self, exc: BaseException) -> None:
+        with self.pa._cond:
+            self.pa._error = exc
+            self.pa._cond.notify_all()
+        self.pa._stopped.set()
 
 
 # Instances still open at interpreter exit are stopped locally before mpi4py's

@@ -15,13 +15,14 @@ Usage::
     params, info = ps.finish()       # collective: final parameters on every rank
     ps.close()
 
-How it runs: the server is a time-sliced task on the root's shared progress
-thread (``research.comm.progress``) that probes for pushes (``Improbe``), applies
-them, and sends the parameters back; it sleeps between probes. The root's own
-worker hands its gradient to the server in memory. Workers wait with sleeping
-tests (``wait_all``), never in a busy-polling blocking MPI call. ``finish``: each
-worker sends "done"; when the server has all of them, it broadcasts the final
-parameters (``Ibcast``), so every message sent is received before the end.
+How it runs: the server is a task polled on the root's shared progress thread
+(``research.comm.progress``): each poll probes for pushes (``Improbe``), applies
+them and sends the parameters back; the thread sleeps between polls, woken at
+once by the root's own push, which its worker hands over in memory. Workers wait
+with sleeping tests (``wait_all``), never in a busy-polling blocking MPI call.
+``finish``: each worker sends "done"; when the server has all of them, it
+broadcasts the final parameters (``Ibcast``), so every message sent is received
+before the end.
 
 With an optimizer as update, scale it for P pushes per step: a rate of lr / P and
 a schedule P times as long keep the per-example rate of synchronous SGD
@@ -40,7 +41,7 @@ import numpy as np
 from mpi4py import MPI
 
 from research.comm.base import Averager, CommInfo
-from research.comm.progress import get_progress, wait_all
+from research.comm.progress import Poll, Task, get_progress, wait_all
 from research.comm.registry import register_averager
 from research.trace import get_tracer
 
@@ -105,7 +106,6 @@ class ParameterServer:
     Args:
       comm: an ``MPI.Intracomm`` or a ``World``; duplicated here (collective).
       root: the rank that holds the parameters (and also works).
-      slice_s: how long one server task holds the shared progress thread.
       max_sleep: longest sleep between probes while idle, seconds.
     """
 
@@ -114,7 +114,6 @@ class ParameterServer:
         comm: Any,
         *,
         root: int = 0,
-        slice_s: float = 0.02,
         max_sleep: float = 5e-4,
     ) -> None:
         base = getattr(comm, "comm", comm)
@@ -127,7 +126,7 @@ class ParameterServer:
         )
         if not 0 <= root < self.size:
             raise ValueError(f"root must be a rank in 0..{self.size - 1}, got {root}")
-        self._slice_s, self._max_sleep = slice_s, max_sleep
+        self._max_sleep = max_sleep
         self._tmpl: _Template | None = None
         self._version = 0  # version of the parameters this worker holds
         self._finished = False
@@ -163,7 +162,7 @@ class ParameterServer:
         self._tmpl = _Template(params)
         if self.is_server:
             self._params, self._update = params, update
-            get_progress().submit(self._slice)
+            get_progress().add(_ServerTask(self))
 
     def push_pull(self, grads: Any) -> tuple[Any, CommInfo]:
         """Push this worker's gradient; return the parameters after its update.
@@ -179,7 +178,7 @@ class ParameterServer:
         if self.is_server:
             with self._cond:
                 self._inbox.append(("push", flat))
-                self._cond.notify_all()
+                get_progress().wake()
                 while self._reply is None:
                     self._raise_if_failed()
                     self._cond.wait(0.5)
@@ -213,7 +212,7 @@ class ParameterServer:
         if self.is_server:
             with self._cond:
                 self._inbox.append(("done", None))
-                self._cond.notify_all()
+                get_progress().wake()
                 while self._final is None:
                     self._raise_if_failed()
                     self._cond.wait(0.5)
@@ -246,8 +245,7 @@ class ParameterServer:
         self._closed = True
         if self.is_server and self._tmpl is not None:
             self._stop = True
-            with self._cond:
-                self._cond.notify_all()
+            get_progress().wake()
             if not get_progress().in_thread:
                 self._stopped.wait(5.0)
         if self._finished:
@@ -276,30 +274,6 @@ class ParameterServer:
             ) from self._error
 
     # -- the server (root's progress thread) ----------------------------------------
-    def _slice(self) -> None:
-        try:
-            deadline = time.perf_counter() + self._slice_s
-            sleep = 20e-6
-            while not self._stop:
-                if self._serve():
-                    if self._bcast is not None and self._bcast.Test():
-                        self._stopped.set()
-                        return
-                    sleep = 20e-6
-                    continue
-                if time.perf_counter() >= deadline:
-                    get_progress().submit(self._slice)
-                    return
-                with self._cond:
-                    if not self._inbox:
-                        self._cond.wait(sleep)
-                sleep = min(sleep * 2, self._max_sleep)
-        except BaseException as exc:  # noqa: BLE001 - handed to the compute thread
-            with self._cond:
-                self._error = exc
-                self._cond.notify_all()
-        self._stopped.set()
-
     def _serve(self) -> bool:
         """One pass: local push, remote push, done messages, sends. True: progress."""
         if self._bcast is not None:
@@ -359,6 +333,32 @@ class ParameterServer:
             staleness=staleness,
         )
         return params, self._server_version, staleness
+
+
+class _ServerTask(Task):
+    """The root's server loop as a task polled on its progress thread."""
+
+    def __init__(self, ps: ParameterServer) -> None:
+        self.ps = ps
+        self.max_sleep = ps._max_sleep
+
+    def poll(self) -> Poll:
+        ps = self.ps
+        if ps._stop:
+            ps._stopped.set()
+            return Poll.FINISHED
+        if not ps._serve():
+            return Poll.IDLE
+        if ps._bcast is not None and ps._bcast.Test():
+            ps._stopped.set()
+            return Poll.FINISHED
+        return Poll.PROGRESSED
+
+    def fail(self, exc: BaseException) -> None:
+        with self.ps._cond:
+            self.ps._error = exc
+            self.ps._cond.notify_all()
+        self.ps._stopped.set()
 
 
 @register_averager("ps")
