@@ -144,7 +144,7 @@ def check_writable_dir(path: str | os.PathLike, flag: str) -> str | None:
 def validate(cfg: TrainConfig) -> str | None:
     """The first problem with ``cfg`` as one line, or None."""
     import models
-    from research.comm.registry import check_options, known_averagers
+    from research.comm.registry import check_link, check_options, known_averagers
     from research.data import list_datasets
 
     if cfg.model not in models.list_models():
@@ -163,6 +163,9 @@ def validate(cfg: TrainConfig) -> str | None:
     problem = check_options(cfg.strategy, cfg.strategy_options)
     if problem:
         return f"--strategy-opt: {problem}"
+    problem = check_link(cfg.strategy, cfg.link)
+    if problem:
+        return problem
     if cfg.batch_size <= 0:
         return f"--batch-size must be positive, got {cfg.batch_size}"
     if cfg.steps < 0 or cfg.epochs <= 0:

@@ -93,6 +93,8 @@ def test_smoke_two_ranks_relaunch(tmp_path):
             "bucket_bytes='big' must be int",
         ),
         (["--threads", "-1"], "--threads must be >= 0"),
+        (["--link", "10gbs"], "bad link spec '10gbs'"),
+        (["--strategy", "fused", "--link", "10gbps"], "cannot run on an emulated"),
         (["--bogus-flag"], "unrecognized arguments"),
     ],
 )

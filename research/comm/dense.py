@@ -72,6 +72,7 @@ from mpi4py import MPI
 
 from research.comm.base import Averager, CommInfo
 from research.comm.fusion import DEFAULT_BUCKET_BYTES, FusionPlan, HostBuffers
+from research.comm.link import Link
 from research.comm.registry import register_averager
 from research.trace import get_tracer
 
@@ -309,6 +310,9 @@ class HostAllreduce(Averager):
       world: the world to average over.
       bucket_bytes: largest bucket (see module docstring).
       as_jax: return jax arrays instead of numpy arrays.
+      link: an emulated link (``research.comm.link``): each call also sleeps
+        until a ring allreduce of its buckets would have crossed that link
+        (the calling thread sleeps, leaving the CPU free as a NIC would).
     """
 
     executor = "staged"
@@ -320,10 +324,12 @@ class HostAllreduce(Averager):
         *,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         as_jax: bool = False,
+        link: str = "real",
     ) -> None:
         self.world = world
         self.size = world.size
         self.as_jax = as_jax
+        self.link = Link.parse(link)
         # Whole leaves per bucket, so that results are views into the buckets.
         self._buffers = _PlanCache(bucket_bytes, None, split_leaves=False)
         self.comm = world.dup("dense-host") if world.size > 1 else None
@@ -359,18 +365,30 @@ class HostAllreduce(Averager):
                 self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
                 if np.issubdtype(buf.dtype, np.integer):
                     np.floor_divide(buf, self.size, out=buf)
+            emulated = 0.0
+            if self.link.emulated:
+                model = sum(self.link.allreduce(b.nbytes, self.size) for b in buffers)
+                emulated = max(0.0, t1 + model - time.perf_counter())
+                time.sleep(emulated)
             t2 = time.perf_counter()
             out = host.views()
             if self.as_jax:
                 out = jax.tree.map(jnp.asarray, out)
             t3 = time.perf_counter()
-            span.set(pack_s=t1 - t0, mpi_s=t2 - t1, unpack_s=t3 - t2)
+            span.set(
+                pack_s=t1 - t0, mpi_s=t2 - t1, unpack_s=t3 - t2, emulated_s=emulated
+            )
         info = CommInfo(
             bytes=nbytes,
             contributors=self.size,
             staleness=0,
             wait_s=t3 - t0,
             round=self._round,
-            extra={"pack_s": t1 - t0, "mpi_s": t2 - t1, "unpack_s": t3 - t2},
+            extra={
+                "pack_s": t1 - t0,
+                "mpi_s": t2 - t1,
+                "unpack_s": t3 - t2,
+                "emulated_s": emulated,
+            },
         )
         return out, info

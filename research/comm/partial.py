@@ -616,16 +616,16 @@ class PartialAverager(Averager):
         *,
         seed: int = 0,
         sync_every: int | None = 32,
-        slice_s: float = 0.02,
         max_sleep: float = 5e-4,
+        link: str = "real",
     ) -> None:
         self.pa = PartialAllreduce(
             world,
             mode=self.mode,
             seed=seed,
             sync_every=sync_every,
-            slice_s=slice_s,
             max_sleep=max_sleep,
+            link=link,
         )
 
     def reduce(self, grads: Any) -> tuple[Any, CommInfo]:

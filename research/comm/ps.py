@@ -378,12 +378,9 @@ class ParameterServerAverager(Averager):
         world: Any,
         *,
         root: int = 0,
-        slice_s: float = 0.02,
         max_sleep: float = 5e-4,
     ) -> None:
-        self.ps = ParameterServer(
-            world, root=root, slice_s=slice_s, max_sleep=max_sleep
-        )
+        self.ps = ParameterServer(world, root=root, max_sleep=max_sleep)
 
     @property
     def size(self) -> int:

@@ -56,8 +56,8 @@ _INT, _INT_OR_NONE, _FLOAT, _BOOL = (int,), (int, type(None)), (float, int), (bo
 _PARTIAL = {
     "seed": _INT,
     "sync_every": _INT_OR_NONE,
-    "slice_s": _FLOAT,
     "max_sleep": _FLOAT,
+    "link": (str,),
 }
 BUILTIN_OPTIONS: dict[str, dict[str, tuple[type, ...]]] = {
     "fused": {
@@ -66,11 +66,11 @@ BUILTIN_OPTIONS: dict[str, dict[str, tuple[type, ...]]] = {
         "sequential": _BOOL,
         "prescale": _BOOL,
     },
-    "host": {"bucket_bytes": _INT, "as_jax": _BOOL},
+    "host": {"bucket_bytes": _INT, "as_jax": _BOOL, "link": (str,)},
     "solo": _PARTIAL,
     "majority": _PARTIAL,
     "sync": _PARTIAL,
-    "ps": {"root": _INT, "slice_s": _FLOAT, "max_sleep": _FLOAT},
+    "ps": {"root": _INT, "max_sleep": _FLOAT},
 }
 
 
@@ -95,6 +95,23 @@ def check_options(name: str, options: dict[str, Any]) -> str | None:
         ):
             want = " or ".join("None" if t is type(None) else t.__name__ for t in types)
             return f"strategy option {key}={value!r} must be {want}"
+    return None
+
+
+def check_link(name: str, spec: str) -> str | None:
+    """A one-line problem with running strategy ``name`` on link ``spec``, or None."""
+    from research.comm.link import Link
+
+    try:
+        link = Link.parse(spec)
+    except ValueError as e:
+        return f"--link: {e}"
+    if link.emulated and "link" not in BUILTIN_OPTIONS.get(name, {"link": None}):
+        return (
+            f"--link: strategy {name!r} cannot run on an emulated link (its "
+            "communication is not host-side collectives); use host, solo, "
+            "majority or sync"
+        )
     return None
 
 

@@ -116,6 +116,13 @@ class TrainConfig:
         name="--strategy-opt",
         factory=dict,
     )
+    link: str = flag(
+        "real",
+        "emulated network link for host-side collectives, e.g. 10gbps or "
+        "100gbps:2us (each also sleeps as long as that link would take); "
+        "default %(default)s",
+        PARALLEL,
+    )
     threads: int = flag(
         1,
         "compute threads per rank (XLA:CPU's pool; 0: XLA's default); "

@@ -107,9 +107,10 @@ class Trainer:
         if world.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         world.barrier()
-        self.averager = averager or get_averager(
-            config.strategy, world, **config.strategy_options
-        )
+        options = dict(config.strategy_options)
+        if config.link != "real":  # one flag for every host-side collective
+            options.setdefault("link", config.link)
+        self.averager = averager or get_averager(config.strategy, world, **options)
         self.executor = make_executor(
             self.averager, StepContext(world.size, self._optimizer)
         )

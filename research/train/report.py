@@ -16,6 +16,24 @@ from research.launch import xla_compute_threads
 from research.rundir import versions
 from research.train.state import param_count, tree_bytes, tree_digest
 
+
+def link_label(spec: str) -> str:
+    """What tables print about the link: emulated with its figures, or real."""
+    from research.comm.link import Link
+
+    return Link.parse(spec).describe(node_local=_one_node())
+
+
+def _one_node() -> bool | None:
+    """Whether every rank runs on this node, as the launcher tells (None: unknown)."""
+    local, size = os.environ.get("MPI_LOCALNRANKS"), os.environ.get("PMI_SIZE")
+    if local and size:  # MPICH's hydra
+        return local == size
+    if "SLURM_NNODES" in os.environ:
+        return os.environ["SLURM_NNODES"] == "1"
+    return None
+
+
 if TYPE_CHECKING:
     from research.train.loop import Trainer
 
@@ -26,6 +44,7 @@ def config_record(t: Trainer) -> dict[str, Any]:
         "config": t.config,
         "world_size": t.world.size,
         "strategy": {"name": t.averager.name, "executor": t.averager.executor},
+        "link": link_label(t.config.link),
         "imbalance": getattr(t.imbalance, "describe", lambda: t.imbalance.name)(),
         "model_params": param_count(t.state.params),
         "param_bytes": tree_bytes(t.state.params),
@@ -60,6 +79,7 @@ def summary_record(t: Trainer) -> dict[str, Any]:
         "strategy": t.averager.name,
         "model": t.config.model,
         "dataset": t.config.dataset,
+        "link": link_label(t.config.link),
         "global_batch": global_batch,
         "median_step_s": med,
         "median_step_s_per_rank": per_rank,

@@ -132,6 +132,26 @@ def test_host_is_exact_mean_and_reports(world) -> None:
     assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(out))
 
 
+def test_host_on_an_emulated_link_takes_at_least_the_model(world) -> None:
+    import time
+
+    from research.comm.link import Link
+
+    tree = rank_tree(world.rank)
+    avg = HostAllreduce(world, bucket_bytes=4096, link="0.1gbps:1ms")
+    model = sum(
+        Link.parse("0.1gbps:1ms").allreduce(b.nbytes, world.size)
+        for b in avg.plan(tree).buckets
+    )
+    t0 = time.perf_counter()
+    out, info = avg.reduce(tree)
+    took = time.perf_counter() - t0
+    assert_mean(out, tree, exact_mean(world, tree))
+    if world.size > 1:
+        assert took >= model > 0  # a lower bound: the real allreduce may be slower
+        assert 0 <= info.extra["emulated_s"] <= model
+
+
 def test_fused_and_host_agree(world) -> None:
     tree = rank_tree(world.rank, n_leaves=120)
     fused = jax.jit(FusedAllreduce(world, **MIXED_SMALL).average_in_jit)(tree)
