@@ -200,10 +200,6 @@ class FusionPlan:
 
     # -- facts ---------------------------------------------------------------
     @property
-    def num_leaves(self) -> int:
-        return len(self.shapes)
-
-    @property
     def nbytes(self) -> int:
         """Bytes on the wire per call: the sum of all buckets."""
         return sum(b.nbytes for b in self.buckets)
@@ -221,15 +217,6 @@ class FusionPlan:
         return (
             len(self.leaf_segments[leaf]) == 1
             and self.dtypes[leaf] == self.buckets[index].dtype
-        )
-
-    def matches(self, tree: Any) -> bool:
-        """True when ``tree`` has this plan's structure, shapes and dtypes."""
-        leaves, treedef = jax.tree.flatten(tree)
-        return (
-            treedef == self.treedef
-            and tuple(tuple(leaf.shape) for leaf in leaves) == self.shapes
-            and tuple(_canonical(leaf.dtype) for leaf in leaves) == self.dtypes
         )
 
     # -- traced (jnp) path ---------------------------------------------------
@@ -302,6 +289,71 @@ def _piece(flat: jax.Array, start: int, length: int) -> jax.Array:
     if start == 0 and length == flat.shape[0]:
         return flat
     return jax.lax.slice(flat, (start,), (start + length,))
+
+
+def flat_wire_dtype(dtypes: Sequence[Any]) -> np.dtype:
+    """The one dtype a whole pytree travels in when it must be a single buffer.
+
+    The same rule as :func:`wire_dtype`, narrowed to one buffer: float64 when any
+    leaf's wire dtype is float64, else float32 (bf16/f16 and float32 leaves).
+    """
+    wide = any(wire_dtype(d) == np.float64 for d in dtypes)
+    return np.dtype(np.float64 if wide else np.float32)
+
+
+class FlatLayout:
+    """A pytree as ONE flat host buffer (plus trailing slots), and back.
+
+    For protocols that need a single message per call: the partial collectives
+    (payload and round metadata in one Iallreduce) and the parameter server
+    (gradients and a version number in one message). The dtype rule is
+    :func:`flat_wire_dtype`; bucketed averaging uses :class:`FusionPlan`.
+
+    Args:
+      tree: the pytree whose structure, shapes and dtypes it records.
+      extra: trailing slots after the payload (metadata in the same message).
+    """
+
+    def __init__(self, tree: Any, extra: int = 0) -> None:
+        leaves, self.treedef = jax.tree_util.tree_flatten(tree)
+        self.shapes = [tuple(np.shape(x)) for x in leaves]
+        self.dtypes = [np.dtype(x.dtype) for x in leaves]
+        self.n = int(sum(math.prod(s) for s in self.shapes))
+        self.extra = extra
+        self.wire = flat_wire_dtype(self.dtypes)
+
+    def matches(self, tree: Any) -> bool:
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
+        return (
+            treedef == self.treedef
+            and [tuple(np.shape(x)) for x in leaves] == self.shapes
+        )
+
+    def pack(self, tree: Any, extra: Sequence[float] = ()) -> np.ndarray:
+        """A new buffer: ``tree``'s leaves in tree order, then ``extra``."""
+        out = np.empty(self.n + self.extra, self.wire)
+        off = 0
+        for leaf in self.treedef.flatten_up_to(tree):
+            a = np.asarray(leaf).reshape(-1)
+            out[off : off + a.size] = a
+            off += a.size
+        out[self.n : self.n + len(extra)] = extra
+        return out
+
+    def unpack(self, flat: np.ndarray, divide: float | None = None) -> Any:
+        """The tree in ``flat[:n]`` (new arrays of the leaves' dtypes), / ``divide``."""
+        out, off = [], 0
+        for shape, dtype in zip(self.shapes, self.dtypes):
+            k = math.prod(shape)
+            piece = flat[off : off + k].reshape(shape)
+            leaf = np.empty(shape, dtype)
+            if divide is None:
+                np.copyto(leaf, piece, casting="unsafe")
+            else:
+                np.divide(piece, divide, out=leaf, casting="unsafe")
+            out.append(leaf)
+            off += k
+        return jax.tree_util.tree_unflatten(self.treedef, out)
 
 
 class HostBuffers:

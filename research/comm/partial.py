@@ -80,11 +80,11 @@ import warnings
 import weakref
 from typing import Any, Literal
 
-import jax
 import numpy as np
 from mpi4py import MPI
 
 from research.comm.base import Averager, CommInfo
+from research.comm.fusion import FlatLayout
 from research.comm.link import Link
 from research.comm.progress import Poll, Task, get_progress
 from research.comm.registry import register_averager
@@ -105,11 +105,6 @@ _TAG_MOD = 30_000  # at most two rounds are ever in flight; MPI guarantees 32767
 
 def _tag(r: int) -> int:
     return 1 + r % _TAG_MOD
-
-
-def _wire_dtype(dtypes: list[np.dtype]) -> np.dtype:
-    """float64 when any leaf is float64, else float32 (bf16/f16 travel as float32)."""
-    return np.dtype(np.float64 if any(d == np.float64 for d in dtypes) else np.float32)
 
 
 @dataclasses.dataclass
@@ -181,9 +176,7 @@ class PartialAllreduce:
         self._closed = False
         self._abandoned = False
         self._stopped = threading.Event()
-        self._treedef = None
-        self._shapes: list[tuple[int, ...]] = []
-        self._dtypes: list[np.dtype] = []
+        self._layout: FlatLayout | None = None  # of this rank's trees
         self._n: int | None = None
         self._dtype: np.dtype | None = None
         # Background state: touched by the progress thread only.
@@ -236,15 +229,8 @@ class PartialAllreduce:
           in it (0: fresh or none), ``info.wait_s`` how long this call waited,
           ``info.extra["fresh"]`` whether this call's own gradient made the round.
         """
-        leaves, treedef = jax.tree_util.tree_flatten(tree)
-        self._set_template(leaves, treedef)
-        flat = np.empty(self._n, self._dtype)
-        off = 0
-        for leaf in leaves:
-            a = np.asarray(leaf).reshape(-1)
-            flat[off : off + a.size] = a
-            off += a.size
-        call, rec, waited = self._hand_in(_REDUCE, flat)
+        self._set_layout(tree)
+        call, rec, waited = self._hand_in(_REDUCE, self._layout.pack(tree))
         return self._unpack(rec.total), self._info(call, rec, waited)
 
     def flush(self) -> tuple[Any, CommInfo]:
@@ -254,7 +240,7 @@ class PartialAllreduce:
         Returns the round's ``(tree, info)``; ``info.extra["carried_total"]`` is how
         many late gradients (over all ranks) it delivered (0: the tree is zeros).
         """
-        if self._treedef is None:
+        if self._layout is None:
             raise RuntimeError("flush() before any reduce(): nothing to flush")
         call, rec, waited = self._hand_in(_FLUSH, None)
         return self._unpack(rec.total), self._info(call, rec, waited)
@@ -298,16 +284,12 @@ class PartialAllreduce:
             self.close()
 
     # -- compute-thread side --------------------------------------------------------
-    def _set_template(self, leaves: list, treedef: Any) -> None:
-        shapes = [tuple(np.shape(x)) for x in leaves]
-        dtypes = [np.dtype(x.dtype) for x in leaves]
-        if self._treedef is None:
-            n = int(sum(int(np.prod(s)) for s in shapes))
-            dtype = _wire_dtype(dtypes)
+    def _set_layout(self, tree: Any) -> None:
+        if self._layout is None:
+            layout = FlatLayout(tree)
             with self._cond:
-                self._treedef, self._shapes, self._dtypes = treedef, shapes, dtypes
-                self._n, self._dtype = n, dtype
-        elif treedef != self._treedef or shapes != self._shapes:
+                self._layout, self._n, self._dtype = layout, layout.n, layout.wire
+        elif not self._layout.matches(tree):
             raise ValueError(
                 "reduce() got a tree of another structure or shape than its first call"
             )
@@ -346,19 +328,7 @@ class PartialAllreduce:
             raise RuntimeError("PartialAllreduce was shut down")
 
     def _unpack(self, total: np.ndarray) -> Any:
-        out, off = [], 0
-        for shape, dtype in zip(self._shapes, self._dtypes):
-            k = int(np.prod(shape))
-            leaf = np.empty(shape, dtype)
-            np.divide(
-                total[off : off + k].reshape(shape),
-                self.size,
-                out=leaf,
-                casting="unsafe",
-            )
-            out.append(leaf)
-            off += k
-        return jax.tree_util.tree_unflatten(self._treedef, out)
+        return self._layout.unpack(total, divide=self.size)
 
     def _info(self, call: int, rec: _Round, waited: float) -> CommInfo:
         staleness = call - min(rec.my_calls) if rec.my_calls else 0
@@ -632,7 +602,7 @@ class PartialAverager(Averager):
         return self.pa.reduce(grads)
 
     def flush(self) -> tuple[Any, CommInfo] | None:
-        if self.pa._treedef is None:
+        if self.pa._layout is None:
             return None
         tree, info = self.pa.flush()
         return (tree, info) if info.extra["carried_total"] else None

@@ -41,6 +41,7 @@ import numpy as np
 from mpi4py import MPI
 
 from research.comm.base import Averager, CommInfo
+from research.comm.fusion import FlatLayout
 from research.comm.progress import Poll, Task, get_progress, wait_all
 from research.comm.registry import register_averager
 from research.trace import get_tracer
@@ -67,37 +68,6 @@ def optimizer_update(tx: Any, params: Any) -> Update:
         return params
 
     return update
-
-
-class _Template:
-    """Structure, shapes and dtypes of the parameter tree, and its flat form."""
-
-    def __init__(self, tree: Any) -> None:
-        leaves, self.treedef = jax.tree_util.tree_flatten(tree)
-        self.shapes = [tuple(np.shape(x)) for x in leaves]
-        self.dtypes = [np.dtype(x.dtype) for x in leaves]
-        self.n = int(sum(int(np.prod(s)) for s in self.shapes))
-        wide = any(d == np.float64 for d in self.dtypes)
-        self.wire = np.dtype(np.float64 if wide else np.float32)
-
-    def pack(self, tree: Any, extra: float) -> np.ndarray:
-        """Flat buffer of ``tree`` with one trailing value (a version number)."""
-        out = np.empty(self.n + 1, self.wire)
-        off = 0
-        for leaf in self.treedef.flatten_up_to(tree):
-            a = np.asarray(leaf).reshape(-1)
-            out[off : off + a.size] = a
-            off += a.size
-        out[-1] = extra
-        return out
-
-    def unpack(self, flat: np.ndarray) -> Any:
-        out, off = [], 0
-        for shape, dtype in zip(self.shapes, self.dtypes):
-            k = int(np.prod(shape))
-            out.append(flat[off : off + k].reshape(shape).astype(dtype))
-            off += k
-        return jax.tree_util.tree_unflatten(self.treedef, out)
 
 
 class ParameterServer:
@@ -127,7 +97,7 @@ class ParameterServer:
         if not 0 <= root < self.size:
             raise ValueError(f"root must be a rank in 0..{self.size - 1}, got {root}")
         self._max_sleep = max_sleep
-        self._tmpl: _Template | None = None
+        self._tmpl: FlatLayout | None = None
         self._version = 0  # version of the parameters this worker holds
         self._finished = False
         self._closed = False
@@ -159,7 +129,7 @@ class ParameterServer:
         """
         if self._tmpl is not None:
             raise RuntimeError("ParameterServer.bind() called twice")
-        self._tmpl = _Template(params)
+        self._tmpl = FlatLayout(params, extra=1)
         if self.is_server:
             self._params, self._update = params, update
             get_progress().add(_ServerTask(self))
@@ -173,7 +143,7 @@ class ParameterServer:
           worker's last pull and its push, ``info.wait_s`` the time waiting.
         """
         tmpl = self._check_open()
-        flat = tmpl.pack(grads, float(self._version))
+        flat = tmpl.pack(grads, [float(self._version)])
         t0 = time.perf_counter()
         if self.is_server:
             with self._cond:
@@ -258,7 +228,7 @@ class ParameterServer:
         self.close()
 
     # -- helpers ------------------------------------------------------------------
-    def _check_open(self) -> _Template:
+    def _check_open(self) -> FlatLayout:
         if self._closed or self._finished:
             raise RuntimeError("ParameterServer is finished or closed")
         if self._tmpl is None:
@@ -309,7 +279,7 @@ class ParameterServer:
             progressed = True
         self._sends = [(r, b) for r, b in self._sends if not r.Test()]
         if self._done == self.size and not self._sends:
-            final = self._tmpl.pack(self._params, float(self._server_version))
+            final = self._tmpl.pack(self._params, [float(self._server_version)])
             self._bcast = self._comm.Ibcast(final, root=self.root)
             with self._cond:
                 self._final = final
@@ -323,7 +293,7 @@ class ParameterServer:
         grads = self._tmpl.unpack(flat[:-1])
         self._params = self._update(self._params, grads)
         self._server_version += 1
-        params = self._tmpl.pack(self._params, 0.0)[:-1]
+        params = self._tmpl.pack(self._params)[:-1]
         get_tracer().complete(
             "ps update",
             "comm-bg",
