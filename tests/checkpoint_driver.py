@@ -61,7 +61,13 @@ def cmd_save(world, args) -> None:
             print(f"r{world.rank} | KILL at {event} of step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    ckpt = make(world, args.dir, fault_hook=hook, keep=args.keep)
+    ckpt = make(
+        world,
+        args.dir,
+        fault_hook=hook,
+        keep=args.keep,
+        keep_fast_tier=args.keep_fast_tier,
+    )
     s = initial(args.scale)
     for k in range(1, args.steps + 1):
         s = advance(s)
@@ -160,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kill", default=None, help="rank to kill, or 'all'")
     p.add_argument("--kill-event", default="write-started")
     p.add_argument("--kill-step", type=int, default=30)
+    p.add_argument("--keep-fast-tier", action="store_true")
     args = p.parse_args(argv)
     world = get_world()
     {"save": cmd_save, "restore": cmd_restore, "errors": cmd_errors}[args.cmd](

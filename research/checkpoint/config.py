@@ -41,6 +41,8 @@ class CheckpointConfig:
       writer: DeepFreeze's writer: ``"process"`` (a niced helper per rank) or
         ``"thread"`` (in the rank's background thread).
       nice: niceness of DeepFreeze's helper process.
+      keep_fast_tier: DeepFreeze: keep the fast tier after a normal close
+        (removed by default: /dev/shm is memory).
     """
 
     strategy: str = "deepfreeze"
@@ -59,6 +61,7 @@ class CheckpointConfig:
     rank_local: tuple[str, ...] = ("batch_stats",)
     writer: str = "process"
     nice: int = 10
+    keep_fast_tier: bool = False
 
     def validate(self) -> str | None:
         """A one-line problem, or None when the configuration is usable."""
@@ -102,6 +105,7 @@ class CheckpointConfig:
                 rank_local=tuple(self.rank_local),
                 writer=self.writer,
                 nice=self.nice,
+                keep_fast_tier=self.keep_fast_tier,
                 **common,
                 **kw,
             )

@@ -138,6 +138,9 @@ class DeepFreeze(Checkpointer):
       nice: niceness of the helper process.
       verify_flush: check each fast-tier file's CRC-32 before flushing it (one
         more read of the shard; restore verifies the flushed files anyway).
+      keep_fast_tier: keep the fast tier after a normal ``close`` (e.g. for a
+        next job on the same nodes); by default it is removed, as every
+        committed step is in the persistent tier and ``/dev/shm`` is memory.
       fault_hook: ``hook(event, step)`` called by the background thread at
         ``write-begin``, ``write-started``, ``written``, ``committed``,
         ``flush-file`` and ``flushed`` (fault-injection tests).
@@ -162,6 +165,7 @@ class DeepFreeze(Checkpointer):
         writer: str = "process",
         nice: int = 10,
         verify_flush: bool = False,
+        keep_fast_tier: bool = False,
         fault_hook: FaultHook | None = None,
     ) -> None:
         if on_busy not in ("wait", "skip"):
@@ -172,6 +176,7 @@ class DeepFreeze(Checkpointer):
             raise ValueError(f"writer must be 'process' or 'thread', got {writer!r}")
         super().__init__(world, directory, fast_dir=fast_dir, fsync=fsync)
         self.keep, self.keep_fast = keep, keep_fast
+        self.keep_fast_tier = keep_fast_tier
         self.max_inflight, self.on_busy = max_inflight, on_busy
         self.compress = compress
         self.rank_local = tuple(rank_local)
@@ -324,7 +329,9 @@ class DeepFreeze(Checkpointer):
             raise
         self._queue.put(None)
         self._thread.join()
-        fast = self.tiers[0] if len(self.tiers) > 1 else None
+        fast = (
+            self.tiers[0] if len(self.tiers) > 1 and not self.keep_fast_tier else None
+        )
         if fast is not None:
             remove_tree(fast.rank_dir(self.rank))
         super().close()  # its barrier: every rank's shards are gone
