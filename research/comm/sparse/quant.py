@@ -102,12 +102,6 @@ def unpack(packed: np.ndarray, bits: int, n: int) -> np.ndarray:
     return ((packed[:, None] >> shifts) & mask).reshape(-1)[:n]
 
 
-def _steps(scales: np.ndarray, s: int, dtype: np.dtype) -> np.ndarray:
-    # One definition of a bucket's step, shared by quantize and dequantize, so a
-    # decoded value re-quantizes exactly onto its level.
-    return scales.astype(dtype) / dtype.type(s)
-
-
 def quantize(
     values: np.ndarray, bits: int, rng: np.random.Generator
 ) -> QuantizedValues:
@@ -135,9 +129,9 @@ def quantize(
     # above the top level; round such scales up instead.
     low = scales.astype(values.dtype) < maxima
     scales[low] = np.nextafter(scales[low], np.float32(np.inf))
-    step = np.repeat(_steps(scales, s, values.dtype), BUCKET)[:n].astype(np.float64)
+    scale = np.repeat(scales.astype(np.float64), BUCKET)[:n]
     with np.errstate(divide="ignore", invalid="ignore"):
-        r = np.where(step > 0, mag / step, 0.0)
+        r = np.where(scale > 0, mag.astype(np.float64) * s / scale, 0.0)
     base = np.rint(r)
     on_level = np.abs(r - base) <= base * _SNAP
     low_level = np.floor(r)
@@ -150,9 +144,13 @@ def quantize(
 
 
 def dequantize(q: QuantizedValues) -> np.ndarray:
-    """Decode to ``q.dtype``: ``(code - s) * scale / s`` per value."""
+    """Decode to ``q.dtype``: ``(code - s) * scale / s`` per value.
+
+    Computed in float64, where ``level * scale`` is exact (a float32 scale times at
+    most 127), so the top level decodes to the scale itself and re-quantizing a
+    decoded vector finds the same scales and levels.
+    """
     s = levels(q.bits)
-    signed = q.codes().astype(np.int16) - s
-    pos = np.arange(q.n) + q.offset
-    step = _steps(q.scales, s, np.dtype(q.dtype))[pos // BUCKET]
-    return signed.astype(q.dtype) * step
+    signed = (q.codes().astype(np.int16) - s).astype(np.float64)
+    scale = q.scales.astype(np.float64)[(np.arange(q.n) + q.offset) // BUCKET]
+    return (signed * scale / s).astype(q.dtype)
