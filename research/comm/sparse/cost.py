@@ -305,14 +305,20 @@ def agreed_model(comm) -> CostModel:
 
 
 def _fit(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, float]:
-    slope, intercept = np.polyfit(np.asarray(sizes, float), np.asarray(times), 1)
-    return max(float(intercept), 1e-7), max(float(slope), 1e-13)
+    # Latency from the smallest message; per-byte cost from a least-squares
+    # slope through it (an unconstrained intercept is mostly noise).
+    alpha = max(float(times[0]), 1e-7)
+    x = np.asarray(sizes, float) - sizes[0]
+    y = np.asarray(times, float) - times[0]
+    return alpha, max(float(x @ y / (x @ x)), 1e-13)
 
 
-def _median_time(fn, reps: int) -> float:
+def _median_time(fn, reps: int, sync=None) -> float:
     fn()  # warm-up: first-touch pages, connections
     ts = []
     for _ in range(reps):
+        if sync is not None:
+            sync()  # start together, outside the timed region
         t0 = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t0)
@@ -341,21 +347,19 @@ def calibrate(
         buf, out = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
 
         def exchange(buf=buf, out=out):
-            comm.Barrier()
             if partner < size:
                 comm.Sendrecv(buf, partner, 7, out, partner, 7)
 
-        p2p.append(_median_time(exchange, reps) if size > 1 else 0.0)
+        p2p.append(_median_time(exchange, reps, comm.Barrier) if size > 1 else 0.0)
     ar_sizes = [2, 2**16, 2**20, 2**22]
     ar = []
     for n in ar_sizes:
         x = np.ones(n, np.float32)
 
         def allreduce(x=x):
-            comm.Barrier()
             comm.Allreduce(MPI.IN_PLACE, x, MPI.SUM)
 
-        ar.append(_median_time(allreduce, reps))
+        ar.append(_median_time(allreduce, reps, comm.Barrier))
     dim, n = 2**22, 2**17
     a, b = (
         SparseVector(np.sort(rng.choice(dim, n, replace=False)), rng.random(n), dim)
