@@ -138,10 +138,11 @@ def _bounds(dim: int, size: int) -> list[int]:
 def _pieces(own: SparseVector, q: QuantizedValues | None, bounds: list[int]):
     """Per owner: (indices or None, values, quantized or None), split by range."""
     out = []
+    codes = q.codes() if q is not None else None  # unpacked once for all pieces
     for d in range(len(bounds) - 1):
         lo, hi = bounds[d], bounds[d + 1]
         if own.is_dense:
-            out.append((None, own.values[lo:hi], q.slice(lo, hi) if q else None))
+            out.append((None, own.values[lo:hi], q.slice(lo, hi, codes) if q else None))
             continue
         a, b = np.searchsorted(own._indices, [lo, hi])
         idx, val = own._indices[a:b], own.values[a:b]
@@ -152,7 +153,7 @@ def _pieces(own: SparseVector, q: QuantizedValues | None, bounds: list[int]):
             dense[idx - lo] = val
             out.append((None, dense, None))
         else:
-            out.append((idx, val, q.slice(a, b) if q else None))
+            out.append((idx, val, q.slice(a, b, codes) if q else None))
     return out
 
 

@@ -62,11 +62,16 @@ class QuantizedValues:
         """The unpacked codes, one uint8 per value."""
         return unpack(self.packed, self.bits, self.n)
 
-    def slice(self, start: int, stop: int) -> QuantizedValues:
-        """Values ``start:stop`` with their buckets' scales (decode unchanged)."""
+    def slice(
+        self, start: int, stop: int, codes: np.ndarray | None = None
+    ) -> QuantizedValues:
+        """Values ``start:stop`` with their buckets' scales (decode unchanged).
+
+        ``codes``: ``self.codes()`` if the caller has them (slicing many pieces).
+        """
         first = self.offset + start
         b0, b1 = first // BUCKET, -(-(self.offset + stop) // BUCKET)
-        codes = self.codes()[start:stop]
+        codes = (self.codes() if codes is None else codes)[start:stop]
         return QuantizedValues(
             pack(codes, self.bits),
             self.scales[b0:b1] if stop > start else self.scales[:0],
