@@ -167,9 +167,7 @@ def test_loss_cotangent_scales_and_stage_params_are_used():
     zero_head = dict(staged.stages[-1].params(state.params))
     zero_head = jax.tree_util.tree_map(jnp.zeros_like, zero_head)
     last = len(staged.stages) - 1
-    staged.forward(
-        state, x, y, stage_params=lambda i: zero_head if i == last else None
-    )
+    staged.forward(state, x, y, stage_params=lambda i: zero_head if i == last else None)
     got = dict(staged.backward())
     # With a zero classifier, no gradient reaches the body.
     assert not np.any(got[0]["Conv_0"]["kernel"])
