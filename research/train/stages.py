@@ -287,6 +287,7 @@ class StagedGrad:
         x: Any,
         y: Any,
         stage_params: Callable[[int], Tree] | None = None,
+        after_stage: Callable[[int, jax.Array], None] | None = None,
     ) -> dict[str, jax.Array]:
         """Runs the training forward pass stage by stage and the loss.
 
@@ -301,6 +302,9 @@ class StagedGrad:
             stage_params: optional ``i -> stage i's params``, called just before
                 stage ``i`` runs (it may wait, e.g. for gathered parameters);
                 defaults to the subtrees of ``state.params``.
+            after_stage: optional ``(i, stage i's output)``, called right after
+                stage ``i`` is dispatched (it may block on the output, e.g. to
+                time the stage).
 
         Returns:
             ``{"loss": ..., "acc": ...}`` as device scalars.
@@ -316,6 +320,8 @@ class StagedGrad:
                 treedef = jax.tree_util.tree_structure(stats)
                 new_stats.update(jax.tree_util.tree_unflatten(treedef, new))
             saved.append((params, h, out, res))
+            if after_stage is not None:
+                after_stage(stage.index, out)
             h = out
         loss, acc, self._loss_vjp = self._loss(h, y)
         self._saved = saved
