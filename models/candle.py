@@ -22,6 +22,8 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from models.staging import run_stages
+
 P1B2_FEATURES = 28_204
 NT3_FEATURES = 60_483
 
@@ -56,21 +58,52 @@ class P1B2(nn.Module):
         """Per-example input shape ``(features,)``."""
         return (self.features,)
 
+    @property
+    def stage_names(self) -> tuple[str, ...]:
+        """Stages for ``research.train.stages``: each hidden layer, the classifier."""
+        return (*(f"dense{i + 1}" for i in range(len(self.dense))), "head")
+
     @nn.compact
-    def __call__(self, x: jnp.ndarray, train: bool) -> jnp.ndarray:
-        """Logits ``(N, num_classes)`` for inputs ``(N, features)``."""
+    def __call__(
+        self, x: jnp.ndarray, train: bool, stages: tuple[int, int] | None = None
+    ) -> jnp.ndarray:
+        """Logits ``(N, num_classes)`` for inputs ``(N, features)``.
+
+        ``stages=(i, j)`` runs only stages ``i..j-1`` of ``stage_names`` (see
+        ``models.staging``); every submodule is named as Flax would auto-name it.
+        """
         if self.activation not in _ACTIVATIONS:
             raise ValueError(
                 f"activation must be one of {sorted(_ACTIVATIONS)}, "
                 f"got {self.activation!r}"
             )
         act = _ACTIVATIONS[self.activation]
-        x = jnp.asarray(x, self.dtype).reshape(x.shape[0], -1)
-        for width in self.dense:
-            x = act(nn.Dense(width, dtype=self.dtype, kernel_init=kernel_init)(x))
-            x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
-        x = nn.Dense(self.num_classes, dtype=self.dtype, kernel_init=kernel_init)(x)
-        return jnp.asarray(x, jnp.float32)
+
+        def hidden(k, width):
+            def run(x):
+                if k == 0:
+                    x = jnp.asarray(x, self.dtype).reshape(x.shape[0], -1)
+                x = nn.Dense(
+                    width, dtype=self.dtype, kernel_init=kernel_init, name=f"Dense_{k}"
+                )(x)
+                return nn.Dropout(
+                    self.dropout_rate, deterministic=not train, name=f"Dropout_{k}"
+                )(act(x))
+
+            return run
+
+        def head(x):
+            x = jnp.asarray(x, self.dtype).reshape(x.shape[0], -1)
+            x = nn.Dense(
+                self.num_classes,
+                dtype=self.dtype,
+                kernel_init=kernel_init,
+                name=f"Dense_{len(self.dense)}",
+            )(x)
+            return jnp.asarray(x, jnp.float32)
+
+        fns = [hidden(k, width) for k, width in enumerate(self.dense)] + [head]
+        return run_stages(x, fns, self.stage_names, stages)
 
 
 class NT3(nn.Module):
@@ -102,29 +135,72 @@ class NT3(nn.Module):
         """Per-example input shape ``(features, 1)``."""
         return (self.features, 1)
 
+    @property
+    def stage_names(self) -> tuple[str, ...]:
+        """Stages for ``research.train.stages``: each convolution (the last with
+        the pool), each hidden dense layer (the first flattens), the classifier."""
+        convs = [f"conv{i + 1}" for i in range(len(self.filters))]
+        dense = [f"dense{i + 1}" for i in range(len(self.dense))]
+        return (*convs, *dense, "head")
+
     @nn.compact
-    def __call__(self, x: jnp.ndarray, train: bool) -> jnp.ndarray:
-        """Logits ``(N, num_classes)`` for inputs ``(N, features, 1)``."""
-        x = jnp.asarray(x, self.dtype)
-        if x.ndim == 2:  # (N, features): CSV rows without the channel axis
-            x = x[..., None]
-        for filters, kernel in zip(self.filters, self.kernel_sizes, strict=True):
-            x = nn.relu(
-                nn.Conv(
+    def __call__(
+        self, x: jnp.ndarray, train: bool, stages: tuple[int, int] | None = None
+    ) -> jnp.ndarray:
+        """Logits ``(N, num_classes)`` for inputs ``(N, features, 1)``.
+
+        ``stages=(i, j)`` runs only stages ``i..j-1`` of ``stage_names`` (see
+        ``models.staging``); every submodule is named as Flax would auto-name it.
+        """
+        layers = list(zip(self.filters, self.kernel_sizes, strict=True))
+
+        def conv(k, filters, kernel):
+            def run(x):
+                if k == 0:
+                    x = jnp.asarray(x, self.dtype)
+                    if x.ndim == 2:  # (N, features): CSV rows without the channel axis
+                        x = x[..., None]
+                x = nn.Conv(
                     filters,
                     (kernel,),
                     padding="VALID",
                     dtype=self.dtype,
                     kernel_init=kernel_init,
+                    name=f"Conv_{k}",
                 )(x)
-            )
-        x = nn.max_pool(x, (self.pool_size,), strides=(self.pool_size,))
-        x = x.reshape(x.shape[0], -1)
-        for width in self.dense:
-            x = nn.relu(nn.Dense(width, dtype=self.dtype, kernel_init=kernel_init)(x))
-            x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
-        x = nn.Dense(self.num_classes, dtype=self.dtype, kernel_init=kernel_init)(x)
-        return jnp.asarray(x, jnp.float32)
+                x = nn.relu(x)
+                if k == len(layers) - 1:
+                    x = nn.max_pool(x, (self.pool_size,), strides=(self.pool_size,))
+                return x
+
+            return run
+
+        def flatten(x):
+            return jnp.asarray(x, self.dtype).reshape(x.shape[0], -1)
+
+        def hidden(k, width):
+            def run(x):
+                x = nn.Dense(
+                    width, dtype=self.dtype, kernel_init=kernel_init, name=f"Dense_{k}"
+                )(flatten(x))
+                return nn.Dropout(
+                    self.dropout_rate, deterministic=not train, name=f"Dropout_{k}"
+                )(nn.relu(x))
+
+            return run
+
+        def head(x):
+            x = nn.Dense(
+                self.num_classes,
+                dtype=self.dtype,
+                kernel_init=kernel_init,
+                name=f"Dense_{len(self.dense)}",
+            )(flatten(x))
+            return jnp.asarray(x, jnp.float32)
+
+        fns = [conv(k, f, ks) for k, (f, ks) in enumerate(layers)]
+        fns += [hidden(k, width) for k, width in enumerate(self.dense)] + [head]
+        return run_stages(x, fns, self.stage_names, stages)
 
 
 P1B2Tiny = functools.partial(P1B2, features=256, dense=(64, 32, 16))

@@ -22,6 +22,8 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from models.staging import run_stages
+
 ModuleDef = Any
 
 # torchvision's initialisation: He normal on fan-out for convolutions, and the
@@ -112,9 +114,25 @@ class ResNet(nn.Module):
         """Per-example input shape ``(H, W, C)``."""
         return (self.image_size, self.image_size, self.channels)
 
+    @property
+    def stage_names(self) -> tuple[str, ...]:
+        """Stages for ``research.train.stages``: stem, every block, head."""
+        blocks = [
+            f"block{i + 1}_{j}"
+            for i, size in enumerate(self.stage_sizes)
+            for j in range(size)
+        ]
+        return ("stem", *blocks, "head")
+
     @nn.compact
-    def __call__(self, x: jnp.ndarray, train: bool) -> jnp.ndarray:
-        """Logits ``(N, num_classes)`` for images ``(N, H, W, C)``."""
+    def __call__(
+        self, x: jnp.ndarray, train: bool, stages: tuple[int, int] | None = None
+    ) -> jnp.ndarray:
+        """Logits ``(N, num_classes)`` for images ``(N, H, W, C)``.
+
+        ``stages=(i, j)`` runs only stages ``i..j-1`` of ``stage_names`` (see
+        ``models.staging``); every submodule is named as Flax would auto-name it.
+        """
         conv = functools.partial(
             nn.Conv, use_bias=False, dtype=self.dtype, kernel_init=conv_init
         )
@@ -125,29 +143,50 @@ class ResNet(nn.Module):
             epsilon=1e-5,
             dtype=self.dtype,
         )
-        x = jnp.asarray(x, self.dtype)
-        if self.stem == "imagenet":
-            x = conv(self.width, (7, 7), (2, 2), padding=[(3, 3), (3, 3)])(x)
-            x = self.act(norm(name="bn_init")(x))
-            x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
-        elif self.stem == "cifar":
-            x = conv(self.width, (3, 3), (1, 1))(x)
-            x = self.act(norm(name="bn_init")(x))
-        else:
+        if self.stem not in ("imagenet", "cifar"):
             raise ValueError(f"stem must be 'imagenet' or 'cifar', got {self.stem!r}")
-        for i, block_size in enumerate(self.stage_sizes):
-            for j in range(block_size):
-                strides = (2, 2) if i > 0 and j == 0 else (1, 1)
-                x = self.block_cls(
-                    self.width * 2**i,
+
+        def stem(x):
+            x = jnp.asarray(x, self.dtype)
+            if self.stem == "imagenet":
+                x = conv(
+                    self.width, (7, 7), (2, 2), padding=[(3, 3), (3, 3)], name="Conv_0"
+                )(x)
+                x = self.act(norm(name="bn_init")(x))
+                return nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+            x = conv(self.width, (3, 3), (1, 1), name="Conv_0")(x)
+            return self.act(norm(name="bn_init")(x))
+
+        def block(k, filters, strides):
+            def run(x):
+                return self.block_cls(
+                    filters,
                     strides=strides,
                     conv=conv,
                     norm=norm,
                     act=self.act,
+                    name=f"{self.block_cls.__name__}_{k}",
                 )(x)
-        x = jnp.mean(x, axis=(1, 2))
-        x = nn.Dense(self.num_classes, dtype=self.dtype, kernel_init=dense_init)(x)
-        return jnp.asarray(x, jnp.float32)
+
+            return run
+
+        def head(x):
+            x = jnp.mean(x, axis=(1, 2))
+            x = nn.Dense(
+                self.num_classes,
+                dtype=self.dtype,
+                kernel_init=dense_init,
+                name="Dense_0",
+            )(x)
+            return jnp.asarray(x, jnp.float32)
+
+        fns = [stem]
+        for i, block_size in enumerate(self.stage_sizes):
+            for j in range(block_size):
+                strides = (2, 2) if i > 0 and j == 0 else (1, 1)
+                fns.append(block(len(fns) - 1, self.width * 2**i, strides))
+        fns.append(head)
+        return run_stages(x, fns, self.stage_names, stages)
 
 
 ResNet18 = functools.partial(ResNet, stage_sizes=(2, 2, 2, 2), block_cls=ResNetBlock)

@@ -25,6 +25,8 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from models.staging import run_stages
+
 VGG16_STAGES = ((64, 64), (128, 128), (256, 256, 256), (512, 512, 512), (512,) * 3)
 
 # torchvision's VGG initialisation (untruncated normals, which also compile fast).
@@ -95,22 +97,80 @@ class VGG(nn.Module):
         """Per-example input shape ``(H, W, C)``."""
         return (self.image_size, self.image_size, self.channels)
 
+    @property
+    def stage_names(self) -> tuple[str, ...]:
+        """Stages for ``research.train.stages``: each conv stage with its pool,
+        each hidden fc layer (the first also pools and flattens), the classifier."""
+        convs = [f"conv{i + 1}" for i in range(len(self.stages))]
+        fcs = [f"fc{i + 1}" for i in range(len(self.fc))]
+        return (*convs, *fcs, "head")
+
     @nn.compact
-    def __call__(self, x: jnp.ndarray, train: bool) -> jnp.ndarray:
-        """Logits ``(N, num_classes)`` for images ``(N, H, W, C)``."""
-        x = jnp.asarray(x, self.dtype)
-        for stage in self.stages:
-            for filters in stage:
-                x = nn.Conv(filters, (3, 3), dtype=self.dtype, kernel_init=conv_init)(x)
+    def __call__(
+        self, x: jnp.ndarray, train: bool, stages: tuple[int, int] | None = None
+    ) -> jnp.ndarray:
+        """Logits ``(N, num_classes)`` for images ``(N, H, W, C)``.
+
+        ``stages=(i, j)`` runs only stages ``i..j-1`` of ``stage_names`` (see
+        ``models.staging``); every submodule is named as Flax would auto-name it.
+        """
+
+        def conv_stage(first, widths, cast):
+            def run(x):
+                if cast:
+                    x = jnp.asarray(x, self.dtype)
+                for k, filters in enumerate(widths, first):
+                    x = nn.Conv(
+                        filters,
+                        (3, 3),
+                        dtype=self.dtype,
+                        kernel_init=conv_init,
+                        name=f"Conv_{k}",
+                    )(x)
+                    x = nn.relu(x)
+                return nn.max_pool(x, (2, 2), strides=(2, 2))
+
+            return run
+
+        def flatten(x):
+            x = adaptive_avg_pool(jnp.asarray(x, self.dtype), self.pooled_size)
+            return x.reshape(x.shape[0], -1)
+
+        def fc_stage(k, features):
+            def run(x):
+                if k == 0:
+                    x = flatten(x)
+                x = nn.Dense(
+                    features,
+                    dtype=self.dtype,
+                    kernel_init=dense_init,
+                    name=f"Dense_{k}",
+                )(x)
                 x = nn.relu(x)
-            x = nn.max_pool(x, (2, 2), strides=(2, 2))
-        x = adaptive_avg_pool(x, self.pooled_size)
-        x = x.reshape(x.shape[0], -1)
-        for features in self.fc:
-            x = nn.relu(nn.Dense(features, dtype=self.dtype, kernel_init=dense_init)(x))
-            x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
-        x = nn.Dense(self.num_classes, dtype=self.dtype, kernel_init=dense_init)(x)
-        return jnp.asarray(x, jnp.float32)
+                return nn.Dropout(
+                    self.dropout_rate, deterministic=not train, name=f"Dropout_{k}"
+                )(x)
+
+            return run
+
+        def head(x):
+            if not self.fc:
+                x = flatten(x)
+            x = nn.Dense(
+                self.num_classes,
+                dtype=self.dtype,
+                kernel_init=dense_init,
+                name=f"Dense_{len(self.fc)}",
+            )(x)
+            return jnp.asarray(x, jnp.float32)
+
+        fns, first = [], 0
+        for i, widths in enumerate(self.stages):
+            fns.append(conv_stage(first, widths, cast=i == 0))
+            first += len(widths)
+        fns += [fc_stage(k, features) for k, features in enumerate(self.fc)]
+        fns.append(head)
+        return run_stages(x, fns, self.stage_names, stages)
 
 
 VGG16 = functools.partial(VGG, stages=VGG16_STAGES)

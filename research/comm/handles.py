@@ -21,7 +21,8 @@ Contract:
   messages never meet another subsystem's.
 * **Buffers.** C-contiguous numpy arrays. Do not write a send buffer nor read a
   result buffer until ``wait`` returned. ``out`` reuses a result buffer;
-  ``allreduce(buf, out=buf)`` sums in place.
+  ``allreduce(buf, out=buf)`` sums in place. ``name=`` names the handle's span
+  on the timeline (track ``comm-bg``; default: the collective's kind).
 * **Many in flight.** A start hands the collective to the rank's progress thread
   (:mod:`research.comm.progress`), which issues the nonblocking MPI call
   (``Iallreduce``, ``Ireduce_scatter_block``, ``Iallgather``, ``Ialltoallv``...)
@@ -76,6 +77,8 @@ class Handle:
 
     Attributes (set on the progress thread; read them after ``wait``):
       kind: the collective's name.
+      name: its span's name on the timeline (``name=`` of the start; default:
+        ``kind``), e.g. ``"reduce-scatter block2"``.
       nbytes: bytes this rank handed to MPI.
       started_at: ``time.perf_counter()`` when the progress thread issued it.
       real_s: issue to completion of the MPI call, seconds.
@@ -87,9 +90,15 @@ class Handle:
     """
 
     def __init__(
-        self, kind: str, nbytes: int, result: np.ndarray | None, model_s: float
+        self,
+        kind: str,
+        nbytes: int,
+        result: np.ndarray | None,
+        model_s: float,
+        name: str | None = None,
     ) -> None:
         self.kind, self.nbytes, self.model_s = kind, int(nbytes), float(model_s)
+        self.name = name or kind
         self.started_at: float | None = None
         self.real_s: float | None = None
         self.emulated_s = 0.0
@@ -160,7 +169,7 @@ class _Op(Task):
         h.total_s = now - h.started_at
         self.keep = None
         get_tracer().complete(
-            h.kind,
+            h.name,
             "comm-bg",
             h.started_at,
             now,
@@ -219,7 +228,12 @@ class AsyncComm:
 
     # -- collectives -----------------------------------------------------------------
     def allreduce(
-        self, buf: np.ndarray, *, op: MPI.Op = MPI.SUM, out: np.ndarray | None = None
+        self,
+        buf: np.ndarray,
+        *,
+        op: MPI.Op = MPI.SUM,
+        out: np.ndarray | None = None,
+        name: str | None = None,
     ) -> Handle:
         """Element-wise reduction over ranks; the result has ``buf``'s shape.
 
@@ -232,7 +246,7 @@ class AsyncComm:
             out, send = _result(out, buf.shape, buf.dtype), buf
         cost = self.link.allreduce(buf.nbytes, self.size)
         issue = lambda c: [c.Iallreduce(send, out, op=op)]  # noqa: E731
-        return self._start("allreduce", buf, out, cost, issue)
+        return self._start("allreduce", buf, out, cost, issue, name)
 
     def reduce_scatter(
         self,
@@ -241,6 +255,7 @@ class AsyncComm:
         *,
         op: MPI.Op = MPI.SUM,
         out: np.ndarray | None = None,
+        name: str | None = None,
     ) -> Handle:
         """Reduce ``buf`` over ranks; rank i gets block i of the flat result.
 
@@ -269,18 +284,25 @@ class AsyncComm:
             issue = lambda c: [c.Ireduce_scatter_block(buf, out, op=op)]  # noqa: E731
         else:
             issue = lambda c: [c.Ireduce_scatter(buf, out, counts, op=op)]  # noqa: E731
-        return self._start("reduce_scatter", buf, out, cost, issue)
+        return self._start("reduce_scatter", buf, out, cost, issue, name)
 
-    def allgather(self, buf: np.ndarray, *, out: np.ndarray | None = None) -> Handle:
+    def allgather(
+        self, buf: np.ndarray, *, out: np.ndarray | None = None, name: str | None = None
+    ) -> Handle:
         """Every rank's ``buf`` (same shape everywhere); result ``(size, *shape)``."""
         _check_buf(buf)
         out = _result(out, (self.size, *buf.shape), buf.dtype)
         cost = self.link.allgather(buf.nbytes * self.size, self.size)
         issue = lambda c: [c.Iallgather(buf, out)]  # noqa: E731
-        return self._start("allgather", buf, out, cost, issue)
+        return self._start("allgather", buf, out, cost, issue, name)
 
     def allgatherv(
-        self, buf: np.ndarray, counts: Sequence[int], *, out: np.ndarray | None = None
+        self,
+        buf: np.ndarray,
+        counts: Sequence[int],
+        *,
+        out: np.ndarray | None = None,
+        name: str | None = None,
     ) -> Handle:
         """Concatenation of every rank's flat ``buf``; rank i gives ``counts[i]``."""
         _check_buf(buf)
@@ -294,9 +316,11 @@ class AsyncComm:
         spec = [out, (counts, _displs(counts))]
         cost = self.link.allgather(out.nbytes, self.size)
         issue = lambda c: [c.Iallgatherv(buf, spec)]  # noqa: E731
-        return self._start("allgatherv", buf, out, cost, issue)
+        return self._start("allgatherv", buf, out, cost, issue, name)
 
-    def alltoall(self, buf: np.ndarray, *, out: np.ndarray | None = None) -> Handle:
+    def alltoall(
+        self, buf: np.ndarray, *, out: np.ndarray | None = None, name: str | None = None
+    ) -> Handle:
         """Block i of flat ``buf`` goes to rank i; result block j came from rank j."""
         _check_buf(buf)
         if buf.size % self.size:
@@ -308,7 +332,7 @@ class AsyncComm:
         sent = buf.nbytes - buf.nbytes // self.size  # the own block stays local
         cost = self.link.alltoall(sent, self.size)
         issue = lambda c: [c.Ialltoall(buf, out)]  # noqa: E731
-        return self._start("alltoall", buf, out, cost, issue)
+        return self._start("alltoall", buf, out, cost, issue, name)
 
     def alltoallv(
         self,
@@ -317,6 +341,7 @@ class AsyncComm:
         recv_counts: Sequence[int],
         *,
         out: np.ndarray | None = None,
+        name: str | None = None,
     ) -> Handle:
         """Flat ``buf``'s consecutive blocks of ``send_counts[i]`` go to rank i.
 
@@ -332,7 +357,7 @@ class AsyncComm:
         sent = (sum(send_counts) - send_counts[self.rank]) * buf.itemsize
         cost = self.link.alltoall(sent, self.size)
         issue = lambda c: [c.Ialltoallv(send, recv)]  # noqa: E731
-        return self._start("alltoallv", buf, out, cost, issue)
+        return self._start("alltoallv", buf, out, cost, issue, name)
 
     def sendrecv(
         self,
@@ -344,6 +369,7 @@ class AsyncComm:
         recv_dtype: Any = None,
         tag: int = 0,
         out: np.ndarray | None = None,
+        name: str | None = None,
     ) -> Handle:
         """Send ``buf`` to ``dest`` and receive from ``source`` at the same time.
 
@@ -382,7 +408,7 @@ class AsyncComm:
             return reqs
 
         return self._start(
-            "sendrecv", buf if dest is not None else None, result, cost, issue
+            "sendrecv", buf if dest is not None else None, result, cost, issue, name
         )
 
     # -- lifetime --------------------------------------------------------------------
@@ -441,6 +467,7 @@ class AsyncComm:
         result: np.ndarray | None,
         model_s: float,
         issue: Callable[[MPI.Intracomm], list[MPI.Request]],
+        name: str | None = None,
     ) -> Handle:
         """Hand ``issue`` to the progress thread; ``buf`` is kept alive meanwhile."""
         if self._closed:
@@ -449,7 +476,7 @@ class AsyncComm:
             raise RuntimeError(
                 f"AsyncComm failed earlier, no new collectives: {self._error!r}"
             ) from self._error
-        handle = Handle(kind, 0 if buf is None else buf.nbytes, result, model_s)
+        handle = Handle(kind, 0 if buf is None else buf.nbytes, result, model_s, name)
         if len(self._inflight) > 64:
             self._inflight = [h for h in self._inflight if not h.done()]
         self._inflight.append(handle)

@@ -35,6 +35,7 @@ STRATEGY_MODULES: list[str] = [
     "research.comm.dense",
     "research.comm.partial",
     "research.comm.ps",
+    "research.comm.overlap",
 ]
 
 #: Names the built-in modules register, known without importing them: checking a
@@ -47,6 +48,8 @@ BUILTIN_NAMES: dict[str, str] = {
     "majority": "research.comm.partial",
     "sync": "research.comm.partial",
     "ps": "research.comm.ps",
+    "layerwise": "research.comm.overlap",
+    "overlap": "research.comm.overlap",
 }
 
 #: Options of the built-in strategies (``--strategy-opt KEY=VALUE``) and the
@@ -71,6 +74,8 @@ BUILTIN_OPTIONS: dict[str, dict[str, tuple[type, ...]]] = {
     "majority": _PARTIAL,
     "sync": _PARTIAL,
     "ps": {"root": _INT, "max_sleep": _FLOAT},
+    "layerwise": {"bucket_bytes": _INT, "link": (str,)},
+    "overlap": {"link": (str,)},
 }
 
 
@@ -110,7 +115,7 @@ def check_link(name: str, spec: str) -> str | None:
         return (
             f"--link: strategy {name!r} cannot run on an emulated link (its "
             "communication is not host-side collectives); use host, solo, "
-            "majority or sync"
+            "majority, sync, layerwise or overlap"
         )
     return None
 

@@ -56,10 +56,12 @@ class StepContext:
       optimizer: ``optimizer(pushes_per_step) -> (schedule, tx)``, the run's
         optimizer for a consumer that applies ``pushes_per_step`` updates per
         synchronous step (1 for the loop itself; P for a parameter server).
+      model: the Flax module, for executors that run it stage by stage.
     """
 
     world_size: int
     optimizer: Callable[[int], Any]
+    model: Any = None
 
 
 class Executor:
@@ -92,6 +94,10 @@ class Executor:
 
 _EXECUTORS: dict[str, type[Executor]] = {}
 
+#: Modules whose import registers more executors, imported on first need (they
+#: import this module, so not at import time).
+EXECUTOR_MODULES: list[str] = ["research.train.overlapped"]
+
 
 def register_executor(name: str):
     """Class decorator: averagers with ``executor = name`` run on this class."""
@@ -106,6 +112,11 @@ def register_executor(name: str):
 def make_executor(averager: Averager, ctx: StepContext) -> Executor:
     """The executor that runs ``averager``'s steps."""
     kind = averager.executor
+    if kind not in _EXECUTORS:
+        import importlib
+
+        for module in EXECUTOR_MODULES:
+            importlib.import_module(module)
     if kind not in _EXECUTORS:
         raise ValueError(
             f"strategy {averager.name!r} asks for executor {kind!r}; known: "

@@ -112,7 +112,7 @@ class Trainer:
             options.setdefault("link", config.link)
         self.averager = averager or get_averager(config.strategy, world, **options)
         self.executor = make_executor(
-            self.averager, StepContext(world.size, self._optimizer)
+            self.averager, StepContext(world.size, self._optimizer, self.model)
         )
         self.step = 0
         self.tracer: Tracer | NullTracer = Tracer.start(

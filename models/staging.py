@@ -1,0 +1,54 @@
+"""The stage protocol: every model here can run a contiguous range of its stages.
+
+A model's ``stage_names`` lists its stages in order (stem, each block or layer
+group, head), and ``model.apply(variables, x, train=..., stages=(i, j))`` runs
+stages ``i`` to ``j - 1`` only: ``x`` is then stage ``i``'s input and the result is
+stage ``j - 1``'s output (the logits when ``j`` is the last). ``stages=None`` runs
+the whole model.
+
+Every submodule a stage creates carries an explicit name, the one Flax would have
+given it in the whole model (``Conv_3``, ``Dense_0``, ``bn_init``), so a stage run
+alone reads and writes exactly the variables it does inside the whole model, and a
+``Dropout`` draws the same mask (Flax derives the mask's key from the module path).
+The split is by top-level submodule, so it does not depend on how a layer computes.
+``research.train.stages`` builds the per-stage forward and backward on this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import jax.numpy as jnp
+
+StageFn = Callable[[jnp.ndarray], jnp.ndarray]
+
+
+def run_stages(
+    x: jnp.ndarray,
+    fns: Sequence[StageFn],
+    names: Sequence[str],
+    stages: tuple[int, int] | None,
+) -> jnp.ndarray:
+    """Applies ``fns[i:j]`` in order to ``x``, for ``stages=(i, j)`` or all of them.
+
+    Args:
+        x: the input of stage ``i``.
+        fns: one function per stage, each creating its own (named) submodules.
+        names: the model's ``stage_names``; only its length is checked, so the
+            declared stages and the built ones cannot drift apart.
+        stages: ``(i, j)`` with ``0 <= i < j <= len(fns)``, or ``None`` for all.
+
+    Returns:
+        The output of stage ``j - 1``.
+
+    Raises:
+        ValueError: for a range outside the model's stages.
+    """
+    if len(fns) != len(names):
+        raise ValueError(f"model builds {len(fns)} stages but names {len(names)}")
+    lo, hi = (0, len(fns)) if stages is None else stages
+    if not 0 <= lo < hi <= len(fns):
+        raise ValueError(f"stages {stages} outside 0..{len(fns)}")
+    for fn in fns[lo:hi]:
+        x = fn(x)
+    return x

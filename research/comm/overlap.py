@@ -1,0 +1,140 @@
+"""Averaging overlapped with backward and forward: ``layerwise`` and ``overlap``.
+
+Two strategies whose steps run stage by stage (their executors are in
+``research.train.overlapped``); this module is their communication side, on
+numpy buffers and the rank's progress thread (:mod:`research.comm.handles`).
+
+* ``layerwise`` (:class:`LayerwiseAllreduce`): the PyTorch DDP / Horovod /
+  HiPC'17 baseline. Stage gradients, in reverse stage order, are packed into
+  buckets of about ``bucket_bytes`` (DDP's 25 MiB by default); each bucket's
+  allreduce starts as soon as its last stage's gradient exists, while the rest
+  of the backward pass runs. After the last wait, the ordinary update.
+* ``overlap`` (:class:`ShardedOverlap`): the SC18 multistep scheme (Lee et al.,
+  MLHPC@SC18; the authors' ``ffbp_multistep.c``). Each stage's parameters are
+  one float32 vector padded to a multiple of P; its gradient's reduce-scatter
+  starts as soon as the stage's backward is done; after the backward pass each
+  rank updates only its 1/P slice with its 1/P slice of the optimizer state,
+  and starts that stage's allgather at once; the next forward pass waits for
+  stage i's allgather just before stage i runs, so the allgathers overlap it.
+  Optimizer memory per rank is 1/P of the replicated strategies' (ZeRO-1's
+  saving, with its traffic: reduce-scatter + allgather = one allreduce).
+
+Both are exact synchronous SGD: every rank applies the mean of all ranks'
+gradients of the step, as ``host`` does (``tests/mpi/test_overlap.py``).
+
+Collectives start in the same order on every rank: stages come out of the
+backward pass in one fixed order, and buckets are fixed by the parameter shapes.
+Every collective carries a name on the timeline (``reduce-scatter <stage>``,
+``allgather <stage>``, ``allreduce <bucket>``, track ``comm-bg``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from research.comm.base import Averager
+from research.comm.handles import AsyncComm, Handle
+from research.comm.registry import register_averager
+
+#: PyTorch DDP's default bucket (``bucket_cap_mb=25``, in MiB).
+DDP_BUCKET_BYTES = 25 * 2**20
+
+
+class _Handled(Averager):
+    """An averager whose collectives are handles on the progress thread."""
+
+    def __init__(self, world: Any, *, link: str = "real", name: str) -> None:
+        self.world = world
+        self.size = world.size
+        self.rank = world.rank
+        self.engine = AsyncComm(world, link=link, name=name)
+        self.link = self.engine.link
+
+    def drain(self) -> None:
+        """Wait for every collective still in flight (collective-free)."""
+        self.engine.drain()
+
+    def close(self) -> None:
+        # The executor drains on the success path; close is then local.
+        self.engine.close()
+
+
+@register_averager("layerwise")
+class LayerwiseAllreduce(_Handled):
+    """Bucketed allreduce started as the backward pass fills each bucket.
+
+    Args:
+      world: the world to average over.
+      bucket_bytes: a bucket closes once it holds at least this many bytes; a
+        stage larger than it is a bucket of its own (stages are not split).
+      link: an emulated link (``research.comm.link``) or ``"real"``.
+    """
+
+    executor = "layerwise"
+    name = "layerwise"
+
+    def __init__(
+        self, world: Any, *, bucket_bytes: int = DDP_BUCKET_BYTES, link: str = "real"
+    ) -> None:
+        if bucket_bytes < 1:
+            raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
+        super().__init__(world, link=link, name="layerwise")
+        self.bucket_bytes = int(bucket_bytes)
+
+    def plan(self, stage_bytes: Sequence[int]) -> list[list[int]]:
+        """Buckets of stage indices, in the order the backward pass fills them.
+
+        Args:
+          stage_bytes: gradient bytes of each stage, in forward order.
+
+        Returns:
+          Lists of stage indices, last stage first; every stage in exactly one.
+        """
+        buckets, current, filled = [], [], 0
+        for i in reversed(range(len(stage_bytes))):
+            current.append(i)
+            filled += int(stage_bytes[i])
+            if filled >= self.bucket_bytes:
+                buckets.append(current)
+                current, filled = [], 0
+        if current:
+            buckets.append(current)
+        return buckets
+
+    def allreduce(self, buf: np.ndarray, label: str) -> Handle:
+        """Start the sum of ``buf`` over ranks (a fresh result buffer)."""
+        return self.engine.allreduce(buf, name=f"allreduce {label}")
+
+
+@register_averager("overlap")
+class ShardedOverlap(_Handled):
+    """Per-stage reduce-scatter, sharded update, per-stage allgather (SC18).
+
+    Args:
+      world: the world to average over.
+      link: an emulated link (``research.comm.link``) or ``"real"``.
+    """
+
+    executor = "overlap"
+    name = "overlap"
+
+    def __init__(self, world: Any, *, link: str = "real") -> None:
+        super().__init__(world, link=link, name="overlap")
+
+    def shard_size(self, n: int) -> int:
+        """Elements of one rank's slice of an ``n``-element stage (padded)."""
+        return -(-int(n) // self.size)
+
+    def reduce_scatter(self, flat: np.ndarray, label: str) -> Handle:
+        """Start the sum over ranks of ``flat``; the result is this rank's slice.
+
+        ``flat`` must have ``size * shard_size`` elements (padded).
+        """
+        return self.engine.reduce_scatter(flat, name=f"reduce-scatter {label}")
+
+    def allgather(self, shard: np.ndarray, label: str) -> Handle:
+        """Start gathering every rank's slice; the result is ``(size, n)``."""
+        return self.engine.allgather(shard, name=f"allgather {label}")

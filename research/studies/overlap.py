@@ -1,0 +1,267 @@
+"""SC18 overlap study: host, fused, layerwise and overlap side by side.
+
+``run_point`` (under MPI, one world size) trains each model a few steps with
+each strategy, on the real link and on an emulated one, and rank 0 appends one
+row per run to ``results.jsonl``; ``report`` reads every row and prints one table
+per model and the issue's benchmark targets as checks. ``experiments.overlap``
+is the entry point (its docstring: paper, claims, commands, measured table).
+
+Measured per run (rank 0's ``metrics.jsonl``, steps after ``warmup``, medians):
+step time; compute (the compute thread's forward and backward: the whole step
+for ``fused``, whose allreduce is inside its program); communication (``host``:
+its blocking allreduce; ``layerwise``/``overlap``: time with at least one
+collective in flight, ``research.train.overlapped.busy_time``); exposed
+communication (the compute thread's waits); hidden fraction = 1 - exposed / comm.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+STRATEGIES = ("host", "fused", "layerwise", "overlap")
+#: Strategies that run on an emulated link (fused communicates inside XLA).
+LINKED = ("host", "layerwise", "overlap")
+
+#: Reduced defaults: the full models (every conv, VGG's fc 4096-4096) on 32x32
+#: inputs, so that a step's compute is small next to its ~100 MB of gradients.
+MODELS: dict[str, dict[str, Any]] = {
+    "vgg16": {"image_size": 32, "pooled_size": 1},
+    "resnet50": {"image_size": 32, "stem": "imagenet"},
+}
+PAPER_MODELS: dict[str, dict[str, Any]] = {
+    "vgg16": {"image_size": 224},
+    "resnet50": {"image_size": 224},
+}
+
+
+def _config(args: Any, model: str, strategy: str, link: str, run_dir: Path):
+    from research.train.config import TrainConfig
+
+    options = (PAPER_MODELS if args.paper_scale else MODELS).get(model, {})
+    options = {**options, "image_size": args.image_size}
+    strategy_options = {}
+    if strategy == "layerwise" and args.bucket_bytes:
+        strategy_options["bucket_bytes"] = args.bucket_bytes
+    return TrainConfig(
+        model=model,
+        model_options=options,
+        dataset="synthetic_images",
+        data_options={
+            "image_size": args.image_size,
+            "num_classes": args.num_classes,
+            "n_train": max(64, args.batch_size * 8),
+            "n_test": args.batch_size,
+        },
+        batch_size=args.batch_size,
+        steps=args.steps,
+        eval_every=0,
+        eval_batch_size=args.batch_size,
+        log_every=1,
+        strategy=strategy,
+        strategy_options=strategy_options,
+        link=link,
+        lr=0.01,
+        warmup_steps=0,
+        progress=False,
+        trace=args.trace,
+        run_dir=str(run_dir),
+    )
+
+
+def _median(rows: list[dict], key: str) -> float | None:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _measure(trainer: Any, strategy: str, warmup: int) -> dict[str, Any]:
+    from research.rundir import read_metrics
+    from research.train.state import tree_bytes
+
+    rows = [r for r in read_metrics(trainer.run_dir) if r.get("kind") != "eval"]
+    rows = [r for r in rows if r["step"] > warmup] or rows
+    step = _median(rows, "step_time")
+    if strategy == "fused":
+        compute, comm, exposed = step, None, None
+    elif strategy == "host":
+        compute = _median(rows, "compute_s")
+        comm = exposed = _median(rows, "comm_s")
+    else:
+        compute = _median(rows, "compute_s")
+        comm, exposed = _median(rows, "comm_comm_s"), _median(rows, "comm_wait_s")
+    executor = trainer.executor
+    opt = getattr(executor, "opt_bytes", 0) or tree_bytes(trainer.state.opt_state)
+    stages = getattr(executor, "stages", ())
+    grad = tree_bytes(trainer.state.params)
+    biggest = max(
+        (tree_bytes(s.params(trainer.state.params)) for s in stages), default=grad
+    )
+    return {
+        "step_s": step,
+        "compute_s": compute,
+        "comm_s": comm,
+        "exposed_s": exposed,
+        "hidden": None if not comm else max(0.0, 1.0 - (exposed or 0.0) / comm),
+        "opt_bytes": int(opt),
+        "grad_bytes": int(grad),
+        "biggest_stage_share": biggest / grad,
+    }
+
+
+def emulated_link(compute_s: float, grad_bytes: int, size: int) -> str:
+    """A link on which a ring allreduce of ``grad_bytes`` takes ``compute_s``."""
+    moved = 2 * (size - 1) / size * grad_bytes
+    return f"{moved * 8 / compute_s / 1e9:.4f}gbps"
+
+
+def run_point(args: Any, root: Path, world: Any) -> None:
+    """Every model, link and strategy at this world size; rank 0 appends rows."""
+    from research.train.loop import Trainer
+
+    for model in args.models:
+        # "auto": the link on which host's allreduce takes as long as its
+        # compute did on the real link (measured first, in this job).
+        links = ["real"]
+        for link_kind in args.links:
+            for strategy in args.strategies:
+                if link_kind != "real" and (world.size == 1 or strategy not in LINKED):
+                    continue
+                link = "real"
+                if link_kind == "auto":
+                    link = world.bcast(links[-1] if world.rank == 0 else None)
+                elif link_kind != "real":
+                    link = link_kind
+                name = f"{model}-{strategy}-{link_kind}-np{world.size}"
+                run_dir = root / name
+                cfg = _config(args, model, strategy, link, run_dir)
+                trainer = Trainer(cfg, world)
+                trainer.run()
+                row = {
+                    "model": model,
+                    "strategy": strategy,
+                    "ranks": world.size,
+                    "link": link,
+                    "link_kind": link_kind,
+                    **_measure(trainer, strategy, args.warmup),
+                }
+                if strategy == "host" and link_kind == "real" and world.size > 1:
+                    links.append(
+                        emulated_link(row["compute_s"], row["grad_bytes"], world.size)
+                    )
+                if world.rank == 0:
+                    with open(root / "results.jsonl", "a") as f:
+                        f.write(json.dumps(row) + "\n")
+                    print(
+                        f"r0 | {name}: step {1e3 * row['step_s']:.1f} ms (link {link})",
+                        flush=True,
+                    )
+                world.barrier()
+
+
+def read_results(root: Path) -> list[dict[str, Any]]:
+    path = Path(root) / "results.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{1e3 * v:.1f}"
+
+
+def format_table(rows: list[dict[str, Any]], model: str) -> str:
+    rows = [r for r in rows if r["model"] == model]
+    by = {(r["strategy"], r["ranks"], r["link_kind"]): r for r in rows}
+    head = (
+        f"{model}\nstrategy   ranks link    step ms  compute  comm ms  hidden  "
+        "exposed  vs host  eff(1)  opt MB/rank"
+    )
+    lines = [head]
+    order = {s: i for i, s in enumerate(STRATEGIES)}
+    for r in sorted(
+        rows, key=lambda r: (r["link_kind"], r["ranks"], order.get(r["strategy"], 9))
+    ):
+        host = by.get(("host", r["ranks"], r["link_kind"]))
+        one = by.get((r["strategy"], 1, "real"))
+        speed = host["step_s"] / r["step_s"] if host else None
+        eff = one["step_s"] / r["step_s"] if one else None
+        hidden = "-" if r["hidden"] is None else f"{100 * r['hidden']:.0f}%"
+        lines.append(
+            f"{r['strategy']:<10} {r['ranks']:>5} {r['link_kind']:<6} "
+            f"{_ms(r['step_s']):>8} {_ms(r['compute_s']):>8} {_ms(r['comm_s']):>8} "
+            f"{hidden:>7} {_ms(r['exposed_s']):>8} "
+            f"{'-' if speed is None else f'{speed:.2f}x':>8} "
+            f"{'-' if eff is None else f'{eff:.2f}':>7} "
+            f"{r['opt_bytes'] / 2**20:>11.1f}"
+        )
+    links = sorted({r["link"] for r in rows if r["link_kind"] != "real"})
+    if links:
+        lines.append(f"emulated link(s): {', '.join(links)}")
+    return "\n".join(lines)
+
+
+def format_checks(rows: list[dict[str, Any]], model: str) -> str:
+    """The issue's benchmark targets, measured in this run (not asserted)."""
+    rows = [r for r in rows if r["model"] == model]
+    by = {(r["strategy"], r["ranks"], r["link_kind"]): r for r in rows}
+    out = []
+
+    def check(ok: bool, text: str) -> None:
+        out.append(f"  [{'PASS' if ok else 'FAIL'}] {text}")
+
+    emulated = sorted({r["ranks"] for r in rows if r["link_kind"] != "real"})
+    for p in emulated:
+        ov = by.get(("overlap", p, "auto"))
+        host = by.get(("host", p, "auto"))
+        lw = by.get(("layerwise", p, "auto"))
+        if ov is None or ov["comm_s"] is None:
+            continue
+        check(
+            (ov["hidden"] or 0) >= 0.8,
+            f"{p} ranks, emulated: overlap hides >= 80% of communication "
+            f"({100 * (ov['hidden'] or 0):.0f}%)",
+        )
+        bound = (
+            1.1 * max(ov["compute_s"], ov["comm_s"])
+            + ov["comm_s"] * (ov["biggest_stage_share"])
+        )
+        check(
+            ov["step_s"] <= bound,
+            f"{p} ranks, emulated: overlap step {_ms(ov['step_s'])} ms <= 1.1 x "
+            f"max(compute, comm) + one stage's comm = {_ms(bound)} ms",
+        )
+        if host and p == max(emulated):
+            speed = host["step_s"] / ov["step_s"]
+            check(speed >= 1.3, f"{p} ranks, emulated: overlap {speed:.2f}x host")
+        if lw:
+            check(
+                ov["step_s"] <= 1.05 * lw["step_s"],
+                f"{p} ranks, emulated: overlap ({_ms(ov['step_s'])} ms) at or ahead "
+                f"of layerwise ({_ms(lw['step_s'])} ms), within 5%",
+            )
+    for p in sorted({r["ranks"] for r in rows if r["link_kind"] == "real"}):
+        ov, host = by.get(("overlap", p, "real")), by.get(("host", p, "real"))
+        if ov and host and p > 1:
+            speed = host["step_s"] / ov["step_s"]
+            out.append(
+                f"  [info] {p} ranks, real link: overlap {speed:.2f}x "
+                f"host, hides {100 * (ov['hidden'] or 0):.0f}% (shared memory: moving "
+                "bytes takes the CPU the computation needs)"
+            )
+    return "\n".join([f"checks, {model}:", *out]) if out else ""
+
+
+def report(root: Path, models: list[str]) -> str:
+    """Tables and checks from ``root/results.jsonl``; written to ``table.md``."""
+    rows = read_results(root)
+    parts = []
+    for model in models:
+        parts.append(format_table(rows, model))
+        checks = format_checks(rows, model)
+        if checks:
+            parts.append(checks)
+    text = "\n\n".join(parts)
+    (Path(root) / "table.md").write_text(text + "\n")
+    return text

@@ -1,0 +1,396 @@
+"""Steps run stage by stage, communication overlapped: ``layerwise``, ``overlap``.
+
+The step side of the strategies in :mod:`research.comm.overlap`. Both run the
+model with :class:`research.train.stages.StagedGrad` and start a collective on
+the progress thread as soon as the backward pass has produced what it needs:
+
+* ``layerwise``: forward; backward stage by stage, each bucket's allreduce
+  started when its last stage is done; wait for all; the ordinary jitted update
+  (``research.train.step.apply_step``).
+* ``overlap``: forward stage by stage, stage ``i`` first waiting for its
+  allgather from the previous step; backward stage by stage, each stage's
+  reduce-scatter started at once; then, in forward order, wait for the stage's
+  reduce-scatter, update this rank's slice of its parameters and optimizer
+  state (the run's optax transformation applied to the flat slice: SGD with
+  momentum and weight decay are elementwise, so the slice follows exactly the
+  replicated math), and start its allgather, which the next forward waits for.
+
+Between drains the ``overlap`` state returned to the loop holds the parameters
+the step's gradient was computed at and ``opt_state=None``: the truth is this
+rank's slices and the allgathers in flight. :meth:`OverlapExecutor.drain` waits
+for those, gathers the optimizer state (once, at drains only) and returns the
+whole, exact state, so evaluation and checkpoints see what ``host`` would.
+
+Timeline, per stage: ``forward <stage>`` and ``backward <stage>`` on track
+``compute`` (each timed to its output being ready), ``update <stage>`` on
+``update``, each collective as a ``comm-bg`` span with its bytes, and every wait
+of the compute thread as ``wait <collective> <stage>`` on track ``comm`` (what an
+analyzer counts as exposed communication).
+
+Per-step record (``CommInfo``): ``bytes`` handed to MPI, ``wait_s`` (exposed),
+and in ``extra``: ``comm_s`` (time with at least one of the step's collectives
+in flight), ``hidden`` (1 - exposed / comm), ``opt_bytes`` (optimizer state
+held by this rank).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from research.comm.base import CommInfo
+from research.comm.handles import Handle
+from research.trace import get_tracer
+from research.train import step as steps
+from research.train.executors import Executor, StepContext, StepOut, register_executor
+from research.train.stages import Stage, StagedGrad
+from research.train.state import TrainState, tree_bytes
+
+
+class FlatStage:
+    """A stage's parameter-shaped subtree as one float32 vector of ``padded`` items.
+
+    Args:
+      stage: the stage.
+      params: a parameter tree (shapes and dtypes are read from it).
+      padded: length of the vector (at least the stage's element count).
+    """
+
+    def __init__(self, stage: Stage, params: Any, padded: int | None = None) -> None:
+        leaves, self.treedef = jax.tree_util.tree_flatten(stage.params(params))
+        self.stage = stage
+        self.shapes = [tuple(x.shape) for x in leaves]
+        self.dtypes = [x.dtype for x in leaves]
+        self.sizes = [int(np.prod(s)) for s in self.shapes]
+        self.n = sum(self.sizes)
+        self.padded = self.n if padded is None else int(padded)
+        if self.padded < self.n:
+            raise ValueError(f"padded {self.padded} < {self.n} elements")
+        self.pack = jax.jit(self._pack)
+        self.unpack = jax.jit(self._unpack)
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * self.padded
+
+    def _pack(self, tree: Any, divisor: Any) -> jax.Array:
+        """The subtree's leaves, raveled, divided by ``divisor``, zero-padded."""
+        leaves = jax.tree_util.tree_leaves(tree)
+        flat = jnp.concatenate([jnp.ravel(x).astype(jnp.float32) for x in leaves])
+        return jnp.pad(flat / divisor, (0, self.padded - self.n))
+
+    def _unpack(self, flat: jax.Array) -> Any:
+        out, start = [], 0
+        for shape, dtype, size in zip(
+            self.shapes, self.dtypes, self.sizes, strict=True
+        ):
+            out.append(flat[start : start + size].reshape(shape).astype(dtype))
+            start += size
+        return jax.tree_util.tree_unflatten(self.treedef, out)
+
+
+def busy_time(handles: Sequence[Handle]) -> float:
+    """Seconds during which at least one of ``handles`` was in flight."""
+    spans = sorted(
+        (h.started_at, h.started_at + h.total_s)
+        for h in handles
+        if h.started_at is not None and h.total_s is not None
+    )
+    total, end = 0.0, -np.inf
+    for a, b in spans:
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+class _StagedExecutor(Executor):
+    """Forward and backward stage by stage, each stage timed and traced."""
+
+    def __init__(self, averager: Any, ctx: StepContext) -> None:
+        super().__init__(averager, ctx)
+        if ctx.model is None:
+            raise ValueError(f"strategy {averager.name!r} needs the model (ctx.model)")
+        self.staged = StagedGrad(ctx.model)
+        self.stages = self.staged.stages
+        self.size = averager.size
+
+    def _wait(self, h: Handle, what: str, step: int) -> np.ndarray:
+        with get_tracer().span(f"wait {what}", "comm", step=step):
+            out = h.wait()
+        self._waited += h.wait_s
+        self._retired.append(h)
+        return out
+
+    def _forward(self, state, x, y, step: int, stage_params=None) -> dict:
+        tracer, begun = get_tracer(), {}
+
+        def before(i: int):
+            params = stage_params(i) if stage_params else None
+            begun[i] = time.perf_counter()
+            return params
+
+        def after(i: int, out: jax.Array) -> None:
+            jax.block_until_ready(out)
+            t1 = time.perf_counter()
+            self._compute += t1 - begun[i]
+            name = f"forward {self.stages[i].name}"
+            tracer.complete(name, "compute", begun[i], t1, step=step)
+
+        return self.staged.forward(state, x, y, stage_params=before, after_stage=after)
+
+    def _backward(self, step: int, on_grad: Callable[[int, Any], None]) -> None:
+        """Backward stage by stage; ``on_grad(i, grads)`` once each is ready."""
+        tracer = get_tracer()
+        t0 = time.perf_counter()
+        for i, grads in self.staged.backward():
+            grads = jax.block_until_ready(grads)
+            on_grad(i, grads)  # packing for MPI is the compute thread's work
+            t1 = time.perf_counter()
+            self._compute += t1 - t0
+            name = f"backward {self.stages[i].name}"
+            tracer.complete(name, "compute", t0, t1, step=step)
+            t0 = time.perf_counter()
+
+    def _begin(self) -> None:
+        self._compute = self._waited = 0.0
+        self._retired: list[Handle] = []
+        self._sent = 0
+
+    def _info(self, step: int, opt_bytes: int) -> CommInfo:
+        comm = busy_time(self._retired)
+        return CommInfo(
+            bytes=self._sent,
+            contributors=self.size,
+            wait_s=self._waited,
+            round=step + 1,
+            extra={
+                "comm_s": comm,
+                "hidden": 1.0 - min(1.0, self._waited / comm) if comm > 0 else 0.0,
+                "opt_bytes": opt_bytes,
+            },
+        )
+
+
+@register_executor("layerwise")
+class LayerwiseExecutor(_StagedExecutor):
+    """Bucketed allreduce overlapped with the backward pass (DDP-style)."""
+
+    def start(self, state: TrainState) -> None:
+        flats = [FlatStage(s, state.params) for s in self.stages]
+        self.buckets = self.averager.plan([f.nbytes for f in flats])
+        self._closes = {b[-1]: k for k, b in enumerate(self.buckets)}
+        self._labels = [
+            self.stages[b[0]].name
+            if len(b) == 1
+            else f"{self.stages[b[0]].name}..{self.stages[b[-1]].name}"
+            for b in self.buckets
+        ]
+        self._pack, self._unpack = [], []
+        for b in self.buckets:
+            part = [flats[i] for i in b]
+            self._pack.append(
+                jax.jit(
+                    lambda trees, d, part=part: jnp.concatenate(
+                        [f._pack(t, d) for f, t in zip(part, trees, strict=True)]
+                    )
+                )
+            )
+            self._unpack.append(jax.jit(lambda flat, part=part: _split(flat, part)))
+
+    def step(self, state, x, y, *, step, hold) -> StepOut:
+        self._begin()
+        metrics = self._forward(state, x, y, step)
+        grads, handles, done = {}, [], {}
+        divisor = jnp.float32(self.size)
+
+        def on_grad(i: int, g: Any) -> None:
+            done[i] = g
+            k = self._closes.get(i)
+            if k is not None:
+                trees = [done.pop(j) for j in self.buckets[k]]
+                buf = np.asarray(self._pack[k](trees, divisor))
+                self._sent += buf.nbytes
+                handles.append(self.averager.allreduce(buf, self._labels[k]))
+
+        self._backward(step, on_grad)
+        hold()
+        t0 = time.perf_counter()
+        for k, h in enumerate(handles):
+            out = self._wait(h, f"allreduce {self._labels[k]}", step)
+            for part in self._unpack[k](jnp.asarray(out)):
+                grads.update(part)
+        t1 = time.perf_counter()
+        with get_tracer().span("update", "update", step=step):
+            state = steps.apply_step(state, grads, self.staged.batch_stats)
+            jax.block_until_ready(state.params)
+        phases = {
+            "compute_s": self._compute,
+            "comm_s": t1 - t0,
+            "update_s": time.perf_counter() - t1,
+        }
+        info = self._info(step, tree_bytes(state.opt_state))
+        return state, jax.device_get(metrics), info, phases
+
+
+def _split(flat: jax.Array, part: Sequence[FlatStage]) -> list[Any]:
+    out, start = [], 0
+    for f in part:
+        out.append(f._unpack(flat[start : start + f.n]))
+        start += f.n
+    return out
+
+
+@register_executor("overlap")
+class OverlapExecutor(_StagedExecutor):
+    """Reduce-scatter, sharded update and allgather overlapped (SC18)."""
+
+    def start(self, state: TrainState) -> None:
+        P, r = self.size, self.averager.rank
+        self.flats = [
+            FlatStage(s, state.params, P * self.averager.shard_size(n))
+            for s, n in ((s, FlatStage(s, state.params).n) for s in self.stages)
+        ]
+        self._k = [f.padded // P for f in self.flats]
+        self._lo = [r * k for k in self._k]
+        _, tx = self.ctx.optimizer(1)
+
+        def update(p, g, opt):
+            upd, opt = tx.update(g, opt, p)
+            return optax.apply_updates(p, upd), opt
+
+        self._update = jax.jit(update)
+        self.shards: list[jax.Array] | None = None  # None: the state is the truth
+        self.opt: list[Any] | None = None
+        self.pending: list[Handle | None] = [None] * len(self.stages)
+        self.opt_bytes = 0
+
+    # -- slices of the state ------------------------------------------------------
+    def _slice(self, i: int, tree: Any) -> jax.Array:
+        flat = self.flats[i].pack(self.stages[i].params(tree), jnp.float32(1))
+        return flat[self._lo[i] : self._lo[i] + self._k[i]]
+
+    def _import(self, state: TrainState) -> None:
+        """This rank's slices of parameters and optimizer state, from ``state``."""
+        pdef = jax.tree_util.tree_structure(state.params)
+
+        def is_params(node: Any) -> bool:
+            return jax.tree_util.tree_structure(node) == pdef
+
+        full = state.opt_state
+        self._marks = jax.tree_util.tree_leaves(
+            jax.tree_util.tree_map(is_params, full, is_leaf=is_params)
+        )
+        self.shards = [self._slice(i, state.params) for i in range(len(self.stages))]
+        self.opt = [
+            jax.tree_util.tree_map(
+                lambda n, i=i: self._slice(i, n) if is_params(n) else jnp.asarray(n),
+                full,
+                is_leaf=is_params,
+            )
+            for i in range(len(self.stages))
+        ]
+        self._opt_def = jax.tree_util.tree_structure(self.opt[0])
+        self.opt_bytes = sum(tree_bytes(o) for o in self.opt)
+
+    def _export_opt(self, step: int) -> Any:
+        """The whole optimizer state, gathered from every rank's slices."""
+        per_stage = [jax.tree_util.tree_leaves(o) for o in self.opt]
+        handles = {}
+        for k, mark in enumerate(self._marks):
+            if mark:
+                for i, stage in enumerate(self.stages):
+                    buf = np.asarray(per_stage[i][k])
+                    label = f"optimizer {stage.name}"
+                    handles[k, i] = self.averager.allgather(buf, label)
+        leaves = []
+        for k, mark in enumerate(self._marks):
+            if not mark:
+                leaves.append(per_stage[0][k])
+                continue
+            tree = {}
+            for i, stage in enumerate(self.stages):
+                out = self._wait(
+                    handles[k, i], f"allgather optimizer {stage.name}", step
+                )
+                tree.update(self.flats[i].unpack(jnp.asarray(out.reshape(-1))))
+            leaves.append(tree)
+        return jax.tree_util.tree_unflatten(self._opt_def, leaves)
+
+    def _gathered(self, i: int, step: int) -> Any:
+        h, self.pending[i] = self.pending[i], None
+        out = self._wait(h, f"allgather {self.stages[i].name}", step)
+        return self.flats[i].unpack(jnp.asarray(out.reshape(-1)))
+
+    # -- the step -------------------------------------------------------------------
+    def step(self, state, x, y, *, step, hold) -> StepOut:
+        self._begin()
+        if self.shards is None:
+            self._import(state)
+        fresh: dict[str, Any] = {}
+
+        def stage_params(i: int):
+            if self.pending[i] is None:
+                return None  # right after a drain: state.params is current
+            params = self._gathered(i, step)
+            fresh.update(params)
+            return params
+
+        metrics = self._forward(state, x, y, step, stage_params)
+        if fresh:
+            state = state.replace(params={**state.params, **fresh})
+        reduced: list[Handle | None] = [None] * len(self.stages)
+        divisor = jnp.float32(self.size)
+
+        def on_grad(i: int, g: Any) -> None:
+            buf = np.asarray(self.flats[i].pack(g, divisor))
+            self._sent += buf.nbytes
+            reduced[i] = self.averager.reduce_scatter(buf, self.stages[i].name)
+
+        self._backward(step, on_grad)
+        hold()
+        t0, update_s = time.perf_counter(), 0.0
+        for i, stage in enumerate(self.stages):
+            g = self._wait(reduced[i], f"reduce-scatter {stage.name}", step)
+            u0 = time.perf_counter()
+            with get_tracer().span(f"update {stage.name}", "update", step=step):
+                p, self.opt[i] = self._update(
+                    self.shards[i], jnp.asarray(g), self.opt[i]
+                )
+                self.shards[i] = jax.block_until_ready(p)
+            update_s += time.perf_counter() - u0
+            buf = np.asarray(p)
+            self._sent += buf.nbytes
+            self.pending[i] = self.averager.allgather(buf, stage.name)
+        phases = {
+            "compute_s": self._compute,
+            "comm_s": time.perf_counter() - t0 - update_s,
+            "update_s": update_s,
+        }
+        # The optimizer state lives in the slices until the next drain.
+        state = state.replace(
+            step=state.step + 1, batch_stats=self.staged.batch_stats, opt_state=None
+        )
+        info = self._info(step, self.opt_bytes)
+        return state, jax.device_get(metrics), info, phases
+
+    def drain(self, state: TrainState, final: bool = False) -> TrainState:
+        if self.shards is None:
+            return state
+        self._begin()
+        params = dict(state.params)
+        for i in range(len(self.stages)):
+            if self.pending[i] is not None:
+                params.update(self._gathered(i, int(state.step)))
+        opt_state = self._export_opt(int(state.step))
+        self.shards = self.opt = None
+        return state.replace(params=params, opt_state=opt_state)
+
+    def close(self) -> None:
+        self.averager.close()

@@ -1,0 +1,374 @@
+"""A model run stage by stage: forward per stage, backward per stage with ``jax.vjp``.
+
+A strategy that communicates per stage (SC18 overlap: a stage's reduce-scatter
+starts as soon as its gradient exists; SC19: per-stage timing) needs the gradient
+in pieces, in backward order, while the rest of the backward pass still runs.
+``StagedGrad`` gives exactly that for any model following ``models.staging``
+(every model in ``models/``): ``split_model`` cuts the parameter tree (and the
+BatchNorm statistics) into disjoint subtrees by top-level submodule, one per stage;
+``forward`` runs the stages in order, each one jitted program that returns its
+output, its new statistics and its ``vjp`` function (whose residuals stay on the
+device); ``backward`` then runs the stages' backward programs in reverse and
+yields each stage's parameter gradient as soon as it is dispatched.
+
+The loss is the monolithic step's (``research.train.step.grad_fn``): mean softmax
+cross-entropy on float32 logits, accuracy as a metric, dropout keyed by
+``fold_in(state.rng, state.step)``; weight decay lives in the optimizer, not in
+the loss. ``tests/test_stages.py`` checks gradients, loss and statistics against
+``grad_fn`` for every model family.
+
+Cost (``python -m scripts.bench_stages``): see the table in that script's
+docstring. This module is pure JAX: no MPI, nothing from ``models/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from research.train.state import TrainState
+
+Tree = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One stage: its place, its name and the top-level keys it owns.
+
+    Attributes:
+        index: position in the forward order.
+        name: the model's name for it (``"stem"``, ``"block2_1"``, ``"head"``;
+            ``"first..last"`` for a group made by ``group_stages``).
+        param_keys: top-level keys of ``params`` that belong to this stage.
+        stat_keys: top-level keys of ``batch_stats`` that belong to this stage.
+        span: the model's stages ``(i, j)`` this one runs, ``(index, index + 1)``
+            unless grouped.
+    """
+
+    index: int
+    name: str
+    param_keys: tuple[str, ...]
+    stat_keys: tuple[str, ...]
+    span: tuple[int, int]
+
+    def params(self, tree: Tree) -> Tree:
+        """This stage's subtree of a ``params``-shaped tree (grads, momenta...)."""
+        return {k: tree[k] for k in self.param_keys}
+
+    def stats(self, tree: Tree) -> Tree:
+        """This stage's subtree of a ``batch_stats`` tree."""
+        return {k: tree[k] for k in self.stat_keys}
+
+
+def split_model(
+    model: nn.Module, input_shape: Sequence[int] | None = None
+) -> list[Stage]:
+    """Cuts a model into its stages, finding the keys each stage owns.
+
+    Each stage is initialised alone (abstractly, with ``jax.eval_shape``: nothing
+    is allocated or compiled) on the abstract output of the stage before, so the
+    keys are those the stage really creates.
+
+    Args:
+        model: a module with ``stage_names`` that accepts ``stages=(i, j)``.
+        input_shape: per-example input shape; defaults to ``model.input_shape``.
+
+    Returns:
+        The stages in forward order.
+
+    Raises:
+        ValueError: if the stages' keys overlap or miss part of the whole tree.
+    """
+    names = tuple(model.stage_names)
+    shape = tuple(input_shape or model.input_shape)
+    x = jax.ShapeDtypeStruct((1, *shape), jnp.float32)
+    rngs = {"params": jax.random.key(0), "dropout": jax.random.key(1)}
+    whole = jax.eval_shape(lambda x: model.init(rngs, x, train=False), x)
+    stages = []
+    for i, name in enumerate(names):
+        x, variables = jax.eval_shape(
+            lambda x, i=i: model.init_with_output(
+                rngs, x, train=False, stages=(i, i + 1)
+            ),
+            x,
+        )
+        stages.append(
+            Stage(
+                i,
+                name,
+                tuple(variables.get("params", {})),
+                tuple(variables.get("batch_stats", {})),
+                (i, i + 1),
+            )
+        )
+    for collection, attr in (("params", "param_keys"), ("batch_stats", "stat_keys")):
+        owned = [k for s in stages for k in getattr(s, attr)]
+        expected = set(whole.get(collection, {}))
+        if len(owned) != len(set(owned)) or set(owned) != expected:
+            raise ValueError(
+                f"stages of {type(model).__name__} do not partition {collection}: "
+                f"owned {sorted(owned)}, whole tree {sorted(expected)}"
+            )
+    return stages
+
+
+def group_stages(stages: Sequence[Stage], sizes: Sequence[int]) -> list[Stage]:
+    """Merges consecutive stages into groups, each run as one program.
+
+    Fewer, larger stages mean fewer program boundaries (less dispatch, more
+    fusion) and fewer, larger messages for a strategy that sends per stage,
+    like DDP's gradient buckets.
+
+    Args:
+        stages: consecutive stages, e.g. from ``split_model``.
+        sizes: how many stages each group takes, in order; they must add up to
+            ``len(stages)``.
+
+    Returns:
+        The groups as stages, indexed from 0.
+
+    Raises:
+        ValueError: if the sizes are not positive or do not cover the stages.
+    """
+    if any(n < 1 for n in sizes) or sum(sizes) != len(stages):
+        raise ValueError(f"group sizes {list(sizes)} do not cover {len(stages)}")
+    groups, start = [], 0
+    for index, n in enumerate(sizes):
+        part = stages[start : start + n]
+        start += n
+        name = part[0].name if n == 1 else f"{part[0].name}..{part[-1].name}"
+        groups.append(
+            Stage(
+                index,
+                name,
+                tuple(k for s in part for k in s.param_keys),
+                tuple(k for s in part for k in s.stat_keys),
+                (part[0].span[0], part[-1].span[1]),
+            )
+        )
+    return groups
+
+
+@jax.tree_util.register_pytree_node_class
+class _Residuals:
+    """A stage's vjp without the residuals that are its own inputs or output.
+
+    A jitted function copies every array it returns into a fresh buffer, even
+    one that is just an argument: returned whole, a vjp would copy the stage's
+    parameters and activations every step (measured on VGG-16 at 64x64, batch
+    8: its 411 MB fc1 kernel, 1.43 s per step instead of 1.10 s). Those residuals
+    are left out and given back to the backward program as arguments instead.
+    ``plan`` (static) is the vjp's tree structure and, per leaf, the index of the
+    known array it is, or -1 for one kept here.
+    """
+
+    def __init__(self, kept: list, plan: tuple):
+        self.kept, self.plan = kept, plan
+
+    def tree_flatten(self):
+        return self.kept, self.plan
+
+    @classmethod
+    def tree_unflatten(cls, plan, kept):
+        return cls(list(kept), plan)
+
+    @classmethod
+    def strip(cls, vjp: Callable, known: Sequence[Any]) -> _Residuals:
+        leaves, treedef = jax.tree_util.tree_flatten(vjp)
+        where = {id(k): i for i, k in enumerate(known)}
+        src = tuple(where.get(id(leaf), -1) for leaf in leaves)
+        kept = [leaf for leaf, i in zip(leaves, src, strict=True) if i < 0]
+        return cls(kept, (treedef, src))
+
+    def rebuild(self, known: Sequence[Any]) -> Callable:
+        treedef, src = self.plan
+        kept = iter(self.kept)
+        leaves = [next(kept) if i < 0 else known[i] for i in src]
+        return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def _stage_backward(params: Tree, x: Any, y: Any, res: _Residuals, ct: Any):
+    """Gradient leaves (in ``params``' order) and, unless first, the input's."""
+    grads, *ct_x = res.rebuild(jax.tree_util.tree_leaves((params, x, y)))(ct)
+    return jax.tree_util.tree_leaves(grads), *ct_x
+
+
+def _loss_head(logits: jax.Array, y: jax.Array):
+    """The monolithic step's loss and accuracy, with the loss's vjp."""
+
+    def loss_fn(logits):
+        logits = logits.astype(jnp.float32)
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+        acc = (jnp.argmax(logits, -1) == y).mean()
+        return loss, acc
+
+    loss, vjp, acc = jax.vjp(loss_fn, logits, has_aux=True)
+    return loss, acc, vjp
+
+
+class StagedGrad:
+    """Gradient of a model computed stage by stage, each stage one jitted program.
+
+    Use ``forward`` then ``backward`` (a generator, gradients in reverse stage
+    order), or ``grad`` for the whole gradient at once (``grad_fn``'s contract).
+    Compiled programs are cached per stage; a new input shape compiles anew.
+
+    Args:
+        model: a module following ``models.staging`` (every model here).
+        stages: its stages; ``split_model(model)`` when omitted.
+    """
+
+    def __init__(self, model: nn.Module, stages: Sequence[Stage] | None = None):
+        self.model = model
+        self.stages = tuple(stages if stages is not None else split_model(model))
+        if not self.stages:
+            raise ValueError("a model needs at least one stage")
+        self._forward = [jax.jit(self._stage_forward(s)) for s in self.stages]
+        self._eval = [jax.jit(self._stage_eval(s)) for s in self.stages]
+        self._loss = jax.jit(_loss_head)
+        # One program per stage: jit keys on the residuals' static plan, which
+        # holds the vjp function each stage's forward traced (once per shape).
+        self._backward = jax.jit(_stage_backward)
+        self._loss_backward = jax.jit(lambda vjp, ct: vjp(ct))
+        self._saved: list[tuple] | None = None
+        self._loss_vjp: Callable | None = None
+        self.batch_stats: Tree | None = None
+
+    def _stage_forward(self, stage: Stage) -> Callable:
+        apply, span = self.model.apply, stage.span
+        has_stats, first = bool(stage.stat_keys), stage.span[0] == 0
+
+        def run(params, stats, x, rng, step):
+            rngs = {"dropout": jax.random.fold_in(rng, step)}
+
+            def f(params, x):
+                if not has_stats:
+                    y = apply({"params": params}, x, train=True, stages=span, rngs=rngs)
+                    return y, {}
+                y, new = apply(
+                    {"params": params, "batch_stats": stats},
+                    x,
+                    train=True,
+                    stages=span,
+                    mutable=["batch_stats"],
+                    rngs=rngs,
+                )
+                return y, new["batch_stats"]
+
+            if first:  # the input needs no gradient: differentiate params only
+                y, vjp, new = jax.vjp(lambda p: f(p, x), params, has_aux=True)
+            else:
+                y, vjp, new = jax.vjp(f, params, x, has_aux=True)
+            known = jax.tree_util.tree_leaves((params, x, y))
+            # Leaves, not dicts: a result's key path is written into the program,
+            # so identical blocks compile to identical programs (and share an
+            # entry of JAX's persistent compilation cache) only without names.
+            return y, jax.tree_util.tree_leaves(new), _Residuals.strip(vjp, known)
+
+        return run
+
+    def _stage_eval(self, stage: Stage) -> Callable:
+        apply, span = self.model.apply, stage.span
+
+        def run(variables, x):
+            return apply(variables, x, train=False, stages=span)
+
+        return run
+
+    def forward(
+        self,
+        state: TrainState,
+        x: Any,
+        y: Any,
+        stage_params: Callable[[int], Tree] | None = None,
+        after_stage: Callable[[int, jax.Array], None] | None = None,
+    ) -> dict[str, jax.Array]:
+        """Runs the training forward pass stage by stage and the loss.
+
+        Keeps what every stage's backward needs (its residuals, and references
+        to its parameters, input and output); sets ``batch_stats``
+        to the new statistics (``state.batch_stats`` for models without any).
+
+        Args:
+            state: parameters, statistics, dropout key and step.
+            x: a batch of inputs.
+            y: integer labels.
+            stage_params: optional ``i -> stage i's params``, called just before
+                stage ``i`` runs (it may wait, e.g. for gathered parameters);
+                defaults to the subtrees of ``state.params``.
+            after_stage: optional ``(i, stage i's output)``, called right after
+                stage ``i`` is dispatched (it may block on the output, e.g. to
+                time the stage).
+
+        Returns:
+            ``{"loss": ..., "acc": ...}`` as device scalars.
+        """
+        saved, new_stats, h = [], {}, jnp.asarray(x)
+        for stage, fwd in zip(self.stages, self._forward, strict=True):
+            params = stage_params(stage.index) if stage_params else None
+            if params is None:
+                params = stage.params(state.params)
+            stats = stage.stats(state.batch_stats) if stage.stat_keys else {}
+            out, new, res = fwd(params, stats, h, state.rng, state.step)
+            if stage.stat_keys:
+                treedef = jax.tree_util.tree_structure(stats)
+                new_stats.update(jax.tree_util.tree_unflatten(treedef, new))
+            saved.append((params, h, out, res))
+            if after_stage is not None:
+                after_stage(stage.index, out)
+            h = out
+        loss, acc, self._loss_vjp = self._loss(h, y)
+        self._saved = saved
+        self.batch_stats = new_stats if new_stats else state.batch_stats
+        return {"loss": loss, "acc": acc}
+
+    def backward(self, loss_cotangent: float = 1.0) -> Iterator[tuple[int, Tree]]:
+        """Yields ``(stage index, that stage's parameter gradient)``, last first.
+
+        Each gradient is yielded as soon as its program is dispatched, before
+        the next (earlier) stage's backward starts, so a caller may start its
+        communication at once. Residuals of a stage are released after use.
+
+        Args:
+            loss_cotangent: scale of the loss's cotangent (1.0: plain gradient).
+
+        Raises:
+            RuntimeError: without a ``forward`` since the last ``backward``.
+        """
+        if self._saved is None:
+            raise RuntimeError("backward() needs a forward() first")
+        saved, self._saved = self._saved, None
+        loss_vjp, self._loss_vjp = self._loss_vjp, None
+        ct = jnp.asarray(loss_cotangent, jnp.float32)
+        (ct,) = self._loss_backward(loss_vjp, ct)
+        for i in reversed(range(len(saved))):
+            treedef = jax.tree_util.tree_structure(saved[i][0])
+            out, saved[i] = self._backward(*saved[i], ct), None
+            if i:
+                leaves, ct = out
+            else:
+                (leaves,) = out
+            yield i, jax.tree_util.tree_unflatten(treedef, leaves)
+
+    def grad(self, state: TrainState, x: Any, y: Any) -> tuple[Tree, Tree, dict]:
+        """Whole gradient, new statistics and metrics, like ``step.grad_fn``."""
+        metrics = self.forward(state, x, y)
+        parts = dict(self.backward())
+        grads = {k: v for i in sorted(parts) for k, v in parts[i].items()}
+        return grads, self.batch_stats, metrics
+
+    def logits(self, variables: Tree, x: Any) -> jax.Array:
+        """Evaluation forward pass (``train=False``) run stage by stage."""
+        h = x
+        for stage, run in zip(self.stages, self._eval, strict=True):
+            sub = {"params": stage.params(variables["params"])}
+            if stage.stat_keys:
+                sub["batch_stats"] = stage.stats(variables["batch_stats"])
+            h = run(sub, h)
+        return h
