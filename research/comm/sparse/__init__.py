@@ -28,8 +28,9 @@ element, c = ib + vb bytes per pair, k entries per rank, d = dim, P ranks):
 * ``ssar_sag`` split-allgather, sparse: index space cut in P ranges
   ``[r d / P, (r+1) d / P)`` (any d, also d < P); each range goes to its owner
   (alltoallv), owners sum in source-rank order (sparse below the switch, dense
-  above it), then an allgatherv of the disjoint pieces: ``2 (P-1) alpha + beta c (k + K) (P-1)/P + gamma k`` with
-  K the size of the final union. Bytes do not grow with P.
+  above it), then an allgatherv of the disjoint pieces:
+  ``2 (P-1) alpha + beta c (k + K) (P-1)/P + gamma k`` with K the size of the
+  final union. Bytes do not grow with P.
 * ``dsar_sag`` split-allgather, dense result: as above but owners sum into dense
   ranges and the allgather is dense: ``... + beta vb d (P-1)/P``. For results
   that are dense anyway.
