@@ -52,6 +52,7 @@ import enum
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from mpi4py import MPI
@@ -128,6 +129,24 @@ class Task:
         raise NotImplementedError
 
 
+class _Call(Task):
+    """A blocking function run once on the thread, its outcome in a Future."""
+
+    def __init__(self, fut: Future, fn: Callable[..., Any], args: tuple) -> None:
+        self.fut, self.fn, self.args = fut, fn, args
+
+    def start(self) -> Poll:
+        if self.fut.set_running_or_notify_cancel():
+            self.fut.set_result(self.fn(*self.args))
+        return Poll.FINISHED
+
+    def poll(self) -> Poll:
+        return Poll.FINISHED
+
+    def fail(self, exc: BaseException) -> None:
+        self.fut.set_exception(exc)
+
+
 class ProgressThread:
     """A single daemon thread that starts tasks in order and polls them.
 
@@ -159,6 +178,16 @@ class ProgressThread:
     def add(self, task: Task) -> None:
         """Start ``task`` on the thread (after those added before), then poll it."""
         self._put(task)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """Run ``fn(*args)`` on the thread, in order with the tasks; a Future.
+
+        For work written as one blocking call (the sparse allreduce): it holds
+        the thread, and every task behind it, while it runs.
+        """
+        fut: Future = Future()
+        self.add(_Call(fut, fn, args))
+        return fut
 
     def wake(self) -> None:
         """Cut the current sleep short: a task has new local work."""
