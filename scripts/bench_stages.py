@@ -24,7 +24,9 @@ The machine's load average is printed with the results: on a shared machine,
 rerun when it is quiet.
 
 Run ``python -m scripts.bench_stages`` (defaults: resnet50 and vgg16 at 64x64,
-batch 8, 5 repetitions; about two minutes on two cores, mostly compilation).
+batch 8, 5 repetitions; about two minutes on two quiet cores, mostly
+compilation). Measured figures and what explained a gap are in
+``research/train/stages.py``.
 """
 
 from __future__ import annotations

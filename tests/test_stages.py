@@ -12,7 +12,7 @@ import optax
 import pytest
 
 import models
-from research.train.stages import StagedGrad, split_model
+from research.train.stages import StagedGrad, group_stages, split_model
 from research.train.state import TrainState
 from research.train.step import grad_step
 
@@ -191,3 +191,18 @@ def test_eval_logits_stage_by_stage():
     variables = {"params": state.params, "batch_stats": state.batch_stats}
     expected = jax.jit(lambda v, x: model.apply(v, x, train=False))(variables, x)
     _close(StagedGrad(model).logits(variables, x), expected)
+
+
+def test_grouped_stages_give_the_same_gradient():
+    model = models.get_model("resnet_tiny", num_classes=3)
+    state, x, y = _state(model, seed=4)
+    stages = split_model(model)
+    groups = group_stages(stages, [2, 3, 1])
+    assert [g.span for g in groups] == [(0, 2), (2, 5), (5, 6)]
+    assert groups[0].name == "stem..block1_0"
+    assert groups[0].param_keys == ("Conv_0", "bn_init", "ResNetBlock_0")
+    _close(StagedGrad(model, groups).grad(state, x, y), grad_step(state, x, y))
+    with pytest.raises(ValueError, match="do not cover"):
+        group_stages(stages, [2, 3])
+    with pytest.raises(ValueError, match="do not cover"):
+        group_stages(stages, [0, 6])

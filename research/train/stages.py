@@ -7,7 +7,7 @@ in pieces, in backward order, while the rest of the backward pass still runs.
 (every model in ``models/``): ``split_model`` cuts the parameter tree (and the
 BatchNorm statistics) into disjoint subtrees by top-level submodule, one per stage;
 ``forward`` runs the stages in order, each one jitted program that returns its
-output, its new statistics and its ``vjp`` function (whose residuals stay on the
+output, its new statistics and the residuals of its ``vjp`` (they stay on the
 device); ``backward`` then runs the stages' backward programs in reverse and
 yields each stage's parameter gradient as soon as it is dispatched.
 
@@ -17,8 +17,21 @@ cross-entropy on float32 logits, accuracy as a metric, dropout keyed by
 the loss. ``tests/test_stages.py`` checks gradients, loss and statistics against
 ``grad_fn`` for every model family.
 
-Cost (``python -m scripts.bench_stages``): see the table in that script's
-docstring. This module is pure JAX: no MPI, nothing from ``models/``.
+Cost, measured with ``python -m scripts.bench_stages`` (batch 8 at 64x64, both
+ways in one process with the same XLA flags, interleaved, median of 5, on two
+cores shared with other jobs, load average 1.4 to 2.4): staged / monolithic
+1.03 for ResNet-50 (0.703 s vs 0.680 s, 18 stages) and 0.98 for VGG-16 (1.385 s
+vs 1.407 s, 8 stages). Before ``_Residuals``, VGG-16 cost 1.60x although its
+forward and backward timed apart summed to the monolithic time: a jitted
+function copies every array it returns, and a stage's vjp holds its own
+parameters, so each step copied fc1's 411 MB kernel into fresh (page-faulting)
+memory. Dispatch is small beside that: a staged ResNet-50 step spends about
+40 ms of host time on its 37 programs, overlapped with their execution. The
+rest of ResNet-50's 3% is that and the elementwise fusions cut at the 17 block
+boundaries (XLA:CPU runs convolutions and matrix products as library calls,
+which do not fuse with their neighbours in the monolithic program either).
+
+This module is pure JAX: no MPI, nothing from ``models/``.
 """
 
 from __future__ import annotations
