@@ -1,4 +1,4 @@
-"""What a run's timeline says: compute, communication, stragglers, update gaps.
+r"""What a run's timeline says: compute, communication, stragglers, update gaps.
 
     from research.trace_analysis import analyze, format_table
     result = analyze("runs/train-<time>")   # a run folder, a trace.json, or events
@@ -34,31 +34,41 @@ its spans make up a training step::
     log            other    yes            no
     anything else  other    no             no
 
-One rule by name: a span named ``wait`` or ``wait ...`` (``wait\\b``, any case) on a
+One rule by name: a span named ``wait`` or ``wait ...`` (``wait\b``, any case) on a
 compute-thread track of category compute or comm is a *wait*: communication on the
 compute thread, never compute, whichever of those tracks it was recorded on.
 ("wait for checkpoints" on the checkpoint track stays a checkpoint span.) A
 *collective* is a comm span that is neither a wait nor on the wait track.
+
+What recording code must do for this to hold: communication run by a background
+thread goes on comm-bg; communication the compute thread runs or blocks on goes on
+comm; the compute thread's waits for background communication go on wait (or are
+named "wait ..." on compute or comm); spans of the training thread carry
+``args.step``; per-stage spans carry ``args.stage``.
 
 Per rank (``ranks``, totals over the run). With unions over the rank's spans (so
 nested and overlapping spans count once) C = compute spans, M = comm spans (waits
 included), E = comm spans on compute-thread tracks (exposed), O = other spans:
 
 * ``wall_s``: last span end - first span start (the rank's trace window);
-* ``compute_s`` = \\|C - E\\|: exposed waits are cut out of an enclosing compute span
+* ``compute_s`` = |C - E|: exposed waits are cut out of an enclosing compute span
   (a forward that waits for its allgather does not compute meanwhile);
-* ``comm_s`` = \\|M\\|;
-* ``overlap_s`` = \\|M & (C - E)\\|: communication while the same rank computes;
+* ``comm_s`` = |M|;
+* ``overlap_s`` = |M & (C - E)|: communication while the same rank computes;
 * ``hidden_fraction`` = overlap_s / comm_s (None when comm_s is 0);
-* ``exposed_comm_s`` = \\|E\\|: the compute thread running or waiting on communication;
-* ``other_s`` = \\|O - (C | M)\\|: data, evaluation, checkpointing, logging;
-* ``idle_s`` = wall_s - \\|C | M | O\\|: covered by no span at all; so
+* ``exposed_comm_s`` = |E|: the compute thread running or waiting on communication;
+* ``other_s`` = |O - (C | M)|: data, evaluation, checkpointing, logging;
+* ``idle_s`` = wall_s - |C | M | O|: covered by no span at all; so
   compute_s + comm_s - overlap_s + other_s + idle_s = wall_s exactly;
-* ``by_track_s``: \\|union of the track's spans\\| per track;
+* ``by_track_s``: |union of the track's spans| per track;
 * ``steps`` and ``step_s``: step s of a rank lasts from the first start to the last
   end of its step-track spans with ``args.step == s``; ``step_s`` is the median.
   Step args, not update ends, define steps: fused steps record no update span, and
   evaluation or checkpoints between steps stay out, as in summary.json's step times.
+
+Whole run: ``world_size`` (ranks with spans), ``wall_s`` (first start to last end
+over all ranks), ``tracks`` (the table), ``totals`` (sums over ranks of the time
+fields above; ``hidden_fraction`` of the sums).
 
 Warm-up rule: the first step includes JIT compilation and first touches of buffers,
 so every median, min, max, mean and count of a summary skips the first item of its
@@ -93,7 +103,8 @@ start of its earliest collective with that ``args.step`` when every rank has one
 * ``lead_s``: last arrival - second-last arrival (how much sooner the step's
   collective could start without the straggler; None with one rank).
 
-``stragglers``: ``counts`` {rank: steps it arrived last}, ``late_median_s``,
+``stragglers``: ``steps`` counted, ``counts`` {rank: steps it arrived last} (keys
+become text in JSON), ``late_median_s``,
 ``lead_median_s`` (warm-up rule).
 
 Per stage (``stages``). Updates are the update track's spans; their stage is
@@ -112,6 +123,7 @@ rule). The fused style records no update span: ``stages`` is then empty.
 
 from __future__ import annotations
 
+import functools
 import re
 import statistics
 from collections import defaultdict
@@ -146,7 +158,7 @@ DEFAULT_STAGE = "model"
 _WAIT = re.compile(r"wait\b", re.IGNORECASE)
 
 
-@dataclass
+@dataclass(slots=True)
 class Span:
     """One complete event, classified."""
 
@@ -160,11 +172,7 @@ class Span:
     exposed: bool = False  # communication on the compute thread
     in_step: bool = False
     collective: bool = False
-
-    @property
-    def step(self) -> int | None:
-        s = self.args.get("step")
-        return s if isinstance(s, int) and not isinstance(s, bool) else None
+    step: int | None = None  # args.step when it is an integer
 
 
 def classify(track: str, name: str) -> tuple[str, bool, bool, bool]:
@@ -184,9 +192,13 @@ def classify(track: str, name: str) -> tuple[str, bool, bool, bool]:
 def parse_spans(events: list[dict]) -> tuple[dict[int, list[Span]], dict[int, int]]:
     """Classified spans per rank (sorted by start) and dropped-event counts."""
     raw, dropped = complete_events(events)
+    kinds = functools.lru_cache(maxsize=None)(classify)  # few distinct names
     spans: dict[int, list[Span]] = defaultdict(list)
     for r in raw:
-        spans[r.rank].append(Span(*r, *classify(r.track, r.name)))
+        step = r.args.get("step")
+        if not isinstance(step, int) or isinstance(step, bool):
+            step = None
+        spans[r.rank].append(Span(*r, *kinds(r.track, r.name), step))
     for lst in spans.values():
         lst.sort(key=lambda s: (s.start, -s.end))
     return dict(spans), dropped
@@ -235,7 +247,9 @@ def rank_metrics(rank: int, spans: list[Span], dropped: int = 0) -> dict[str, An
     comm_s, overlap_s = total(m), total(intersect(m, computing))
     steps = step_intervals(spans)
     durations = [b - a for a, b in steps.values()]
-    tracks = sorted({s.track for s in spans}, key=lambda t: (t not in TRACKS, t))
+    per_track: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for s in spans:
+        per_track[s.track].append((s.start, s.end))
     return {
         "rank": rank,
         "window_start_s": start,
@@ -251,7 +265,8 @@ def rank_metrics(rank: int, spans: list[Span], dropped: int = 0) -> dict[str, An
         "other_s": total(subtract(o, c_or_m)),
         "idle_s": (end - start) - busy,
         "by_track_s": {
-            t: total(_union_of(spans, lambda s, t=t: s.track == t)) for t in tracks
+            t: total(union(per_track[t]))
+            for t in sorted(per_track, key=lambda t: (t not in TRACKS, t))
         },
         "dropped_events": dropped,
     }
