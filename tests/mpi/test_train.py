@@ -158,3 +158,28 @@ def test_solo_restart_applies_every_gradient_exactly_once(world, tmp_path_factor
     for got, want in zip(jax.tree.leaves(final), jax.tree.leaves(expected)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert len(set(world.allgather(_checksum(second.state.params)))) == 1
+
+
+def test_trace_analysis(world, runs):
+    # The analyzer on real multi-rank traces: each rank's averaging calls are
+    # matched across ranks by occurrence, with their bytes and ring bandwidth.
+    from research.trace_analysis import analyze
+
+    if world.rank != 0:
+        return
+    res = analyze(runs["host"][0].run_dir)
+    assert res["world_size"] == world.size
+    assert [r["steps"] for r in res["ranks"]] == [6] * world.size
+    assert res["unmatched_collectives"] == 0
+    assert [c["step"] for c in res["collectives"] if c["name"] == "average"] == list(
+        range(6)
+    )
+    assert [s["basis"] for s in res["steps"]] == ["collective"] * 6
+    if world.size > 1:
+        inner = [c for c in res["collectives"] if c["name"] == "allreduce-host"]
+        assert len(inner) == 6
+        assert all(c["bytes"] > 0 and c["bus_bw_Bps"] > 0 for c in inner)
+        assert all(s["straggler"] in range(world.size) for s in res["steps"])
+    fused = analyze(runs["fused"][0].run_dir)
+    assert fused["stages"] == []
+    assert [s["basis"] for s in fused["steps"]] == ["compute"] * 6
