@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test test-cluster lint bench
 run: $(STAMP)
-	$(PY) -m experiments.eager_sgd
+	$(PY) -m experiments.eager_sgd --seeds 0 1 2
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -27,5 +27,7 @@ if ! .venv/bin/python -c "import mpi4jax" 2>/dev/null; then
   echo "[install] building mpi4jax from source (about a minute; CUDA_PATH=${CUDA_PATH:-unset})"
   $PIP install -q --no-build-isolation "mpi4jax>=0.9.1,<0.10"
 fi
-$PIP install -q -e ".[dev]"
+# dev: the test tools; data: scikit-learn, whose wheel holds the digits dataset
+# (`--dataset digits`) that tests and `experiments.eager_sgd --dataset digits` use.
+$PIP install -q -e ".[dev,data]"
 .venv/bin/python -c "import jax, flax, optax, orbax.checkpoint, mpi4py, mpi4jax; print('[install] ok: jax', jax.__version__, '| mpi4jax', mpi4jax.__version__)"

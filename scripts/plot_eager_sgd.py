@@ -11,6 +11,9 @@ seed of each arm) and writes into ``<root>``:
 * ``contributors.png``: histogram of fresh contributors per round;
 * ``timeline.png``: a window of the timeline, per rank: compute, injected delay,
   waiting for the average (comm), update, and the background rounds (comm-bg).
+
+A ``--sweep`` folder (``sweep.json``) gets ``sweep.png`` instead: throughput and
+time to target against model bytes, the parameter server's crossover marked.
 """
 
 from __future__ import annotations
@@ -239,6 +242,76 @@ def plot_all(root: str | Path, target_acc: float | None = None) -> list[Path]:
     return [p for p in paths if p is not None]
 
 
+def plot_sweep(root: str | Path, target_acc: float | None = None) -> Path:
+    """``sweep.png`` of a ``--sweep`` folder: throughput and time to target
+    against parameter bytes, one colour per arm, one line style per rank count;
+    a dotted vertical line marks, per rank count, the first model size at which
+    the parameter server's throughput fell below allreduce's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from research.studies.eager_sweep import collect, crossover
+
+    root = Path(root)
+    if target_acc is None:
+        target_acc = json.loads((root / "sweep.json").read_text())["target_acc"]
+    rows = collect(root, target_acc)
+    sizes = sorted({r["world_size"] for r in rows})
+    styles = dict(zip(sizes, ("-", "--", ":", "-.") * 4))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for arm in ORDER[1:]:
+        for size in sizes:
+            mine = [r for r in rows if r["arm"] == arm and r["world_size"] == size]
+            by: dict[int, list[dict[str, Any]]] = {}
+            for r in mine:
+                by.setdefault(r["param_bytes"], []).append(r)
+            xs = sorted(by)
+            if not xs:
+                continue
+            mb = [x / 1e6 for x in xs]
+            tput = [statistics.fmean(r["samples_per_s"] for r in by[x]) for x in xs]
+            times = [
+                [r["time_to_target_s"] for r in by[x] if r["time_to_target_s"]]
+                for x in xs
+            ]
+            kw = dict(color=COLORS[arm], linestyle=styles[size], marker="o", ms=3)
+            ax1.plot(mb, tput, label=f"{arm}, {size} ranks", **kw)
+            pts = [(m, statistics.fmean(t)) for m, t in zip(mb, times) if t]
+            if pts:
+                ax2.plot(*zip(*pts), **kw)
+    for size, c in crossover(rows).items():
+        if c["bytes"] is not None and c["below"] is not None:
+            for ax in (ax1, ax2):
+                ax.axvline(
+                    c["bytes"] / 1e6, color="tab:red", linestyle=styles[size], lw=0.8
+                )
+            ax1.annotate(
+                f"ps < allreduce\n({size} ranks)",
+                (c["bytes"] / 1e6, ax1.get_ylim()[1]),
+                fontsize=7,
+                va="top",
+                ha="right",
+                rotation=90,
+            )
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    for ax in (ax1, ax2):
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(ScalarFormatter())  # 3.7, not 3.7 x 10^0
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("model parameters (MB of float32)")
+        ax.grid(alpha=0.3, which="both")
+    ax1.set_yscale("log")
+    ax1.set_ylabel("samples / s")
+    ax1.set_title("throughput")
+    ax2.set_ylabel(f"seconds to {target_acc:.0%} test accuracy")
+    ax2.set_title("time to target (missing: not reached)")
+    ax1.legend(fontsize=6, ncol=2)
+    return save_figure(fig, root / "sweep.png")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         prog="python -m scripts.plot_eager_sgd", description=__doc__.split("\n\n")[0]
@@ -252,6 +325,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = p.parse_args(argv)
     target = args.target_acc
+    if (Path(args.root) / "sweep.json").exists():  # a --sweep folder
+        print(plot_sweep(args.root, target))
+        return
     results = Path(args.root) / "results.json"
     if target is None and results.exists():
         target = json.loads(results.read_text()).get("target_acc")

@@ -41,6 +41,7 @@ def test_registry_lists_all_datasets():
         "cifar10",
         "candle_nt3",
         "candle_p1b2",
+        "digits",
     }
 
 

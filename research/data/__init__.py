@@ -6,7 +6,9 @@
 * ``synthetic_images``, ``synthetic_tabular``, ``synthetic_nt3``: learnable seeded
   tasks shaped like CIFAR-style images, CANDLE P1B2 and CANDLE NT3 (synthetic.py);
 * ``cifar10``: the python pickle batches (cifar10.py);
-* ``candle_nt3``, ``candle_p1b2``: the CANDLE CSV files (candle.py).
+* ``candle_nt3``, ``candle_p1b2``: the CANDLE CSV files (candle.py);
+* ``digits``: the UCI handwritten digits inside scikit-learn's wheel, an optional
+  dependency (digits.py).
 
 Missing or malformed files raise :class:`DataError` (a ``ValueError``) naming the
 file and line. ``ShardedLoader`` feeds one MPI rank its disjoint shard of each
@@ -14,7 +16,12 @@ epoch and resumes from a saved ``position``; ``eval_batches`` splits a test set
 over ranks. Pure numpy: rank and size come in as ints, nothing imports MPI or jax.
 """
 
-from research.data import candle, cifar10, synthetic  # noqa: F401  (registration)
+from research.data import (  # noqa: F401  (registration)
+    candle,
+    cifar10,
+    digits,
+    synthetic,
+)
 from research.data.base import (
     DataError,
     Dataset,

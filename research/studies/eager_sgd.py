@@ -124,7 +124,28 @@ def run_experiment(
     ``prog`` names the command in usage errors; ``plot(root, target_acc)`` draws
     the figures and returns their paths (None: no figures).
     """
-    base = config_from_args(args, prog)
+    spec = run_arms(args, config_from_args(args, prog), root, world)
+    rows: list[dict[str, Any]] = []
+    if world.rank == 0:
+        rows = write_results(root, args.target_acc, spec)
+        print(format_table(rows, args.target_acc), flush=True)
+        print(f"r0 | imbalance {spec}", flush=True)
+        checks = format_checks(rows, spec, world.size)
+        if checks:
+            print(checks, flush=True)
+        if plot is not None:
+            for path in plot(root, args.target_acc):
+                print(f"r0 | figure {path}", flush=True)
+        print(f"r0 | results in {root}", flush=True)
+    world.barrier()
+    return rows
+
+
+def run_arms(args: argparse.Namespace, base: TrainConfig, root: Path, world) -> str:
+    """Train every arm (and the balanced reference) for every seed into ``root``.
+
+    Returns the imbalance spec the arms ran under (``auto`` resolved).
+    """
     arms = (["balanced"] if args.reference_steps > 0 else []) + list(args.arms)
     spec = args.imbalance
     for seed in args.seeds:
@@ -148,20 +169,7 @@ def run_experiment(
                         f"r0 | no-imbalance step {step * 1e3:.1f} ms: imbalance {spec}",
                         flush=True,
                     )
-    rows: list[dict[str, Any]] = []
-    if world.rank == 0:
-        rows = write_results(root, args.target_acc, spec)
-        print(format_table(rows, args.target_acc), flush=True)
-        print(f"r0 | imbalance {spec}", flush=True)
-        checks = format_checks(rows, spec, world.size)
-        if checks:
-            print(checks, flush=True)
-        if plot is not None:
-            for path in plot(root, args.target_acc):
-                print(f"r0 | figure {path}", flush=True)
-        print(f"r0 | results in {root}", flush=True)
-    world.barrier()
-    return rows
+    return spec
 
 
 # -- reading run folders (rank 0, or later from disk) ----------------------------------
