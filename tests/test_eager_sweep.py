@@ -38,7 +38,7 @@ def test_tiny_sweep_writes_table_json_and_figure(tmp_path):
         for arm in ("allreduce", "ps"):
             assert (out / "np2" / f"f{f}" / f"{arm}-s0" / "summary.json").exists()
     sweep = json.loads((out / "sweep.json").read_text())
-    assert sweep["link"] is None
+    assert sweep["link"] == "real"
     rows = {(r["features"], r["arm"]): r for r in sweep["rows"]}
     assert set(rows) == {(f, a) for f in (160, 320) for a in ("allreduce", "ps")}
     # P1B2 1024-512-256: 1024 * features + 659,722 float32 parameters

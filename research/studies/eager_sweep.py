@@ -20,7 +20,10 @@ reduce-scatter + allgather algorithm MPICH uses for large buffers.
 
 Flags other than the sweep's pass to every job unchanged, so a link option
 (``--link``) given to the experiment reaches every arm; ``sweep.json`` records
-what ``--link`` was (``None``: the real link, shared memory here).
+what ``--link`` was (``"real"``: the real link, shared memory here). The
+parameter server cannot run on an emulated link yet (its messages are not
+emulated): an emulated sweep must leave it out (``--arms allreduce solo
+majority``), or the job stops at its arm with one line saying so.
 """
 
 from __future__ import annotations

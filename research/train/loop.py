@@ -109,6 +109,11 @@ class Trainer:
         world.barrier()
         options = dict(config.strategy_options)
         if config.link != "real":  # one flag for every host-side collective
+            from research.comm.registry import check_link
+
+            problem = check_link(config.strategy, config.link)
+            if problem:  # the same on every rank
+                raise UsageError(problem)
             options.setdefault("link", config.link)
         self.averager = averager or get_averager(config.strategy, world, **options)
         self.executor = make_executor(
