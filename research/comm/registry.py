@@ -127,7 +127,7 @@ def check_link(name: str, spec: str) -> str | None:
         return (
             f"--link: strategy {name!r} cannot run on an emulated link (its "
             "communication is not host-side collectives); use host, solo, "
-            "majority, sync, layerwise or overlap"
+            "majority, sync, layerwise, overlap or sparse"
         )
     return None
 

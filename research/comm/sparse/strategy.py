@@ -19,7 +19,9 @@ Options (``--strategy-opt KEY=VALUE``):
 * ``error_feedback``: keep what was not sent in a per-rank residual, added before
   the next selection (False: unsent mass is dropped, for the ablation);
 * ``algorithm``: the collective ("auto", "ssar_rd", "ssar_sag", "dsar_sag",
-  "dense");
+  "dense"); on an emulated link "auto" is decided once per (k, dim) by the
+  calibrated cost model with the link's latency and bandwidth put in
+  (:func:`link_model`), since the bytes really cross shared memory;
 * ``seed``: quantization draws, per rank and step (a resumed run draws alike);
 * ``link``: an emulated link (``research.comm.link``). The collective runs on
   the host in the calling thread, so after it the rank sleeps ``max(0, model -
@@ -35,6 +37,7 @@ optimizer without weight decay (``research.train.loop``), so it is applied once.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import Any
@@ -45,10 +48,31 @@ from research.comm.base import Averager, CommInfo
 from research.comm.link import Link
 from research.comm.registry import register_averager
 from research.comm.sparse.algorithms import ALGORITHMS, sparse_allreduce
+from research.comm.sparse.cost import CostModel, agreed_model, choose
 from research.comm.sparse.vector import SparseVector
 from research.trace import get_tracer
 
 SCOPES = ("global", "layer")
+
+
+def link_model(model: CostModel, link: Link, P: int) -> CostModel:
+    """``model`` with an emulated ``link``'s latency and bandwidth put in.
+
+    Point-to-point: alpha + latency, beta = max(beta, 8 / bandwidth); the dense
+    allreduce: a ring's 2 (P - 1) latencies and 2 (P - 1) / P x 8 / bandwidth
+    per vector byte (or the measured figures, where slower). The real link
+    returns ``model`` itself.
+    """
+    if not link.emulated:
+        return model
+    per_byte = 8.0 / link.bits_per_s
+    return dataclasses.replace(
+        model,
+        alpha=model.alpha + link.latency_s,
+        beta=max(model.beta, per_byte),
+        ar_alpha=model.ar_alpha + 2 * (P - 1) * link.latency_s,
+        ar_beta=max(model.ar_beta, 2 * (P - 1) / P * per_byte),
+    )
 
 
 @register_averager("sparse")
@@ -108,6 +132,7 @@ class SparseAverager(Averager):
         self.algorithm = algorithm
         self.seed = int(seed)
         self.link = Link.parse(link)
+        self._picked: dict[tuple[int, int], str] = {}
 
     def k_for(self, n: int) -> int:
         """Entries sent out of ``n`` (at least 1, at most ``n``)."""
@@ -137,8 +162,28 @@ class SparseAverager(Averager):
             np.asarray(indices), np.asarray(values, dtype=np.float32), int(dim)
         )
         return self._run(
-            vec, step, algorithm=self.algorithm, bits=self.bits or None, warmup=False
+            vec, step, algorithm=self._pick(vec), bits=self.bits or None, warmup=False
         )
+
+    def _pick(self, vec: SparseVector) -> str:
+        # On an emulated link, "auto" must judge by that link, not by the
+        # calibrated shared memory the collective really runs on. Every rank
+        # sends exactly k entries, so the counts are known without a collective
+        # and the choice (cached per k and dim) is the same on every rank.
+        if self.algorithm != "auto" or not self.link.emulated:
+            return self.algorithm
+        key = (vec.nnz, vec.dim)
+        if key not in self._picked:
+            model = link_model(agreed_model(self.comm), self.link, self.size)
+            self._picked[key] = choose(
+                model,
+                [vec.nnz] * self.size,
+                vec.dim,
+                vec.index_bytes,
+                4,
+                self.bits or None,
+            )
+        return self._picked[key]
 
     def _run(
         self,
