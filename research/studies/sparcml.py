@@ -20,7 +20,10 @@ uniformly random indices (``density * dim`` of them, seeded by rank) and calls
   allreduce's bandwidth term a ring's 2 (P-1)/P x 8 / B), timed as measured.
 
 Bytes: each algorithm's mean bytes sent per rank (``SparseStats.bytes_sent``)
-against ``cost.predicted_bytes`` for the allgathered counts.
+against ``cost.predicted_bytes`` for the allgathered counts (``auto``'s row:
+the algorithm it took on the real link). The dense allreduce counts as a
+bandwidth-optimal one, 2 (P-1)/P x vector bytes; the ``dense`` training arm
+(``host``) reports the bytes of its buffers instead, as ``host`` always does.
 """
 
 from __future__ import annotations
@@ -290,6 +293,22 @@ def write_results(root: Path, bench, results, checks: list[str], text: str) -> N
     (root / "table.md").write_text(text + "\n")
 
 
+def crossover(model: Any, dim: int, P: int) -> float | None:
+    """Density at which the model's dense allreduce overtakes the best sparse
+    algorithm (uniform inputs), or None when one side wins over the whole range."""
+    from research.comm.sparse.cost import predicted_time
+
+    prev = None
+    for d in np.logspace(-4, 0, 81):
+        k = d * dim
+        sparse = min(predicted_time(model, a, k, dim, P) for a in SPARSE)
+        dense_wins = predicted_time(model, "dense", k, dim, P) <= sparse
+        if dense_wins and prev is False:
+            return float(d)
+        prev = dense_wins
+    return None
+
+
 def plot(root: Path, bench, results, link: Link) -> list[Path]:
     """time_vs_density.png (per P and link, model crossover marked), accuracy.png."""
     import matplotlib
@@ -297,7 +316,8 @@ def plot(root: Path, bench, results, link: Link) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from research.comm.sparse.cost import load_model, predicted_time
+    from research.comm.sparse.cost import load_model
+    from research.comm.sparse.strategy import link_model
 
     made = []
     if bench:
@@ -308,6 +328,7 @@ def plot(root: Path, bench, results, link: Link) -> list[Path]:
         for row, P in zip(axes, sizes):
             dim = bench[0].get("dim")
             model = load_model(P)
+            links = {"real_s": Link(), "emulated_s": link}
             for ax, key, name in zip(
                 row, ("real_s", "emulated_s"), ("real", str(link))
             ):
@@ -318,17 +339,10 @@ def plot(root: Path, bench, results, link: Link) -> list[Path]:
                         if r["P"] == P and r["algorithm"] == alg
                     ]
                     ax.plot(*zip(*pts), marker="o", label=alg)
-                if dim and key == "real_s":
-                    # The model's crossover: lowest density at which dense wins.
-                    grid = np.logspace(-4, 0, 60)
-                    for d in grid:
-                        k = d * dim
-                        sparse = min(
-                            predicted_time(model, a, k, dim, P) for a in SPARSE
-                        )
-                        if predicted_time(model, "dense", k, dim, P) <= sparse:
-                            ax.axvline(d, ls="--", c="gray", label="model crossover")
-                            break
+                if dim:
+                    at = crossover(link_model(model, links[key], P), dim, P)
+                    if at is not None:
+                        ax.axvline(at, ls="--", c="gray", label="model crossover")
                 ax.set(xscale="log", yscale="log", xlabel="density", ylabel="s")
                 ax.set_title(f"P={P}, {name} link")
                 ax.legend(fontsize=7)
