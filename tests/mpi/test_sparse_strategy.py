@@ -146,9 +146,22 @@ def test_without_error_feedback_has_no_residual(world, tmp_path_factory):
         _run_dir(world, tmp_path_factory, "sparse-noef"),
         3,
         "sparse",
-        strategy_options={"density": 0.1, "error_feedback": False, "bits": 4},
+        strategy_options={
+            "density": 0.1,
+            "error_feedback": False,
+            "bits": 4,
+            "warmup_steps": 1,
+        },
+        log_every=1,
     )
     trainer = Trainer(cfg, world)
     trainer.run()
     assert "residual" not in trainer.state.strategy
+    if world.rank == 0:
+        from research.rundir import read_metrics
+
+        rows = [r for r in read_metrics(trainer.run_dir) if "comm_bytes" in r]
+        assert [r["comm_dense_step"] for r in rows] == [1, 0, 0]
+        # The dense warm-up step moves the whole vector, the top-k steps less.
+        assert rows[0]["comm_bytes"] > 4 * max(r["comm_bytes"] for r in rows[1:])
     assert len(set(world.allgather(_checksum(trainer.state.params)))) == 1
