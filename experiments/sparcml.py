@@ -40,7 +40,7 @@ Commands::
     python -m experiments.sparcml --arms            # benchmark only
     python -m experiments.sparcml --skip-bench      # training only
     # 8 ranks (benchmark at 2 and 8), per-layer top-k, 8-bit values
-    python -m experiments.sparcml --np 8 --scope layer --bits 8
+    python -m experiments.sparcml --np 8 --scope per-layer --bits 8
     # cluster: calibrate once per P on the nodes, then the real network link
     srun -n 16 python -m scripts.calibrate_sparse
     sbatch -N 4 --ntasks-per-node=4 scripts/slurm.sbatch experiments.sparcml \\
@@ -99,7 +99,7 @@ def build_parser():
     )
     g.add_argument("--train-density", type=float, default=0.01)
     g.add_argument("--bits", type=int, default=4, choices=(2, 4, 8))
-    g.add_argument("--scope", default="global", choices=("global", "layer"))
+    g.add_argument("--scope", default="global", choices=("global", "per-layer"))
     g.add_argument(
         "--sparse-warmup", type=int, default=0, help="dense steps before top-k"
     )

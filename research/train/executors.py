@@ -26,6 +26,10 @@ Built in, chosen by the averager's ``executor`` attribute:
   optimizer steps P times per synchronous step (lr / P on a P-times-longer
   schedule: the same per-example rate).
 
+Registered by modules in :data:`EXECUTOR_MODULES`: ``layerwise`` and ``overlap``
+(``research.train.overlapped``), ``sparse`` (``research.train.sparse``: jitted
+top-k with error feedback, host SparCML allreduce, jitted update).
+
 A strategy that runs its step differently (stage by stage, overlapped) registers
 its own executor with :func:`register_executor` and names it in its averager.
 """

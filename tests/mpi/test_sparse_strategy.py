@@ -53,7 +53,10 @@ def _flat(tree) -> np.ndarray:
 def test_full_density_equals_host(world, tmp_path_factory):
     """Density 1, no quantization: the same steps as ``host``, decay applied once."""
     out = {}
-    for name, opts in (("host", {}), ("sparse", {"density": 1.0, "scope": "layer"})):
+    for name, opts in (
+        ("host", {}),
+        ("sparse", {"density": 1.0, "scope": "per-layer"}),
+    ):
         cfg = _config(
             _run_dir(world, tmp_path_factory, name),
             4,

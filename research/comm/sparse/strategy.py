@@ -12,8 +12,8 @@ over P. Values may travel stochastically quantized (``bits``). The first
 Options (``--strategy-opt KEY=VALUE``):
 
 * ``density``: fraction of entries each rank sends (``k = ceil(density * n)``);
-* ``scope``: ``"global"`` (top-k over all parameters) or ``"layer"`` (top-k of
-  each parameter array with its own ``k``);
+* ``scope``: ``"global"`` (top-k over all parameters) or ``"per-layer"`` (top-k
+  of each parameter array with its own ``k``; ``"layer"`` is accepted too);
 * ``bits``: 0 (full precision) or 2, 4, 8 (QSGD buckets of 512);
 * ``warmup_steps``: dense steps first (Ok-Topk, DGC and PowerSGD warm up densely);
 * ``error_feedback``: keep what was not sent in a per-rank residual, added before
@@ -52,7 +52,8 @@ from research.comm.sparse.cost import CostModel, agreed_model, choose
 from research.comm.sparse.vector import SparseVector
 from research.trace import get_tracer
 
-SCOPES = ("global", "layer")
+SCOPES = ("global", "per-layer")
+_SCOPE_ALIASES = {"layer": "per-layer"}
 
 
 def link_model(model: CostModel, link: Link, P: int) -> CostModel:
@@ -82,7 +83,7 @@ class SparseAverager(Averager):
     Args:
       world: the world to average over.
       density: fraction of entries each rank sends, in (0, 1].
-      scope: "global" or "layer".
+      scope: "global" or "per-layer" ("layer" accepted).
       bits: 0 (no quantization), 2, 4 or 8.
       warmup_steps: dense steps before sparsification starts.
       error_feedback: keep the unsent part in a per-rank residual.
@@ -111,6 +112,7 @@ class SparseAverager(Averager):
     ) -> None:
         if not 0 < density <= 1:
             raise ValueError(f"density must be in (0, 1], got {density}")
+        scope = _SCOPE_ALIASES.get(scope, scope)
         if scope not in SCOPES:
             raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
         if bits not in (0, 2, 4, 8):
