@@ -70,6 +70,7 @@ def bench_one(
     emu_model = link_model(model, link, P)
     rows = []
     for density in densities:
+        t_density = time.perf_counter()
         rng = np.random.default_rng([rank, int(density * 1e6)])
         idx = np.flatnonzero(rng.random(dim, dtype=np.float32) < density)
         vec = SparseVector(idx, rng.standard_normal(idx.size, np.float32), dim)
@@ -111,7 +112,16 @@ def bench_one(
             )
         rows.extend(timed.values())
         del vec
+        log(f"P={P} density={density:g}: {time.perf_counter() - t_density:.1f} s")
     return rows
+
+
+def _sleeping_barrier(comm) -> None:
+    # Ranks outside the sub-communicator wait here; MPICH's blocking barrier
+    # polls, and on shared cores that would slow the ranks being measured.
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(0.005)
 
 
 def run_bench(
@@ -128,7 +138,7 @@ def run_bench(
             if sub.Get_rank() == 0:  # every member holds the same rows
                 rows += mine
             sub.Free()
-        world.barrier()
+        _sleeping_barrier(world.comm)
     gathered = world.comm.gather(rows, root=0)
     return [r for part in gathered for r in part] if world.rank == 0 else []
 
