@@ -24,7 +24,10 @@ What runs (one MPI job, ``research/studies/sparcml.py``):
   ``cnn_small``, same steps for every arm: ``dense`` (host allreduce),
   ``topk_ef`` (top-k 1% with error feedback), ``topk_noef`` (without it) and
   ``topk_4bit`` (top-k 1% + error feedback + 4-bit values): final accuracy,
-  time to ``--target-acc``, bytes per step.
+  time to ``--target-acc``, bytes per step. The arms run on the emulated
+  10 Gb/s link by default (``--link real`` for plain shared memory), where the
+  strategy's ``auto`` judges by that link (on shared memory it picks the dense
+  allreduce for a model this small).
 
 It prints both tables and the issue's targets as PASS/FAIL checks, and writes
 ``table.md``, ``results.json``, ``time_vs_density.png`` (with the model's
