@@ -36,7 +36,8 @@ class CheckpointConfig:
       final: also checkpoint after the last step (a finished run can then be
         extended: the same command with more steps resumes where it ended).
       rank_local: DeepFreeze: name prefixes of leaves that differ between ranks
-        (BatchNorm statistics); each rank saves and gets back its own. The
+        (BatchNorm statistics, a strategy's per-rank state such as the
+        ``sparse`` residual); each rank saves and gets back its own. The
         baselines save one copy (rank 0's or the owner's) for all ranks.
       writer: DeepFreeze's writer: ``"process"`` (a niced helper per rank) or
         ``"thread"`` (in the rank's background thread).
@@ -58,7 +59,7 @@ class CheckpointConfig:
     fsync: bool = True
     resume: bool = True
     final: bool = False
-    rank_local: tuple[str, ...] = ("batch_stats",)
+    rank_local: tuple[str, ...] = ("batch_stats", "strategy")
     writer: str = "process"
     nice: int = 10
     keep_fast_tier: bool = False

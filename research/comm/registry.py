@@ -36,6 +36,7 @@ STRATEGY_MODULES: list[str] = [
     "research.comm.partial",
     "research.comm.ps",
     "research.comm.overlap",
+    "research.comm.sparse.strategy",
 ]
 
 #: Names the built-in modules register, known without importing them: checking a
@@ -50,6 +51,7 @@ BUILTIN_NAMES: dict[str, str] = {
     "ps": "research.comm.ps",
     "layerwise": "research.comm.overlap",
     "overlap": "research.comm.overlap",
+    "sparse": "research.comm.sparse.strategy",
 }
 
 #: Options of the built-in strategies (``--strategy-opt KEY=VALUE``) and the
@@ -76,6 +78,16 @@ BUILTIN_OPTIONS: dict[str, dict[str, tuple[type, ...]]] = {
     "ps": {"root": _INT, "max_sleep": _FLOAT},
     "layerwise": {"bucket_bytes": _INT, "link": (str,)},
     "overlap": {"link": (str,)},
+    "sparse": {
+        "density": _FLOAT,
+        "scope": (str,),
+        "bits": _INT,
+        "warmup_steps": _INT,
+        "error_feedback": _BOOL,
+        "algorithm": (str,),
+        "seed": _INT,
+        "link": (str,),
+    },
 }
 
 
@@ -115,7 +127,7 @@ def check_link(name: str, spec: str) -> str | None:
         return (
             f"--link: strategy {name!r} cannot run on an emulated link (its "
             "communication is not host-side collectives); use host, solo, "
-            "majority, sync, layerwise or overlap"
+            "majority, sync, layerwise, overlap or sparse"
         )
     return None
 
@@ -190,6 +202,15 @@ def known_averagers() -> list[str]:
     if any(m not in BUILTIN_NAMES.values() for m in STRATEGY_MODULES):
         _load_strategy_modules()
     return sorted(set(BUILTIN_NAMES) | set(_REGISTRY))
+
+
+def averager_factory(name: str) -> Callable[..., Averager]:
+    """The class (or factory) registered as ``name``, e.g. to read its attributes."""
+    _load_strategy_modules()
+    if name not in _REGISTRY:
+        valid = ", ".join(sorted(_REGISTRY))
+        raise ValueError(f"unknown averager {name!r}; valid averagers: {valid}")
+    return _REGISTRY[name]
 
 
 def get_averager(name: str, world: Any, **options: Any) -> Averager:

@@ -26,6 +26,10 @@ Built in, chosen by the averager's ``executor`` attribute:
   optimizer steps P times per synchronous step (lr / P on a P-times-longer
   schedule: the same per-example rate).
 
+Registered by modules in :data:`EXECUTOR_MODULES`: ``layerwise`` and ``overlap``
+(``research.train.overlapped``), ``sparse`` (``research.train.sparse``: jitted
+top-k with error feedback, host SparCML allreduce, jitted update).
+
 A strategy that runs its step differently (stage by stage, overlapped) registers
 its own executor with :func:`register_executor` and names it in its averager.
 """
@@ -57,11 +61,15 @@ class StepContext:
         optimizer for a consumer that applies ``pushes_per_step`` updates per
         synchronous step (1 for the loop itself; P for a parameter server).
       model: the Flax module, for executors that run it stage by stage.
+      weight_decay: the run's weight decay, for a strategy that applies it to
+        the local gradient itself (``local_weight_decay`` on its averager; the
+        loop then builds the optimizer without it).
     """
 
     world_size: int
     optimizer: Callable[[int], Any]
     model: Any = None
+    weight_decay: float = 0.0
 
 
 class Executor:
@@ -75,8 +83,12 @@ class Executor:
     def name(self) -> str:
         return self.averager.name
 
-    def start(self, state: TrainState) -> None:
-        """Once, before the first step, on every rank."""
+    def start(self, state: TrainState) -> TrainState | None:
+        """Once, before the first step (and any restore), on every rank.
+
+        May return the state with the strategy's own fields added (its
+        ``strategy`` entries), which a restore then fills from the checkpoint.
+        """
 
     def step(
         self, state: TrainState, x: Any, y: Any, *, step: int, hold: Callable[[], None]
@@ -96,7 +108,7 @@ _EXECUTORS: dict[str, type[Executor]] = {}
 
 #: Modules whose import registers more executors, imported on first need (they
 #: import this module, so not at import time).
-EXECUTOR_MODULES: list[str] = ["research.train.overlapped"]
+EXECUTOR_MODULES: list[str] = ["research.train.overlapped", "research.train.sparse"]
 
 
 def register_executor(name: str):

@@ -88,6 +88,15 @@ class Trainer:
         self.run_dir = Path(run_dir or config.run_dir).absolute()
         self.callbacks = list(callbacks)
         self.imbalance = imbalance or Imbalance()
+        # A strategy that decays the local gradient itself (sparse: before its
+        # residual and selection) gets an optimizer without weight decay.
+        from research.comm.registry import averager_factory, list_averagers
+
+        factory: Any = averager
+        # An unknown name is reported where the averager is built.
+        if factory is None and config.strategy in list_averagers():
+            factory = averager_factory(config.strategy)
+        self._local_wd = bool(getattr(factory, "local_weight_decay", False))
         # Local set-up first (no collective): bad data or settings raise here on
         # any rank; the ranks then agree, so every rank stops alike.
         problem = None
@@ -117,7 +126,13 @@ class Trainer:
             options.setdefault("link", config.link)
         self.averager = averager or get_averager(config.strategy, world, **options)
         self.executor = make_executor(
-            self.averager, StepContext(world.size, self._optimizer, self.model)
+            self.averager,
+            StepContext(
+                world.size,
+                self._optimizer,
+                self.model,
+                weight_decay=config.weight_decay if self._local_wd else 0.0,
+            ),
         )
         self.step = 0
         self.tracer: Tracer | NullTracer = Tracer.start(
@@ -182,7 +197,11 @@ class Trainer:
     def _optimizer(self, pushes_per_step: int):
         """``(schedule, tx)`` for a consumer of ``pushes_per_step`` updates per step."""
         return make_optimizer_for(
-            self.config, self.world.size, self.total_steps, pushes_per_step
+            self.config,
+            self.world.size,
+            self.total_steps,
+            pushes_per_step,
+            weight_decay=0.0 if self._local_wd else None,
         )
 
     # -- one step -----------------------------------------------------------------
@@ -244,7 +263,9 @@ class Trainer:
         world = self.world
         if world.rank == 0:
             write_json(self.run_dir / "config.json", config_record(self))
-        self.executor.start(self.state)
+        started = self.executor.start(self.state)
+        if started is not None:  # the strategy's own state fields, before restore
+            self.state = started
         self.imbalance.hold(0.0)  # compiles and calibrates a spin, if any
         for cb in self.callbacks:
             cb.on_train_start(self)

@@ -67,18 +67,25 @@ def make_optimizer(
 
 
 def make_optimizer_for(
-    config, world_size: int, total_steps: int, pushes_per_step: int = 1
+    config,
+    world_size: int,
+    total_steps: int,
+    pushes_per_step: int = 1,
+    weight_decay: float | None = None,
 ) -> tuple[optax.Schedule, optax.GradientTransformation]:
     """The run's ``(schedule, optimizer)`` from a ``TrainConfig``.
 
     ``config.lr`` is scaled by the global batch / 256 when ``config.scale_lr``.
     A consumer that applies ``pushes_per_step`` updates per synchronous step (a
     parameter server: one push per worker) gets lr / pushes on a schedule that
-    many times as long, so the per-example rate is the same.
+    many times as long, so the per-example rate is the same. ``weight_decay``
+    overrides ``config.weight_decay`` (0 for a strategy that decays the local
+    gradient itself, ``sparse``: decay must be applied once).
     """
     k = max(1, pushes_per_step)
     lr = config.lr * (config.batch_size * world_size / 256 if config.scale_lr else 1)
     schedule = make_schedule(
         config.schedule, lr / k, total_steps * k, config.warmup_steps * k
     )
-    return schedule, make_optimizer(schedule, config.momentum, config.weight_decay)
+    wd = config.weight_decay if weight_decay is None else weight_decay
+    return schedule, make_optimizer(schedule, config.momentum, wd)

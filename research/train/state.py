@@ -13,7 +13,7 @@ from flax.training import train_state
 
 
 class TrainState(train_state.TrainState):
-    """Flax TrainState plus BatchNorm statistics and the dropout RNG key.
+    """Flax TrainState plus BatchNorm statistics, the dropout RNG key, strategy state.
 
     ``rng`` is the base key; step ``s`` uses ``fold_in(rng, s)`` so a resumed run
     draws exactly the same dropout masks as one that never stopped.
@@ -21,6 +21,9 @@ class TrainState(train_state.TrainState):
 
     batch_stats: Any = struct.field(default_factory=dict)
     rng: jax.Array = struct.field(default=None)
+    #: A strategy's per-rank state that must survive a restart (the ``sparse``
+    #: strategy's error-feedback residual); rank-local in DeepFreeze checkpoints.
+    strategy: Any = struct.field(default_factory=dict)
 
 
 def create_train_state(

@@ -1,0 +1,237 @@
+"""The ``sparse`` averaging strategy: top-k with error feedback on SparCML.
+
+The communication side of the strategy (its step side, the jitted selection and
+residual, is :mod:`research.train.sparse`). Each step every rank contributes the
+``k`` largest-magnitude entries of its accumulated gradient (gradient + local
+weight decay + residual) as a :class:`SparseVector` over the flattened
+parameters; :func:`sparse_allreduce` sums them (``algorithm="auto"`` picks the
+cheapest SparCML algorithm from the calibrated cost model); the mean is the sum
+over P. Values may travel stochastically quantized (``bits``). The first
+``warmup_steps`` steps are plain dense allreduces of the whole gradient.
+
+Options (``--strategy-opt KEY=VALUE``):
+
+* ``density``: fraction of entries each rank sends (``k = ceil(density * n)``);
+* ``scope``: ``"global"`` (top-k over all parameters) or ``"per-layer"`` (top-k
+  of each parameter array with its own ``k``; ``"layer"`` is accepted too);
+* ``bits``: 0 (full precision) or 2, 4, 8 (QSGD buckets of 512);
+* ``warmup_steps``: dense steps first (Ok-Topk, DGC and PowerSGD warm up densely);
+* ``error_feedback``: keep what was not sent in a per-rank residual, added before
+  the next selection (False: unsent mass is dropped, for the ablation);
+* ``algorithm``: the collective ("auto", "ssar_rd", "ssar_sag", "dsar_sag",
+  "dense"); on an emulated link "auto" is decided once per (k, dim) by the
+  calibrated cost model with the link's latency and bandwidth put in
+  (:func:`link_model`), since the bytes really cross shared memory;
+* ``seed``: quantization draws, per rank and step (a resumed run draws alike);
+* ``link``: an emulated link (``research.comm.link``). The collective runs on
+  the host in the calling thread, so after it the rank sleeps ``max(0, model -
+  real)`` with ``model = bytes this rank really sent / bandwidth + messages x
+  latency`` (the call's ``SparseStats``). Each rank sleeps for its own traffic;
+  the next collective makes everyone wait for the slowest, as on a network.
+
+Weight decay: the strategy applies it to the local gradient before the residual
+and the selection (``local_weight_decay``), so that decay is not held back in
+the residual for many steps or compressed away; the loop then builds the
+optimizer without weight decay (``research.train.loop``), so it is applied once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+from research.comm.base import Averager, CommInfo
+from research.comm.link import Link
+from research.comm.registry import register_averager
+from research.comm.sparse.algorithms import ALGORITHMS, sparse_allreduce
+from research.comm.sparse.cost import CostModel, agreed_model, choose
+from research.comm.sparse.vector import SparseVector
+from research.trace import get_tracer
+
+SCOPES = ("global", "per-layer")
+_SCOPE_ALIASES = {"layer": "per-layer"}
+
+
+def link_model(model: CostModel, link: Link, P: int) -> CostModel:
+    """``model`` with an emulated ``link``'s latency and bandwidth put in.
+
+    Point-to-point: alpha + latency, beta = max(beta, 8 / bandwidth); the dense
+    allreduce: a ring's 2 (P - 1) latencies and 2 (P - 1) / P x 8 / bandwidth
+    per vector byte (or the measured figures, where slower). The real link
+    returns ``model`` itself.
+    """
+    if not link.emulated:
+        return model
+    per_byte = 8.0 / link.bits_per_s
+    return dataclasses.replace(
+        model,
+        alpha=model.alpha + link.latency_s,
+        beta=max(model.beta, per_byte),
+        ar_alpha=model.ar_alpha + 2 * (P - 1) * link.latency_s,
+        ar_beta=max(model.ar_beta, 2 * (P - 1) / P * per_byte),
+    )
+
+
+@register_averager("sparse")
+class SparseAverager(Averager):
+    """Top-k sparse averaging with error feedback (see the module docstring).
+
+    Args:
+      world: the world to average over.
+      density: fraction of entries each rank sends, in (0, 1].
+      scope: "global" or "per-layer" ("layer" accepted).
+      bits: 0 (no quantization), 2, 4 or 8.
+      warmup_steps: dense steps before sparsification starts.
+      error_feedback: keep the unsent part in a per-rank residual.
+      algorithm: the sparse allreduce algorithm, or "auto".
+      seed: base seed of the quantization draws.
+      link: an emulated link spec or "real".
+    """
+
+    executor = "sparse"
+    name = "sparse"
+    #: The executor adds weight decay to the local gradient; the optimizer must not.
+    local_weight_decay = True
+
+    def __init__(
+        self,
+        world: Any,
+        *,
+        density: float = 0.01,
+        scope: str = "global",
+        bits: int = 0,
+        warmup_steps: int = 0,
+        error_feedback: bool = True,
+        algorithm: str = "auto",
+        seed: int = 0,
+        link: str = "real",
+    ) -> None:
+        if not 0 < density <= 1:
+            raise ValueError(f"density must be in (0, 1], got {density}")
+        scope = _SCOPE_ALIASES.get(scope, scope)
+        if scope not in SCOPES:
+            raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
+        if bits not in (0, 2, 4, 8):
+            raise ValueError(f"bits must be 0, 2, 4 or 8, got {bits}")
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        if algorithm not in (*ALGORITHMS, "auto"):
+            valid = ", ".join((*ALGORITHMS, "auto"))
+            raise ValueError(f"unknown algorithm {algorithm!r}; valid: {valid}")
+        self.world = world
+        self.comm = world.comm
+        self.size = world.size
+        self.rank = world.rank
+        self.density = float(density)
+        self.scope = scope
+        self.bits = int(bits)
+        self.warmup_steps = int(warmup_steps)
+        self.error_feedback = bool(error_feedback)
+        self.algorithm = algorithm
+        self.seed = int(seed)
+        self.link = Link.parse(link)
+        self._picked: dict[tuple[int, int], str] = {}
+
+    def k_for(self, n: int) -> int:
+        """Entries sent out of ``n`` (at least 1, at most ``n``)."""
+        return max(1, min(int(n), math.ceil(self.density * int(n))))
+
+    def is_dense_step(self, step: int) -> bool:
+        """Whether ``step`` (0-based, global) is a dense warm-up step."""
+        return step < self.warmup_steps
+
+    def reduce_dense(self, flat: np.ndarray, step: int) -> tuple[np.ndarray, CommInfo]:
+        """Mean over ranks of the whole flat gradient (a warm-up step)."""
+        vec = SparseVector.dense(np.ascontiguousarray(flat, dtype=np.float32))
+        return self._run(vec, step, algorithm="dense", bits=None, warmup=True)
+
+    def reduce_sparse(
+        self, indices: np.ndarray, values: np.ndarray, dim: int, step: int
+    ) -> tuple[np.ndarray, CommInfo]:
+        """Mean over ranks of the selected entries, as a dense float32 vector.
+
+        Args:
+          indices: strictly increasing positions in the flat gradient.
+          values: their values (float32).
+          dim: the flat gradient's length.
+          step: the global step (seeds the quantization draws).
+        """
+        vec = SparseVector(
+            np.asarray(indices), np.asarray(values, dtype=np.float32), int(dim)
+        )
+        return self._run(
+            vec, step, algorithm=self._pick(vec), bits=self.bits or None, warmup=False
+        )
+
+    def _pick(self, vec: SparseVector) -> str:
+        # On an emulated link, "auto" must judge by that link, not by the
+        # calibrated shared memory the collective really runs on. Every rank
+        # sends exactly k entries, so the counts are known without a collective
+        # and the choice (cached per k and dim) is the same on every rank.
+        if self.algorithm != "auto" or not self.link.emulated:
+            return self.algorithm
+        key = (vec.nnz, vec.dim)
+        if key not in self._picked:
+            model = link_model(agreed_model(self.comm), self.link, self.size)
+            self._picked[key] = choose(
+                model,
+                [vec.nnz] * self.size,
+                vec.dim,
+                vec.index_bytes,
+                4,
+                self.bits or None,
+            )
+        return self._picked[key]
+
+    def _run(
+        self,
+        vec: SparseVector,
+        step: int,
+        *,
+        algorithm: str,
+        bits: int | None,
+        warmup: bool,
+    ) -> tuple[np.ndarray, CommInfo]:
+        rng = None
+        if bits is not None:
+            # Own stream per rank and step: reproducible, and the same after a
+            # restart from a checkpoint.
+            rng = np.random.default_rng([self.seed, self.rank, int(step)])
+        with get_tracer().span(
+            "sparse-allreduce", track="comm", nnz=vec.nnz, step=step
+        ) as span:
+            t0 = time.perf_counter()
+            out, stats = sparse_allreduce(
+                self.comm, vec, algorithm, bits=bits, rng=rng, return_stats=True
+            )
+            real = time.perf_counter() - t0
+            emulated = 0.0
+            if self.link.emulated:
+                model = (
+                    self.link.transfer(stats.bytes_sent)
+                    + stats.messages * self.link.latency_s
+                )
+                emulated = max(0.0, model - real)
+                time.sleep(emulated)
+            span.set(
+                algorithm=stats.algorithm, bytes=stats.bytes_sent, emulated_s=emulated
+            )
+        mean = out.to_dense().astype(np.float32, copy=False) / np.float32(self.size)
+        info = CommInfo(
+            bytes=int(stats.bytes_sent),
+            contributors=self.size,
+            wait_s=time.perf_counter() - t0,
+            round=int(step) + 1,
+            extra={
+                "sent_nnz": int(vec.nnz),
+                "result_nnz": int(stats.result_nnz),
+                "result_dense": int(stats.result_dense),
+                "dense_step": int(warmup),
+                "emulated_s": emulated,
+            },
+        )
+        return mean, info

@@ -1,0 +1,49 @@
+"""End to end: ``python -m experiments.sparcml`` with tiny settings on 2 ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_tiny_run_prints_both_tables_and_checks(tmp_path):
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        PYTHONUNBUFFERED="1",
+        # A calibration of this run's own, not the user's cached one.
+        RESEARCH_SPARSE_COST=str(tmp_path / "cost.json"),
+    )
+    for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI"):
+        env.pop(var, None)  # the module must launch its own mpiexec
+    args = ["--np", "2", "--dim", "50000", "--densities", "0.01", "0.5"]
+    args += ["--reps", "1", "--steps", "4", "--eval-every", "2", "--no-progress"]
+    args += ["--arms", "dense", "topk_ef", "--run-dir", str(tmp_path / "run")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.sparcml", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    out = proc.stdout
+    assert "micro-benchmark, dim 50000" in out
+    assert "training: cnn_small, 2 ranks" in out
+    assert "measured bytes / model within 1.05x" in out
+    assert "top-k 1% + error feedback within 0.5 points" in out
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    # 2 densities x (4 algorithms + auto) at P = 2.
+    assert len(results["bench"]) == 10
+    arms = {r["arm"]: r for r in results["train"]}
+    assert set(arms) == {"dense", "topk_ef"}
+    # Top-k 1% sends far fewer bytes per step than the dense gradient.
+    assert arms["topk_ef"]["bytes_per_step"] < 0.2 * arms["dense"]["bytes_per_step"]
+    for name in ("time_vs_density.png", "accuracy.png", "table.md"):
+        assert (tmp_path / "run" / name).exists()

@@ -1,0 +1,62 @@
+"""The SparCML study's pure parts: link-adjusted cost model, crossover, checks."""
+
+from __future__ import annotations
+
+from research.comm.link import Link
+from research.comm.sparse.cost import DEFAULTS, choose
+from research.comm.sparse.strategy import link_model
+from research.studies.sparcml import bench_checks, crossover
+
+DIM = 1_000_000
+
+
+def test_link_model_real_is_the_model_and_emulated_is_slower():
+    assert link_model(DEFAULTS, Link(), 4) is DEFAULTS
+    slow = link_model(DEFAULTS, Link.parse("1gbps:10us"), 4)
+    assert slow.beta >= 8e-9 and slow.alpha > DEFAULTS.alpha
+    assert slow.ar_beta >= 2 * 3 / 4 * 8e-9
+
+
+def test_slow_link_favours_sparse_at_low_density():
+    slow = link_model(DEFAULTS, Link.parse("1gbps"), 4)
+    assert choose(slow, [DIM // 1000] * 4, DIM, 4, 4) != "dense"
+    assert choose(slow, [DIM // 2] * 4, DIM, 4, 4) in ("dense", "dsar_sag")
+    at = crossover(slow, DIM, 4)
+    assert at is not None and 1e-3 < at < 1
+
+
+def _rows(auto_s: float, dense_s: float, sparse_s: float, bytes_ratio: float):
+    rows = []
+    for density in (0.001, 0.01, 0.1, 0.5):
+        for alg, t in (
+            ("ssar_rd", sparse_s),
+            ("ssar_sag", sparse_s),
+            ("dsar_sag", sparse_s),
+            ("dense", dense_s),
+            ("auto", auto_s),
+        ):
+            rows.append(
+                {
+                    "P": 4,
+                    "density": density,
+                    "algorithm": alg,
+                    "chosen": "ssar_sag",
+                    "chosen_emulated": "ssar_sag",
+                    "real_s": t,
+                    "emulated_s": t,
+                    "bytes": 1000 * bytes_ratio,
+                    "model_bytes": 1000,
+                }
+            )
+    return rows
+
+
+def test_checks_pass_and_fail_on_the_numbers():
+    link = Link.parse("10gbps")
+    good = bench_checks(_rows(0.05, 1.0, 0.05, 1.01), link)
+    assert good and all(c.startswith("PASS") for c in good), good
+    bad = bench_checks(_rows(0.5, 1.0, 0.05, 1.2), link)
+    fails = [c for c in bad if c.startswith("FAIL")]
+    assert any("sparse (auto) / dense" in c for c in fails)
+    assert any("auto / best fixed" in c for c in fails)
+    assert any("measured bytes / model" in c for c in fails)
