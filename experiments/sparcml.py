@@ -49,8 +49,41 @@ Commands::
     sbatch -N 4 --ntasks-per-node=4 scripts/slurm.sbatch experiments.sparcml \\
         --bench-link real --model resnet18 --steps 2000
 
-Measured: to be filled from the lead's run (default command, 4 ranks, with the
-machine's load average next to the numbers).
+Measured (this 2-core CPU machine, 2026-11-23, ``python -m experiments.sparcml``,
+1 min 16 s, nothing else running, load 4-5 from the run itself; calibration
+made by the run). Micro-benchmark, ResNet-50-sized vector (25,557,032 float32),
+3 reps, time as a ratio to the dense allreduce of the same run, real
+shared-memory link / emulated 10 Gb/s (max of measured and link model)::
+
+    P  density  best sparse (real, emulated)   auto: picked, / dense (emul)
+    2  0.1%     ssar_sag 0.020, 0.016           ssar_rd, 0.019
+    2  1%       ssar_sag 0.120, 0.096           ssar_rd, 0.131
+    2  10%      dsar_sag 0.835, 0.811           dense,   1.000
+    2  50%      ssar_rd  1.393, 1.393           dense,   1.000
+    4  0.1%     ssar_sag 0.028, 0.028           ssar_rd, 0.069
+    4  1%       ssar_sag 0.142, 0.142           ssar_rd, 0.403
+    4  10%      dsar_sag 0.874, 0.874           dense,   1.000
+    4  50%      ssar_rd  2.096, 2.096           dense,   1.000
+
+    bytes sent per rank / model: within 1.05x at every point (worst 0.998)
+
+    training, cnn_small, 4 ranks, emulated 10 Gb/s, 160 steps, one seed:
+    arm                  final acc  to 80%  ms/step  MB/step/rank
+    dense                0.9004     1.1 s   35.0     0.608
+    top-k 1% + EF        0.8926     3.0 s   36.8     0.035
+    top-k 1%, no EF      0.8872     2.9 s   35.5     0.033
+    top-k 1% + EF, 4-bit 0.8940     2.6 s   35.8     0.030
+
+Against the issue's targets: sparse/dense at 0.1% is 0.069 (<= 0.1: met) and at
+1% 0.403 (<= 0.3: not met, although the best fixed algorithm, ssar_sag, reaches
+0.142); ``auto`` stays within 5% of dense from 10% on (met) but picks
+recursive doubling where split-allgather is 1.2-2.8x faster at low density (not
+met: the calibrated gamma/alpha on 2 shared cores do not rank the two sparse
+algorithms right); bytes match the model (met); top-k 1% with error feedback
+ends 0.78 points below dense (target 0.5: not met in this one 160-step seed),
+and without it 0.54 points lower still (not "visibly" worse at this length).
+The paper's order-of-magnitude claim holds at 0.1-1% density on this machine
+(sparse 7-50x faster than the dense allreduce); at 10% and beyond dense wins.
 """
 
 from __future__ import annotations
