@@ -83,7 +83,8 @@ algorithms right); bytes match the model (met); top-k 1% with error feedback
 ends 0.78 points below dense (target 0.5: not met in this one 160-step seed),
 and without it 0.54 points lower still (not "visibly" worse at this length).
 The paper's order-of-magnitude claim holds at 0.1-1% density on this machine
-(the best sparse algorithm 7-60x faster than the dense allreduce); at 10% and beyond dense wins.
+(the best sparse algorithm 7-60x faster than the dense allreduce); at 10% and
+beyond dense wins.
 """
 
 from __future__ import annotations
