@@ -12,11 +12,13 @@ closing barrier until killed.
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
+from research.checkpoint.deepfreeze import remove_stale_transfer_files
 from research.checkpoint.integrity import remove_tree
 from research.checkpoint.tiers import default_fast_root
 from research.launch import _mapped_shm_files
@@ -38,8 +40,15 @@ def test_one_failing_rank_ends_the_job(phase, np_, tmp_path):
     )
     end = time.time()
     # A killed run leaves its fast tier for the next run of the same folder to
-    # take over; this one has no next run.
+    # take over; this one has no next run. Its writer processes die with their
+    # ranks (PDEATHSIG) but may still be creating a folder for a moment.
+    _wait_for_writers_gone()
     remove_tree(default_fast_root(tmp_path / "run" / "checkpoints"))
+    for _ in range(20):  # killed ranks' transfer files, once the ranks are gone
+        remove_stale_transfer_files()
+        if not list(Path("/dev/shm").glob("research-xfer-*")):
+            break
+        time.sleep(0.1)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-4000:]
     stamps = re.findall(r"INJECTED (\d+\.\d+)", proc.stdout)
@@ -61,6 +70,17 @@ def test_one_failing_rank_ends_the_job(phase, np_, tmp_path):
     # that live processes map belong to other jobs running meanwhile).
     left = {n for n in _shm() - shm_before if n.startswith("mpich_shm_")}
     assert left - _mapped_shm_files() == set()
+
+
+def _wait_for_writers_gone(timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        alive = subprocess.run(
+            ["pgrep", "-f", "research.checkpoint.writer"], capture_output=True
+        )
+        if alive.returncode != 0:
+            return
+        time.sleep(0.1)
 
 
 def _shm() -> set[str]:
