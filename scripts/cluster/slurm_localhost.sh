@@ -75,6 +75,9 @@ stop_daemons() {
       rm -f "$pidfile"
     fi
   done
+  # The pid files do not always name every daemon (slurmctld forks a helper):
+  # end whatever runs with this configuration.
+  pkill -f -- "-f $CONF" 2>/dev/null || true
 }
 
 case "${1:-}" in
