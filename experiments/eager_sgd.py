@@ -416,6 +416,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     problem = check_flags(args) or (check_sweep_flags(args) if sweep else None)
     if problem:
         fail_usage(PROG, problem)
+    # The shared config is the synchronous arm's; each arm then sets its own.
+    args.strategy = args.sync_strategy
     return args
 
 

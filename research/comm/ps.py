@@ -24,6 +24,14 @@ with sleeping tests (``wait_all``), never in a busy-polling blocking MPI call.
 broadcasts the final parameters (``Ibcast``), so every message sent is received
 before the end.
 
+On an emulated link (``link="10gbps"``, :mod:`research.comm.link`) the
+server's network port is the bottleneck a real one would be: each remote push
+occupies the server's inbound direction for ``n / B + L`` after the previous
+one, and is applied only when its transfer would have ended; each reply
+occupies the outbound direction the same way and is sent only then (the port
+is full duplex). The root's own worker hands its gradient over in memory and
+pays nothing. The final broadcast in ``finish`` is not emulated (once per run).
+
 With an optimizer as update, scale it for P pushes per step: a rate of lr / P and
 a schedule P times as long keep the per-example rate of synchronous SGD
 (:func:`optimizer_update` builds the update from an optax-style optimizer).
@@ -42,6 +50,7 @@ from mpi4py import MPI
 
 from research.comm.base import Averager, CommInfo
 from research.comm.fusion import FlatLayout
+from research.comm.link import Link
 from research.comm.progress import Poll, Task, get_progress, wait_all
 from research.comm.registry import register_averager
 from research.trace import get_tracer
@@ -77,6 +86,8 @@ class ParameterServer:
       comm: an ``MPI.Intracomm`` or a ``World``; duplicated here (collective).
       root: the rank that holds the parameters (and also works).
       max_sleep: longest sleep between probes while idle, seconds.
+      link: an emulated link for the server's port (a :class:`Link` or a spec
+        such as ``"10gbps"``; ``"real"``: none). See the module docstring.
     """
 
     def __init__(
@@ -85,6 +96,7 @@ class ParameterServer:
         *,
         root: int = 0,
         max_sleep: float = 5e-4,
+        link: Link | str | None = "real",
     ) -> None:
         base = getattr(comm, "comm", comm)
         self._comm: MPI.Intracomm = base.Dup()
@@ -97,6 +109,7 @@ class ParameterServer:
         if not 0 <= root < self.size:
             raise ValueError(f"root must be a rank in 0..{self.size - 1}, got {root}")
         self._max_sleep = max_sleep
+        self.link = Link.parse(link)
         self._tmpl: FlatLayout | None = None
         self._version = 0  # version of the parameters this worker holds
         self._finished = False
@@ -112,6 +125,11 @@ class ParameterServer:
         self._server_version = 0
         self._done = 0
         self._sends: list[tuple[MPI.Request, np.ndarray]] = []
+        # Emulated link only: (time the transfer ends, source, buffer) in order,
+        # and when the port's inbound and outbound directions are next free.
+        self._arriving: list[tuple[float, int, np.ndarray]] = []
+        self._leaving: list[tuple[float, int, np.ndarray]] = []
+        self._in_free = self._out_free = 0.0
         self._final: np.ndarray | None = None
         self._bcast: MPI.Request | None = None
         self._stopped = threading.Event()
@@ -266,11 +284,19 @@ class ParameterServer:
         if msg is not None:
             buf = np.empty(self._tmpl.n + 1, self._tmpl.wire)
             msg.Recv(buf)
+            self._arrive(status.Get_source(), buf)
+            progressed = True
+        now = time.perf_counter()
+        while self._arriving and self._arriving[0][0] <= now:
+            _, source, buf = self._arriving.pop(0)
             params, version, _ = self._apply(buf)
             reply = np.concatenate([params, [version]]).astype(self._tmpl.wire)
-            self._sends.append(
-                (self._comm.Isend(reply, status.Get_source(), _TAG_PULL), reply)
-            )
+            self._leave(source, reply)
+            progressed = True
+        now = time.perf_counter()
+        while self._leaving and self._leaving[0][0] <= now:
+            _, source, reply = self._leaving.pop(0)
+            self._sends.append((self._comm.Isend(reply, source, _TAG_PULL), reply))
             progressed = True
         msg = self._comm.Improbe(MPI.ANY_SOURCE, _TAG_DONE, status)
         if msg is not None:
@@ -278,7 +304,8 @@ class ParameterServer:
             self._done += 1
             progressed = True
         self._sends = [(r, b) for r, b in self._sends if not r.Test()]
-        if self._done == self.size and not self._sends:
+        pending = self._sends or self._arriving or self._leaving
+        if self._done == self.size and not pending:
             final = self._tmpl.pack(self._params, [float(self._server_version)])
             self._bcast = self._comm.Ibcast(final, root=self.root)
             with self._cond:
@@ -286,6 +313,18 @@ class ParameterServer:
                 self._cond.notify_all()
             progressed = True
         return progressed
+
+    def _arrive(self, source: int, buf: np.ndarray) -> None:
+        """Queue a received push until its emulated transfer ends (now if real)."""
+        start = max(time.perf_counter(), self._in_free)
+        self._in_free = start + self.link.p2p(buf.nbytes)
+        self._arriving.append((self._in_free, source, buf))
+
+    def _leave(self, source: int, reply: np.ndarray) -> None:
+        """Queue a reply until the outbound direction would have sent it."""
+        start = max(time.perf_counter(), self._out_free)
+        self._out_free = start + self.link.p2p(reply.nbytes)
+        self._leaving.append((self._out_free, source, reply))
 
     def _apply(self, flat: np.ndarray) -> tuple[np.ndarray, int, int]:
         t0 = time.perf_counter()
@@ -349,8 +388,9 @@ class ParameterServerAverager(Averager):
         *,
         root: int = 0,
         max_sleep: float = 5e-4,
+        link: str = "real",
     ) -> None:
-        self.ps = ParameterServer(world, root=root, max_sleep=max_sleep)
+        self.ps = ParameterServer(world, root=root, max_sleep=max_sleep, link=link)
 
     @property
     def size(self) -> int:

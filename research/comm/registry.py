@@ -75,7 +75,7 @@ BUILTIN_OPTIONS: dict[str, dict[str, tuple[type, ...]]] = {
     "solo": _PARTIAL,
     "majority": _PARTIAL,
     "sync": _PARTIAL,
-    "ps": {"root": _INT, "max_sleep": _FLOAT},
+    "ps": {"root": _INT, "max_sleep": _FLOAT, "link": (str,)},
     "layerwise": {"bucket_bytes": _INT, "link": (str,)},
     "overlap": {"link": (str,)},
     "sparse": {
@@ -127,7 +127,7 @@ def check_link(name: str, spec: str) -> str | None:
         return (
             f"--link: strategy {name!r} cannot run on an emulated link (its "
             "communication is not host-side collectives); use host, solo, "
-            "majority, sync, layerwise, overlap or sparse"
+            "majority, sync, ps, layerwise, overlap or sparse"
         )
     return None
 
@@ -233,3 +233,27 @@ def get_averager(name: str, world: Any, **options: Any) -> Averager:
 
 def _qualname(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', obj)}"
+
+
+def wants_local_weight_decay(name: str, averager: Any = None) -> bool:
+    """Whether the strategy decays the local gradient itself (``sparse``: before
+    its residual and selection), so the optimizer must not decay again."""
+    factory = averager
+    if factory is None and name in list_averagers():
+        factory = averager_factory(name)  # an unknown name fails where it is built
+    return bool(getattr(factory, "local_weight_decay", False))
+
+
+def strategy_options(name: str, options: dict[str, Any], link: str) -> dict[str, Any]:
+    """The strategy's constructor options with ``--link`` applied to it.
+
+    Raises:
+      ValueError: the strategy cannot run on that link (the same on every rank).
+    """
+    options = dict(options)
+    if link != "real":  # one flag for every host-side collective
+        problem = check_link(name, link)
+        if problem:
+            raise ValueError(problem)
+        options.setdefault("link", link)
+    return options

@@ -37,6 +37,13 @@ def check_flags(args: argparse.Namespace) -> str | None:
             "--strategy does not apply here: choose arms with --arms "
             "and the synchronous arm's strategy with --sync-strategy"
         )
+    from research.comm.registry import check_link
+
+    for arm in args.arms:
+        problem = check_link(args.sync_strategy if arm == "allreduce" else arm,
+                             getattr(args, "link", "real"))  # fmt: skip
+        if problem:
+            return f"arm {arm}: {problem}"
     if args.sync_every < 0:
         return f"--sync-every must be >= 0, got {args.sync_every}"
     if not 0 < args.target_acc <= 1:

@@ -20,10 +20,10 @@ reduce-scatter + allgather algorithm MPICH uses for large buffers.
 
 Flags other than the sweep's pass to every job unchanged, so a link option
 (``--link``) given to the experiment reaches every arm; ``sweep.json`` records
-what ``--link`` was (``"real"``: the real link, shared memory here). The
-parameter server cannot run on an emulated link yet (its messages are not
-emulated): an emulated sweep must leave it out (``--arms allreduce solo
-majority``), or the job stops at its arm with one line saying so.
+what ``--link`` was (``"real"``: the real link, shared memory here). On an
+emulated link every arm pays its algorithm's time on that link: allreduce, solo
+and majority their ring allreduce, the parameter server each push and reply
+through its one port, one after another (``research.comm.ps``).
 """
 
 from __future__ import annotations

@@ -92,3 +92,27 @@ def test_optimizer_update_matches_plain_sgd():
     update = optimizer_update(optax.sgd(0.25), params)
     out = update(params, {"w": np.full(3, 2.0, np.float32)})
     np.testing.assert_allclose(out["w"], 0.5)
+
+
+def test_emulated_link_serialises_the_servers_port(world):
+    # Every remote worker pushes at once: the server's port takes their pushes
+    # one after another, then sends the replies one after another, so the last
+    # reply cannot come before (P - 1) inbound plus one outbound transfer.
+    from research.comm.link import Link
+
+    link = Link.parse("0.2gbps:1ms")
+    init = {"w": np.zeros(50_000, np.float32)}  # 200 kB: 9 ms per message
+    with ParameterServer(world.comm, link=link) as ps:
+        ps.bind(init, sgd(0.1))
+        world.barrier()
+        t0 = time.perf_counter()
+        _, info = ps.push_pull({"w": np.ones(50_000, np.float32)})
+        took = time.perf_counter() - t0
+        final, _ = ps.finish()
+    np.testing.assert_allclose(final["w"], -0.1 * world.size)
+    one = link.p2p(info.bytes)
+    if not ps.is_server:
+        assert took >= one  # its own push's transfer, at the least
+    slowest = max(world.comm.allgather(took))
+    if world.size > 1:
+        assert slowest >= world.size * one - 1e-3  # sleep granularity
