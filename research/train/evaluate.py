@@ -15,7 +15,7 @@ from research.train import step as steps
 from research.train.state import TrainState
 
 
-def sync_batch_stats(state: TrainState, mean: HostAllreduce) -> TrainState:
+def average_batch_stats(state: TrainState, mean: HostAllreduce) -> TrainState:
     """BatchNorm statistics averaged over ranks (collective), as Flax's example.
 
     Ranks see different batches, so their running statistics differ; evaluation

@@ -36,30 +36,16 @@ from research.imbalance import Imbalance
 from research.launch import UsageError
 from research.rundir import MetricsWriter, write_json
 from research.trace import NullTracer, Tracer, get_tracer, set_tracer
+from research.train.callback import Callback  # re-exported: callbacks subclass it
 from research.train.config import TrainConfig
-from research.train.evaluate import evaluate, sync_batch_stats
+from research.train.evaluate import average_batch_stats, evaluate
 from research.train.executors import StepContext, make_executor
 from research.train.optim import make_optimizer_for
 from research.train.periodic import itstime
-from research.train.report import config_record, summary_record
+from research.train.report import config_record, progress_bar, summary_record
+
+__all__ = ["Callback", "Trainer"]
 from research.train.state import TrainState, create_train_state
-
-
-class Callback:
-    """Hooks into the loop (checkpointing, custom logging). All are optional."""
-
-    def on_train_start(self, trainer: Trainer) -> None:
-        """Before the first step; may call ``trainer.restore`` to resume."""
-
-    def on_step_end(self, trainer: Trainer, step: int) -> None:
-        """After the update of step ``step`` (number of completed steps)."""
-
-    def on_train_end(self, trainer: Trainer) -> None:
-        """After the last step and the final evaluation."""
-
-    def summary(self) -> dict[str, Any]:
-        """Numbers merged into ``summary.json``."""
-        return {}
 
 
 class Trainer:
@@ -80,7 +66,11 @@ class Trainer:
         callbacks: tuple[Callback, ...] | list[Callback] = (),
         run_dir: str | Path | None = None,
     ) -> None:
-        from research.comm.registry import get_averager
+        from research.comm.registry import (
+            get_averager,
+            strategy_options,
+            wants_local_weight_decay,
+        )
 
         self.config = config
         self.world = world
@@ -88,15 +78,7 @@ class Trainer:
         self.run_dir = Path(run_dir or config.run_dir).absolute()
         self.callbacks = list(callbacks)
         self.imbalance = imbalance or Imbalance()
-        # A strategy that decays the local gradient itself (sparse: before its
-        # residual and selection) gets an optimizer without weight decay.
-        from research.comm.registry import averager_factory, list_averagers
-
-        factory: Any = averager
-        # An unknown name is reported where the averager is built.
-        if factory is None and config.strategy in list_averagers():
-            factory = averager_factory(config.strategy)
-        self._local_wd = bool(getattr(factory, "local_weight_decay", False))
+        self._local_wd = wants_local_weight_decay(config.strategy, averager)
         # Local set-up first (no collective): bad data or settings raise here on
         # any rank; the ranks then agree, so every rank stops alike.
         problem = None
@@ -116,14 +98,12 @@ class Trainer:
         if world.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         world.barrier()
-        options = dict(config.strategy_options)
-        if config.link != "real":  # one flag for every host-side collective
-            from research.comm.registry import check_link
-
-            problem = check_link(config.strategy, config.link)
-            if problem:  # the same on every rank
-                raise UsageError(problem)
-            options.setdefault("link", config.link)
+        try:
+            options = strategy_options(
+                config.strategy, config.strategy_options, config.link
+            )
+        except ValueError as e:  # the same on every rank
+            raise UsageError(str(e)) from None
         self.averager = averager or get_averager(config.strategy, world, **options)
         self.executor = make_executor(
             self.averager,
@@ -269,7 +249,7 @@ class Trainer:
         self.imbalance.hold(0.0)  # compiles and calibrates a spin, if any
         for cb in self.callbacks:
             cb.on_train_start(self)
-        bar = self._progress_bar()
+        bar = progress_bar(self)
         world.barrier()
         self._t_start = time.perf_counter()
         while self.step < self.total_steps:
@@ -325,7 +305,7 @@ class Trainer:
         """Test loss and accuracy now (collective): drains, syncs BatchNorm stats."""
         self.drain()
         with self.tracer.span("evaluate", "eval", step=self.step):
-            self.state = sync_batch_stats(self.state, self._stats_mean)
+            self.state = average_batch_stats(self.state, self._stats_mean)
             return evaluate(
                 self.state,
                 self.dataset.test_x,
@@ -354,17 +334,3 @@ class Trainer:
                     f"test_acc {ev['test_acc']:.4f} test_loss {ev['test_loss']:.4f}",
                     flush=True,
                 )
-
-    def _progress_bar(self):
-        if self.world.rank != 0 or not self.config.progress or not sys.stderr.isatty():
-            return None
-        from tqdm import tqdm
-
-        return tqdm(
-            total=self.total_steps,
-            initial=self.step,
-            desc="train",
-            unit="step",
-            dynamic_ncols=True,
-            mininterval=0.5,
-        )

@@ -97,3 +97,21 @@ def summary_record(t: Trainer) -> dict[str, Any]:
     for cb in t.callbacks:
         summary.update(cb.summary())
     return summary
+
+
+def progress_bar(t: Trainer):
+    """Rank 0's tqdm bar on a terminal with ``--progress``; else None."""
+    import sys
+
+    if t.world.rank != 0 or not t.config.progress or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(
+        total=t.total_steps,
+        initial=t.step,
+        desc="train",
+        unit="step",
+        dynamic_ncols=True,
+        mininterval=0.5,
+    )
