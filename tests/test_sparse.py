@@ -272,3 +272,24 @@ def test_model_file_round_trip_and_default_warning(tmp_path, monkeypatch):
     path.write_text(json.dumps({**m.__dict__, "size": 4}))
     got = cost.load_model(4)
     assert got.alpha == 1e-6 and got.ar_beta == 6e-10 and got.source == str(path)
+
+
+def test_model_charges_each_step_what_the_code_does():
+    import dataclasses
+
+    d, P, k = 25_600_000, 4, 256_000  # 1%: every result stays sparse
+    slow_scatter = dataclasses.replace(DEFAULTS, delta=100 * DEFAULTS.delta)
+    # Split-allgather assembles disjoint ordered pieces by concatenation: a
+    # scatter cost must not enter its time, while it does for the dense split.
+    for alg, moves in (("ssar_sag", False), ("dsar_sag", True)):
+        a = predicted_time(DEFAULTS, alg, k, d, P)
+        b = predicted_time(slow_scatter, alg, k, d, P)
+        assert (b > 1.5 * a) == moves, alg
+    # Recursive doubling merges: its time follows gamma, not the copy speed.
+    slow_merge = dataclasses.replace(DEFAULTS, gamma=10 * DEFAULTS.gamma)
+    assert predicted_time(slow_merge, "ssar_rd", k, d, P) > 3 * predicted_time(
+        DEFAULTS, "ssar_rd", k, d, P
+    )
+    # A file written before the copy field existed still loads (its default).
+    old = {f: 1e-9 for f in ("alpha", "beta", "gamma", "delta", "ar_alpha", "ar_beta")}
+    assert CostModel(**old).copy == DEFAULTS.copy

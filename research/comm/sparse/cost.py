@@ -5,6 +5,8 @@ Parameters (all measured by ``calibrate`` on the machine at hand):
                 at once, as in recursive doubling);
   gamma         per element entering a sparse merge (sort-based union and sum);
   delta         per element of a dense scatter-add / accumulate;
+  copy          per byte of a plain copy (assembling the split algorithms'
+                disjoint, ordered pieces is a concatenation, not a merge);
   ar_alpha, ar_beta  the dense ``MPI_Allreduce`` baseline: ``ar_alpha + ar_beta *
                 vector bytes`` (MPI's own algorithm, measured rather than modelled).
 
@@ -53,11 +55,18 @@ class CostModel:
     delta: float
     ar_alpha: float
     ar_beta: float
+    copy: float = 2e-10  # 5 GB/s; calibration files older than this field lack it
     source: str = "defaults"
 
 
 DEFAULTS = CostModel(
-    alpha=5e-6, beta=8e-10, gamma=2e-8, delta=2e-9, ar_alpha=2e-5, ar_beta=2e-9
+    alpha=5e-6,
+    beta=8e-10,
+    gamma=2e-8,
+    delta=2e-9,
+    ar_alpha=2e-5,
+    ar_beta=2e-9,
+    copy=2e-10,
 )
 
 
@@ -111,10 +120,13 @@ def _simulate(alg, counts, dim, ib, vb, bits, m: CostModel):
                 st.append(_State([k], k, False, True))
 
         def merged(a: _State, b: _State) -> tuple[_State, float]:
-            ks = a.ks + b.ks
-            if a.dense or b.dense or goes_dense(a.count + b.count, dim, ib, vb):
-                return _State(ks, dim, True, False), m.delta * dim
-            n = a.count + b.count
+            ks, n = a.ks + b.ks, a.count + b.count
+            if a.dense and b.dense:  # a vector add: two reads and a write
+                return _State(ks, dim, True, False), 3 * m.copy * dim * vb
+            if a.dense or b.dense:  # the sparse one scattered into the dense
+                return _State(ks, dim, True, False), m.delta * min(a.count, b.count)
+            if goes_dense(n, dim, ib, vb):  # zeros, then both scattered in
+                return _State(ks, dim, True, False), m.copy * dim * vb + m.delta * n
             return _State(ks, _union(ks, dim), False, False), m.gamma * n
 
         p2 = 1 << (P.bit_length() - 1)
@@ -174,7 +186,9 @@ def _simulate(alg, counts, dim, ib, vb, bits, m: CostModel):
                 if alg == "dsar_sag"
                 else wire.nbytes(wire.DENSE, lens[d], ib, vb)
             )
-            work.append(m.delta * (lens[d] + got[d]))
+            # Zeros for the range, then every piece added in (dense pieces at
+            # copy speed, sparse ones scattered; judged as scattered).
+            work.append(m.copy * vb * lens[d] + m.delta * got[d])
         else:
             u = lens[d] / dim * _union(counts, dim)
             piece.append(wire.nbytes(wire.SPARSE, u, ib, vb) if u else 0.0)
@@ -184,7 +198,15 @@ def _simulate(alg, counts, dim, ib, vb, bits, m: CostModel):
         sent[r] += piece[r] * (P - 1) + (0 if alg == "dsar_sag" else 8 * (P - 1))
     total = sum(piece)
     t += lat + (P - 1) * m.alpha + m.beta * max(total - p for p in piece)
-    return sent, t + m.delta * min(dim, total / (ib + vb))
+    # Assembling the result: a dense allgather lands in place; disjoint ordered
+    # sparse pieces are decoded and concatenated (copies), unless together they
+    # go dense, when they are scattered into a dense vector.
+    if alg == "dsar_sag":
+        return sent, t
+    entries = sum(p / (ib + vb) for p in piece)
+    if goes_dense(entries, dim, ib, vb):
+        return sent, t + m.delta * min(dim, entries)
+    return sent, t + 2 * m.copy * total
 
 
 def _args(nnz_per_rank, P, dim, index_bytes):
@@ -279,7 +301,8 @@ def load_model(size: int, path: str | os.PathLike | None = None) -> CostModel:
     if p.exists():
         data = json.loads(p.read_text())
         fields = {f.name for f in dataclasses.fields(CostModel)} - {"source"}
-        return CostModel(**{k: float(data[k]) for k in fields}, source=str(p))
+        known = {k: float(data[k]) for k in fields if k in data}
+        return CostModel(**known, source=str(p))
     if not _warned:
         _warned = True
         warnings.warn(
@@ -372,9 +395,11 @@ def calibrate(
         acc[a._indices] += a.values
 
     delta = _median_time(scatter_add, reps) / n
+    big = np.ones(2**23, np.uint8)
+    copy = _median_time(lambda: np.concatenate([big, big]), reps) / (2 * big.nbytes)
     alpha, beta = _fit(sizes, p2p) if size > 1 else (DEFAULTS.alpha, DEFAULTS.beta)
     ar_alpha, ar_beta = _fit([4 * n for n in ar_sizes], ar)
-    mine = np.array([alpha, beta, gamma, delta, ar_alpha, ar_beta])
+    mine = np.array([alpha, beta, gamma, delta, ar_alpha, ar_beta, copy])
     comm.Allreduce(MPI.IN_PLACE, mine, MPI.MAX)
     p = Path(path) if path is not None else default_path(size)
     model = CostModel(*(float(v) for v in mine), source=str(p))
