@@ -140,6 +140,13 @@ def build_parser():
     g.add_argument(
         "--sparse-warmup", type=int, default=0, help="dense steps before top-k"
     )
+    g.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        default=[0, 1, 2],
+        help="training seeds, every arm each (mean +- std); default %(default)s",
+    )
     g.add_argument("--target-acc", type=float, default=0.8)
     g.add_argument("--no-plots", action="store_true", help="skip the figures")
     return p

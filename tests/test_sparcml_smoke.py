@@ -23,7 +23,8 @@ def test_tiny_run_prints_both_tables_and_checks(tmp_path):
         env.pop(var, None)  # the module must launch its own mpiexec
     args = ["--np", "2", "--dim", "50000", "--densities", "0.01", "0.5"]
     args += ["--reps", "1", "--steps", "4", "--eval-every", "2", "--no-progress"]
-    args += ["--arms", "dense", "topk_ef", "--run-dir", str(tmp_path / "run")]
+    args += ["--arms", "dense", "topk_ef", "--seeds", "0", "1"]
+    args += ["--run-dir", str(tmp_path / "run")]
     proc = subprocess.run(
         [sys.executable, "-m", "experiments.sparcml", *args],
         cwd=ROOT,
@@ -38,11 +39,16 @@ def test_tiny_run_prints_both_tables_and_checks(tmp_path):
     assert "training: cnn_small, 2 ranks" in out
     assert "measured bytes / model within 1.05x" in out
     assert "top-k 1% + error feedback within 0.5 points" in out
+    assert "(2 seeds: mean +- std)" in out and "std over 2 seeds" in out
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     # 2 densities x (4 algorithms + auto) at P = 2.
     assert len(results["bench"]) == 10
     arms = {r["arm"]: r for r in results["train"]}
     assert set(arms) == {"dense", "topk_ef"}
+    assert all(
+        a["seeds"] == [0, 1] and len(a["final_accs"]) == 2 for a in arms.values()
+    )
+    assert (tmp_path / "run" / "topk_ef-s1" / "summary.json").exists()
     # Top-k 1% sends far fewer bytes per step than the dense gradient.
     assert arms["topk_ef"]["bytes_per_step"] < 0.2 * arms["dense"]["bytes_per_step"]
     for name in ("time_vs_density.png", "accuracy.png", "table.md"):
