@@ -252,7 +252,7 @@ def plot_sweep(root: str | Path, target_acc: float | None = None) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from research.studies.eager_sweep import collect, crossover
+    from research.studies.eager_sweep import collect, crossover, link_line
 
     root = Path(root)
     if target_acc is None:
@@ -309,6 +309,8 @@ def plot_sweep(root: str | Path, target_acc: float | None = None) -> Path:
     ax2.set_ylabel(f"seconds to {target_acc:.0%} test accuracy")
     ax2.set_title("time to target (missing: not reached)")
     ax1.legend(fontsize=6, ncol=2)
+    link = json.loads((root / "sweep.json").read_text()).get("link")
+    fig.suptitle(link_line(link), fontsize=9)
     return save_figure(fig, root / "sweep.png")
 
 

@@ -89,6 +89,8 @@ def test_crossover_is_the_first_size_where_ps_falls_below():
     assert "4 ranks: the server falls below allreduce between 10.0 and 40.0 MB" in text
     assert "2 ranks: the server never fell below allreduce" in text
     assert "| 4 | 40.0 | ps | 60 | 0.75x |" in text
+    assert text.startswith("link: real")
+    assert format_sweep(rows, 0.4, "10gbps").startswith("link: emulated 10 Gb/s")
 
 
 @pytest.mark.parametrize(

@@ -190,7 +190,16 @@ def _mb(v: float | None) -> str:
     return "-" if v is None else f"{v / 1e6:.1f}"
 
 
-def format_sweep(rows: list[dict[str, Any]], target_acc: float) -> str:
+def link_line(link: str | None) -> str:
+    """Which link the sweep ran on, for its table and figure."""
+    from research.train.report import link_label
+
+    return f"link: {link_label(link or 'real')}"
+
+
+def format_sweep(
+    rows: list[dict[str, Any]], target_acc: float, link: str | None = None
+) -> str:
     """The sweep's table (Markdown) and one crossover line per rank count."""
     head = [
         "ranks",
@@ -204,7 +213,8 @@ def format_sweep(rows: list[dict[str, Any]], target_acc: float) -> str:
         "comm MB/rank",
         "busiest MB/step",
     ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [link_line(link), ""]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     ref = {
         (r["world_size"], r["param_bytes"], r["seed"]): r["samples_per_s"]
         for r in rows
@@ -262,5 +272,5 @@ def write_sweep(
         )
         + "\n"
     )
-    (root / "sweep.md").write_text(format_sweep(rows, target_acc) + "\n")
+    (root / "sweep.md").write_text(format_sweep(rows, target_acc, link) + "\n")
     return rows
