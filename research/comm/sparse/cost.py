@@ -378,7 +378,9 @@ def calibrate(
                 comm.Sendrecv(buf, partner, 7, out, partner, 7)
 
         p2p.append(_best_time(exchange, reps, comm.Barrier) if size > 1 else 0.0)
-    ar_sizes = [2, 2**16, 2**20, 2**22]
+    # Up to 64 MB: per byte, large allreduces cost more than small ones here
+    # (a 102 MB one took 3x what a line through 16 MB predicted).
+    ar_sizes = [2, 2**16, 2**20, 2**22, 2**24]
     ar = []
     for n in ar_sizes:
         x = np.ones(n, np.float32)
