@@ -14,7 +14,9 @@ returns. A background thread per rank takes the checkpoints in request order:
    size and CRC-32 of every file written;
 3. agrees with every rank (``agreement.allgather_json``, a private
    communicator, sleeping waits); when all shards are in, rank 0 adds the step
-   to that tier's manifest, last;
+   to that tier's manifest, last, and every rank waits for it (one more small
+   agreement) before it flushes, so a rank that dies while flushing step s
+   cannot take step s's commit with it;
 4. has the writer flush the shard to the persistent tier (kernel copy into
    ``<step>.flush-tmp``, sizes checked, fsync, renamed), agrees again, rank 0
    updates that manifest;
@@ -438,38 +440,58 @@ class DeepFreeze(Checkpointer):
         if any(r["status"] != "ok" for r in reports):
             job.record.skipped = True  # some rank skipped it: nobody commits it
             return False
+        manifest_error = None
         if self.rank == 0:
-            local = {u["name"] for u in job.units if u["shard"] == LOCAL}
-            crcs: dict[str, int] = {}
-            shards = []
-            for r in reports:
-                sc = r["shard"].get("crc32", {})
-                crcs.update({n: c for n, c in sc.items() if n not in local})
-                shard = {k: v for k, v in r["shard"].items() if k != "crc32"}
-                # Rank-local leaves have one CRC per shard, not one per leaf.
-                shard["local_crc32"] = {n: c for n, c in sc.items() if n in local}
-                shards.append(shard)
-            entry = make_entry(
-                job.step,
-                self.name,
-                self.size,
-                job.specs,
-                job.units,
-                crcs,
-                shards,
-                time.time(),
+            try:
+                self._write_manifest(job, tier, reports)
+            except Exception as e:  # noqa: BLE001 - every rank learns of it below
+                manifest_error = _describe(e)
+        # The manifest is the commit point: no rank goes on (to flush, or to
+        # report "committed") before rank 0 has written it, or learns it failed.
+        manifest_error = allgather_json(self.comm, manifest_error)[0]
+        if manifest_error is not None:
+            err = CheckpointError(
+                f"checkpoint of step {job.step} was not committed to the "
+                f"{tier.name} tier ({tier.root}): rank 0's manifest: {manifest_error}"
             )
-            update_manifest(
-                tier.root,
-                tier=tier.name,
-                add=[entry],
-                fsync=self.fsync and tier.name == "persistent",
-            )
+            with self._cv:
+                self._errors.append(err)
+            job.record.skipped = True
+            return False
         self._committed.setdefault(tier.name, []).append(job.step)
         setattr(job.record, field, time.perf_counter() - job.t_request)
         if tier is self.tiers[-1] and field == "committed_s":
             job.record.persisted_s = job.record.committed_s
         return True
+
+    def _write_manifest(self, job: _Job, tier: Tier, reports: list[dict]) -> None:
+        """Rank 0: the step's entry into ``tier``'s manifest (the commit)."""
+        local = {u["name"] for u in job.units if u["shard"] == LOCAL}
+        crcs: dict[str, int] = {}
+        shards = []
+        for r in reports:
+            sc = r["shard"].get("crc32", {})
+            crcs.update({n: c for n, c in sc.items() if n not in local})
+            shard = {k: v for k, v in r["shard"].items() if k != "crc32"}
+            # Rank-local leaves have one CRC per shard, not one per leaf.
+            shard["local_crc32"] = {n: c for n, c in sc.items() if n in local}
+            shards.append(shard)
+        entry = make_entry(
+            job.step,
+            self.name,
+            self.size,
+            job.specs,
+            job.units,
+            crcs,
+            shards,
+            time.time(),
+        )
+        update_manifest(
+            tier.root,
+            tier=tier.name,
+            add=[entry],
+            fsync=self.fsync and tier.name == "persistent",
+        )
 
     def _write(self, job: _Job, tier: Tier) -> dict[str, Any]:
         """Write this rank's shard of ``job`` into ``tier``; returns its report."""
