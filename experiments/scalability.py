@@ -19,12 +19,13 @@ are then re-read from those rows and traces. Sweeps (``--sweeps``):
   per rank) and strong scaling (global batch 8); efficiency against 1 rank;
 * ``threads``: threads x ranks at ``--cores`` (2 here: 1x2 and 2x1), host;
 * ``batch``: batch per rank 4, 8, 16 at 2 ranks, host;
-* ``straggler``: the last of 2 ranks sleeps 50, 100, 200 ms after its backward
-  pass, every measured step; host, layerwise, overlap on an emulated 1 Gb/s
+* ``straggler``: the last of 2 ranks is held 50 and 200 ms after its backward
+  pass, every measured step (spinning: busy, as a rank with more work); host,
+  layerwise, overlap on an emulated 1 Gb/s
   link (``--straggler-link``), where communication takes time a NIC would and
   a pipeline has something to hide the delay behind; delay absorbed = delay -
   increase of the median step over the same run without delay;
-* ``checkpoint``: DeepFreeze every 2 steps at 2 ranks with host and overlap;
+* ``checkpoint``: DeepFreeze every 3 steps at 2 ranks with host and overlap;
   the update gaps of the same run without checkpointing, the checkpoint's
   blocking time, its background time, the share of that background time that
   ran outside every weight update, and the step-time overhead.
@@ -101,12 +102,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=[4, 8, 16],
         help="batch sweep, per rank",
     )
+    p.add_argument(
+        "--nt3-features",
+        type=int,
+        default=None,
+        help="NT3 input length (default 1024; 60483 with --paper-scale)",
+    )
     p.add_argument("--cores", type=int, default=2, help="threads x ranks sweep")
     p.add_argument(
         "--delays",
         nargs="+",
         type=float,
-        default=[0.05, 0.1, 0.2],
+        default=[0.05, 0.2],
         help="straggler delays, seconds",
     )
     p.add_argument(
@@ -120,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=2,
         help="ranks of the straggler and checkpoint sweeps",
     )
-    p.add_argument("--checkpoint-every", type=int, default=2)
+    p.add_argument("--checkpoint-every", type=int, default=3)
     p.add_argument(
         "--scope",
         choices=("laptop", "full"),

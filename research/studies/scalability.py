@@ -170,10 +170,13 @@ def train_config(p: Point, args: Any, run_dir: Path):
 
     s = (PAPER_SETTINGS if args.paper_scale else MODEL_SETTINGS)[p.model]
     data = {**s.get("data_options", {})}
+    model_options = dict(s.get("model_options", {}))
+    if p.model == "nt3" and getattr(args, "nt3_features", None):
+        data["features"] = model_options["features"] = args.nt3_features
     data.update(n_train=max(64, 2 * p.batch * p.ranks), n_test=p.batch)
     return TrainConfig(
         model=s["model"],
-        model_options=dict(s.get("model_options", {})),
+        model_options=model_options,
         dataset=s["dataset"],
         data_options=data,
         batch_size=p.batch,
@@ -247,21 +250,24 @@ def measure_trace(run_dir: Path, warmup: int) -> dict[str, Any]:
     }
     # Background checkpoint work: how much of it ran while no update ran (in the
     # gaps between updates, where DeepFreeze may capture weights) on its rank.
+    # Blocking: the training thread's "checkpoint" spans (one per save), not the
+    # wait for in-flight checkpoints at the end of the run.
     spans, _ = parse_spans(load_events(run_dir))
     bg = in_gaps = block = 0.0
+    saves = 0
     for ss in spans.values():
         ups = _union([(s.start, s.end) for s in ss if s.track == "update"])
         work = _union([(s.start, s.end) for s in ss if s.track == "checkpoint-bg"])
         bg += total(work)
         in_gaps += total(work) - total(intersect(work, ups))
-        block += total(
-            _union([(s.start, s.end) for s in ss if s.track == "checkpoint"])
-        )
-    n = max(1, len(spans))
+        mine = [s for s in ss if s.track == "checkpoint" and s.name == "checkpoint"]
+        block += sum(s.end - s.start for s in mine)
+        saves += len(mine)
     out.update(
-        ckpt_bg_s=bg / n,
+        ckpt_saves=saves // max(1, len(spans)),
+        ckpt_bg_s=bg / saves if saves else None,
         ckpt_bg_in_gaps=(in_gaps / bg) if bg > 0 else None,
-        ckpt_block_s=block / n,
+        ckpt_block_s=block / saves if saves else None,
     )
     return out
 
@@ -277,11 +283,16 @@ def run_point(p: Point, tags: list[str], args: Any, root: Path, world: Any) -> d
         )
     run_dir = root / p.id
     cfg = train_config(p, args, run_dir)
-    # The straggler: the last rank, from the first measured step on, sleeping
-    # after its backward pass (where every strategy holds it).
+    # The straggler: the last rank, from the first measured step on, held after
+    # its backward pass (where every strategy holds it), spinning: a sleeping
+    # rank would hand its core to the others on a shared machine and speed
+    # them up (research.imbalance), which a busier rank on a node of its own
+    # does not.
     imbalance = None
     if p.delay:
-        imbalance = FixedImbalance([p.ranks - 1], p.delay, start=args.warmup)
+        imbalance = FixedImbalance(
+            [p.ranks - 1], p.delay, start=args.warmup, how="spin"
+        )
     trainer = Trainer(cfg, world, imbalance=imbalance)
     trainer.run()
     world.barrier()  # every rank's trace part written

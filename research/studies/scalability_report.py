@@ -117,7 +117,8 @@ def _row_line(r: dict[str, Any], tag: str) -> str:
     elif tag == "checkpoint" and r["ckpt_every"]:
         extra = (
             f" every {r['ckpt_every']}: overhead {_pct(r['ckpt_overhead'])} "
-            f"block {_ms(r.get('ckpt_block_s'))} bg {_ms(r.get('ckpt_bg_s'))} "
+            f"block {_ms(r.get('ckpt_block_s'))}/save "
+            f"bg {_ms(r.get('ckpt_bg_s'))}/save "
             f"bg in gaps {_pct(r.get('ckpt_bg_in_gaps'))}"
         )
     elif tag == "checkpoint":
