@@ -65,6 +65,7 @@ from research.studies.scalability import MODELS, STRATEGIES, SWEEPS, jobs, plan
 PROG = "python -m experiments.scalability"
 PAPER = dict(
     steps=20,
+    long_steps=40,
     warmup=5,
     batch_size=32,
     batches=[16, 32, 64],
@@ -89,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ranks", nargs="+", type=int, default=[1, 2, 4])
     p.add_argument("--steps", type=int, default=5, help="steps per configuration")
     p.add_argument("--warmup", type=int, default=2, help="first steps left out")
+    p.add_argument(
+        "--long-steps",
+        type=int,
+        default=10,
+        help="steps in the straggler and checkpoint sweeps",
+    )
     p.add_argument(
         "--batch-size",
         type=int,

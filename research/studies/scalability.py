@@ -164,8 +164,15 @@ def jobs(points: dict[str, tuple[Point, list[str]]]) -> dict[tuple[int, int], li
     return dict(sorted(out.items()))
 
 
-def train_config(p: Point, args: Any, run_dir: Path):
-    """The TrainConfig of point ``p``."""
+def steps_of(tags: list[str], args: Any) -> int:
+    """Steps of a point: ``long_steps`` in the straggler and checkpoint sweeps
+    (a delay or a save is a small signal in a median of a few noisy steps)."""
+    long = {"straggler", "checkpoint"} & set(tags)
+    return max(args.steps, args.long_steps) if long else args.steps
+
+
+def train_config(p: Point, args: Any, run_dir: Path, steps: int | None = None):
+    """The TrainConfig of point ``p`` (``steps``: default ``args.steps``)."""
     from research.train.config import TrainConfig
 
     s = (PAPER_SETTINGS if args.paper_scale else MODEL_SETTINGS)[p.model]
@@ -180,7 +187,7 @@ def train_config(p: Point, args: Any, run_dir: Path):
         dataset=s["dataset"],
         data_options=data,
         batch_size=p.batch,
-        steps=args.steps,
+        steps=steps or args.steps,
         eval_every=0,
         eval_batch_size=p.batch,
         log_every=1,
@@ -282,7 +289,8 @@ def run_point(p: Point, tags: list[str], args: Any, root: Path, world: Any) -> d
             f"point {p.id} wants {p.ranks} ranks, the job has {world.size}"
         )
     run_dir = root / p.id
-    cfg = train_config(p, args, run_dir)
+    steps = steps_of(tags, args)
+    cfg = train_config(p, args, run_dir, steps)
     # The straggler: the last rank, from the first measured step on, held after
     # its backward pass (where every strategy holds it), spinning: a sleeping
     # rank would hand its core to the others on a shared machine and speed
@@ -298,7 +306,7 @@ def run_point(p: Point, tags: list[str], args: Any, root: Path, world: Any) -> d
     world.barrier()  # every rank's trace part written
     row: dict[str, Any] = {"id": p.id, "tags": tags, **dataclasses.asdict(p)}
     if world.rank == 0:
-        row["steps"] = args.steps
+        row["steps"] = steps
         row["warmup"] = args.warmup
         row["paper_scale"] = bool(args.paper_scale)
         row.update(measure_metrics(run_dir, p.strategy, args.warmup))
