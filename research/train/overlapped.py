@@ -359,7 +359,9 @@ class OverlapExecutor(_StagedExecutor):
         for i, stage in enumerate(self.stages):
             g = self._wait(reduced[i], f"reduce-scatter {stage.name}", step)
             u0 = time.perf_counter()
-            with get_tracer().span(f"update {stage.name}", "update", step=step):
+            with get_tracer().span(
+                f"update {stage.name}", "update", step=step, stage=stage.name
+            ):
                 p, self.opt[i] = self._update(
                     self.shards[i], jnp.asarray(g), self.opt[i]
                 )
