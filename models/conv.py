@@ -18,12 +18,24 @@ kernel gradient                          XLA's conv   this module
 1-D k10 128->128, length 5981            437 ms       437-784 ms (kept XLA's)
 ======================================  ===========  ==========
 
-So only the formulations that won are used: ``_plan`` picks the matmul for every
-1x1 kernel (any stride) and for kernels with ``prod(window) * in_channels <= 64``,
-and leaves every other convolution entirely to XLA. The forward pass and the
-input gradient are always XLA's (they run near the matmul rate here). The
-whole-step effect is measured by ``scripts/bench_compute.py``, whose ``--profile``
-splits one ResNet-50 step's convolution time by layer kind.
+Where the step's time goes (``scripts/bench_compute.py --profile``: every
+convolution of one ResNet-50 step at batch 1, 112x112, each part jitted alone
+times its count, load ~7, indicative only): forward 40 ms, input gradient 76 ms,
+kernel gradient 80 ms with XLA's (48 of them in the 33 stride-1 1x1 layers)
+against 61 ms with this module's (18 in those layers). So in isolation the 1x1
+kernel gradient is the outlier the issue names.
+
+But in whole training steps the matmul path has not been faster here: ResNet-50
+(batch 16, 112x112) 3427 ms against 2846 ms with XLA's gradient (old/new 0.83,
+interleaved in one process, load 6-7), CANDLE NT3 0.74-0.84, one bottleneck
+block's gradient alone equal (353 ms both). Inside a whole program XLA:CPU
+fuses and schedules differently (the dot becomes a YNNPACK fusion there; the
+cause was not isolated), and the isolated win does not carry over. Therefore
+XLA's kernel gradient stays the default; ``RESEARCH_CONV_WGRAD=matmul``
+(or ``set_weight_grad("matmul")``) opts in: it picks the matmul for every 1x1
+kernel (any stride) and for kernels with ``prod(window) * in_channels <= 64``,
+and leaves every other convolution to XLA. The forward pass and the input
+gradient are always XLA's.
 
 The weight gradient of ``y = conv(x, w)`` (channels last, stride ``s``, padding
 ``p``) is ``dw[k, i, o] = sum_{n, q} xpad[n, s*q + k, i] * dy[n, q, o]``: for each
@@ -32,9 +44,8 @@ on the channel axis (one slice for a 1x1 kernel), then one ``dot_general``
 contracting batch and output positions. This is exact (same sum, different
 order), tested against ``jax.grad`` of ``lax.conv_general_dilated``.
 
-``RESEARCH_CONV_WGRAD=xla`` (or ``set_weight_grad("xla")``) selects XLA's kernel
-gradient everywhere; the choice is read when a function is traced, so jit a fresh
-function after switching.
+The mode is read when a function is traced, so jit a fresh function after
+switching (``jax.jit`` caches traces by function).
 """
 
 from __future__ import annotations
@@ -57,7 +68,9 @@ MODES = ("matmul", "xla")
 # 147 (the 7x7x3 stem) loses 1.3-2.9x, 1152 (3x3x128) loses 2x.
 PATCH_LIMIT = 64
 
-_mode = os.environ.get("RESEARCH_CONV_WGRAD", "matmul")
+# XLA's by default: in whole training steps the matmul path has not yet been
+# measured faster (see the module docstring); ``bench_compute`` compares both.
+_mode = os.environ.get("RESEARCH_CONV_WGRAD", "xla")
 if _mode not in MODES:
     raise ValueError(f"RESEARCH_CONV_WGRAD must be one of {MODES}, got {_mode!r}")
 
@@ -67,7 +80,7 @@ def set_weight_grad(mode: str) -> str:
 
     Args:
         mode: ``"matmul"`` (this module's, where ``_plan`` says it wins) or
-            ``"xla"`` (XLA's own convolution gradient everywhere).
+            ``"xla"`` (XLA's own convolution gradient everywhere; the default).
 
     Returns:
         The previous mode.

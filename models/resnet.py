@@ -139,7 +139,7 @@ class ResNet(nn.Module):
             use_bias=False,
             dtype=self.dtype,
             kernel_init=conv_init,
-            # XLA:CPU's 1x1 kernel gradient is slow; same parameters (models.conv).
+            # Same parameters; kernel gradient selectable (models.conv).
             conv_general_dilated=conv_general_dilated,
         )
         norm = functools.partial(

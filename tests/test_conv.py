@@ -36,6 +36,13 @@ CASES_1D = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def matmul_mode():
+    # The matmul kernel gradient is opt-in (XLA's is the default); test it.
+    with conv.weight_grad("matmul"):
+        yield
+
+
 def _grads(fn, x, w, dn, strides, padding):
     def loss(x, w):
         y = fn(x, w, strides, padding, dimension_numbers=dn)
@@ -85,12 +92,14 @@ def test_kernel_grad_is_used_and_matches_xla_mode():
 
         return jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(x, w).as_text()
 
-    text = hlo()
+    before = conv.get_weight_grad()
+    with conv.weight_grad("matmul"):
+        assert conv.get_weight_grad() == "matmul"
+        text = hlo()
     assert text.count("convolution") == 2 and "dot_general" in text
     with conv.weight_grad("xla"):
-        assert conv.get_weight_grad() == "xla"
         text = hlo()
-    assert conv.get_weight_grad() == "matmul"
+    assert conv.get_weight_grad() == before
     assert text.count("convolution") == 3 and "dot_general" not in text
 
 
