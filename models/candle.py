@@ -22,6 +22,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from models.conv import conv_general_dilated
 from models.staging import run_stages
 
 P1B2_FEATURES = 28_204
@@ -166,6 +167,7 @@ class NT3(nn.Module):
                     padding="VALID",
                     dtype=self.dtype,
                     kernel_init=kernel_init,
+                    conv_general_dilated=conv_general_dilated,
                     name=f"Conv_{k}",
                 )(x)
                 x = nn.relu(x)

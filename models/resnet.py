@@ -22,6 +22,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from models.conv import conv_general_dilated
 from models.staging import run_stages
 
 ModuleDef = Any
@@ -134,7 +135,12 @@ class ResNet(nn.Module):
         ``models.staging``); every submodule is named as Flax would auto-name it.
         """
         conv = functools.partial(
-            nn.Conv, use_bias=False, dtype=self.dtype, kernel_init=conv_init
+            nn.Conv,
+            use_bias=False,
+            dtype=self.dtype,
+            kernel_init=conv_init,
+            # Same parameters; kernel gradient selectable (models.conv).
+            conv_general_dilated=conv_general_dilated,
         )
         norm = functools.partial(
             nn.BatchNorm,

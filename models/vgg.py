@@ -25,6 +25,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from models.conv import conv_general_dilated
 from models.staging import run_stages
 
 VGG16_STAGES = ((64, 64), (128, 128), (256, 256, 256), (512, 512, 512), (512,) * 3)
@@ -125,6 +126,7 @@ class VGG(nn.Module):
                         (3, 3),
                         dtype=self.dtype,
                         kernel_init=conv_init,
+                        conv_general_dilated=conv_general_dilated,
                         name=f"Conv_{k}",
                     )(x)
                     x = nn.relu(x)

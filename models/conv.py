@@ -1,0 +1,257 @@
+"""Convolution with a matmul kernel gradient: drop-in ``lax.conv_general_dilated``.
+
+Why: XLA:CPU computes the kernel (weight) gradient of a convolution as another
+convolution, and for 1x1 kernels and few-input-channel kernels that path is several
+times slower than the same contraction written as one matmul. Measured here
+(2 shared cores, batch 16, float32, jitted alone, median of 5, load ~3.5-4.4):
+
+======================================  ===========  ==========
+kernel gradient                          XLA's conv   this module
+======================================  ===========  ==========
+1x1 s1 256->512 at 28x28 (3.3 GFLOP)     116 ms       23 ms
+1x1 s1  64->256 at 56x56 (1.6 GFLOP)     174 ms       15-36 ms
+1x1 s2 512->1024 28->14 (3.3 GFLOP)      143 ms       21 ms
+1-D k20 1->128, length 6000              31 ms        9 ms
+3x3 s1 128->128 at 28x28 (3.7 GFLOP)     32 ms        52-88 ms (kept XLA's)
+3x3 s1  64->64 at 56x56                  50 ms        107-171 ms (kept XLA's)
+7x7 s2 3->64 at 112 (ResNet stem)        17 ms        23-50 ms (kept XLA's)
+1-D k10 128->128, length 5981            437 ms       437-784 ms (kept XLA's)
+======================================  ===========  ==========
+
+Where the step's time goes (``scripts/bench_compute.py --profile``: every
+convolution of one ResNet-50 step at batch 1, 112x112, each part jitted alone
+times its count, load ~7, indicative only): forward 40 ms, input gradient 76 ms,
+kernel gradient 80 ms with XLA's (48 of them in the 33 stride-1 1x1 layers)
+against 61 ms with this module's (18 in those layers). So in isolation the 1x1
+kernel gradient is the outlier the issue names.
+
+But in whole training steps the matmul path has not been faster here: ResNet-50
+(batch 16, 112x112) 3427 ms against 2846 ms with XLA's gradient (old/new 0.83,
+interleaved in one process, load 6-7), CANDLE NT3 0.74-0.84, one bottleneck
+block's gradient alone equal (353 ms both). Inside a whole program XLA:CPU
+fuses and schedules differently (the dot becomes a YNNPACK fusion there; the
+cause was not isolated), and the isolated win does not carry over. Therefore
+XLA's kernel gradient stays the default; ``RESEARCH_CONV_WGRAD=matmul``
+(or ``set_weight_grad("matmul")``) opts in: it picks the matmul for every 1x1
+kernel (any stride) and for kernels with ``prod(window) * in_channels <= 64``,
+and leaves every other convolution to XLA. The forward pass and the input
+gradient are always XLA's.
+
+The weight gradient of ``y = conv(x, w)`` (channels last, stride ``s``, padding
+``p``) is ``dw[k, i, o] = sum_{n, q} xpad[n, s*q + k, i] * dy[n, q, o]``: for each
+kernel offset ``k`` a strided slice of the padded input, the slices concatenated
+on the channel axis (one slice for a 1x1 kernel), then one ``dot_general``
+contracting batch and output positions. This is exact (same sum, different
+order), tested against ``jax.grad`` of ``lax.conv_general_dilated``.
+
+The mode is read when a function is traced, so jit a fresh function after
+switching (``jax.jit`` caches traces by function).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import math
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+MODES = ("matmul", "xla")
+# Largest ``prod(window) * in_channels`` that is gathered into patches for one
+# matmul (1x1 kernels always are). Measured: 20 (1-D k20, 1 input) wins 3.4x,
+# 147 (the 7x7x3 stem) loses 1.3-2.9x, 1152 (3x3x128) loses 2x.
+PATCH_LIMIT = 64
+
+# XLA's by default: in whole training steps the matmul path has not yet been
+# measured faster (see the module docstring); ``bench_compute`` compares both.
+_mode = os.environ.get("RESEARCH_CONV_WGRAD", "xla")
+if _mode not in MODES:
+    raise ValueError(f"RESEARCH_CONV_WGRAD must be one of {MODES}, got {_mode!r}")
+
+
+def set_weight_grad(mode: str) -> str:
+    """Selects the kernel-gradient formulation for functions traced from now on.
+
+    Args:
+        mode: ``"matmul"`` (this module's, where ``_plan`` says it wins) or
+            ``"xla"`` (XLA's own convolution gradient everywhere; the default).
+
+    Returns:
+        The previous mode.
+    """
+    global _mode
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    previous, _mode = _mode, mode
+    return previous
+
+
+def get_weight_grad() -> str:
+    """The kernel-gradient formulation new traces use."""
+    return _mode
+
+
+@contextlib.contextmanager
+def weight_grad(mode: str) -> Iterator[None]:
+    """Context manager form of ``set_weight_grad``."""
+    previous = set_weight_grad(mode)
+    try:
+        yield
+    finally:
+        set_weight_grad(previous)
+
+
+def _channels_last(lhs_ndim: int) -> tuple[str, str, str]:
+    spatial = "DHW"[-(lhs_ndim - 2) :] if lhs_ndim <= 5 else None
+    if spatial is None:
+        raise ValueError("at most 3 spatial dimensions")
+    return f"N{spatial}C", f"{spatial}IO", f"N{spatial}C"
+
+
+def _plan(window: Sequence[int], in_channels: int) -> bool:
+    """Whether the matmul kernel gradient is used for this kernel shape."""
+    taps = math.prod(window)
+    return taps == 1 or taps * in_channels <= PATCH_LIMIT
+
+
+def conv_general_dilated(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    window_strides: Sequence[int],
+    padding: str | Sequence[tuple[int, int]],
+    lhs_dilation: Sequence[int] | None = None,
+    rhs_dilation: Sequence[int] | None = None,
+    dimension_numbers: Any = None,
+    feature_group_count: int = 1,
+    batch_group_count: int = 1,
+    precision: Any = None,
+    preferred_element_type: Any = None,
+) -> jax.Array:
+    """``lax.conv_general_dilated`` with a matmul kernel gradient where it is faster.
+
+    Same arguments and result as ``lax.conv_general_dilated``. The custom gradient
+    applies to channels-last convolutions (``NWC``/``NHWC``/``NDHWC`` inputs,
+    ``...IO`` kernels, as ``flax.linen.Conv`` builds them) without dilation or
+    grouping whose kernel passes ``_plan``; everything else is passed to
+    ``lax.conv_general_dilated`` unchanged. Pass it to ``flax.linen.Conv`` as
+    ``conv_general_dilated=`` so parameter trees do not change.
+    """
+    nd = lhs.ndim - 2
+    fallback = functools.partial(
+        lax.conv_general_dilated,
+        lhs,
+        rhs,
+        window_strides,
+        padding,
+        lhs_dilation=lhs_dilation,
+        rhs_dilation=rhs_dilation,
+        dimension_numbers=dimension_numbers,
+        feature_group_count=feature_group_count,
+        batch_group_count=batch_group_count,
+        precision=precision,
+        preferred_element_type=preferred_element_type,
+    )
+    if _mode == "xla" or nd < 1 or nd > 3 or rhs.ndim != lhs.ndim:
+        return fallback()
+    names = _channels_last(lhs.ndim)
+    wanted = lax.conv_dimension_numbers(lhs.shape, rhs.shape, names)
+    given = lax.conv_dimension_numbers(lhs.shape, rhs.shape, dimension_numbers)
+    unit = (1,) * nd
+    if (
+        given != wanted
+        or tuple(lhs_dilation or unit) != unit
+        or tuple(rhs_dilation or unit) != unit
+        or feature_group_count != 1
+        or batch_group_count != 1
+        or preferred_element_type is not None
+        or not _plan(rhs.shape[:nd], rhs.shape[nd])
+    ):
+        return fallback()
+    strides = tuple(int(s) for s in window_strides)
+    if isinstance(padding, str):
+        pads = lax.padtype_to_pads(lhs.shape[1:-1], rhs.shape[:nd], strides, padding)
+    else:
+        pads = padding
+    pads = tuple((int(lo), int(hi)) for lo, hi in pads)
+    return _conv(lhs, rhs, strides, pads, names, precision)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def _conv(x, w, strides, pads, names, precision):
+    return lax.conv_general_dilated(
+        x, w, strides, pads, dimension_numbers=names, precision=precision
+    )
+
+
+def _conv_fwd(x, w, strides, pads, names, precision):
+    return _conv(x, w, strides, pads, names, precision), (x, w)
+
+
+def _conv_bwd(strides, pads, names, precision, residuals, dy):
+    x, w = residuals
+
+    def forward_in_x(x):
+        return lax.conv_general_dilated(
+            x, w, strides, pads, dimension_numbers=names, precision=precision
+        )
+
+    # XLA's input gradient (a transposed convolution) is fast on CPU; keep it.
+    (dx,) = jax.vjp(forward_in_x, x)[1](dy)
+    dw = kernel_grad(x, dy, w.shape, strides, pads, precision)
+    return dx, dw.astype(w.dtype)
+
+
+_conv.defvjp(_conv_fwd, _conv_bwd)
+
+
+def kernel_grad(
+    x: jax.Array,
+    dy: jax.Array,
+    kernel_shape: Sequence[int],
+    strides: Sequence[int],
+    pads: Sequence[tuple[int, int]],
+    precision: Any = None,
+) -> jax.Array:
+    """Kernel gradient of a channels-last convolution as one matmul over patches.
+
+    Args:
+        x: input ``(N, *spatial, I)``.
+        dy: output cotangent ``(N, *out_spatial, O)``.
+        kernel_shape: ``(*window, I, O)``.
+        strides: window strides, one per spatial dimension.
+        pads: ``(low, high)`` padding per spatial dimension (may be negative).
+        precision: passed to ``lax.dot_general``.
+
+    Returns:
+        ``dw`` of shape ``kernel_shape``.
+    """
+    nd = x.ndim - 2
+    window, in_ch = tuple(kernel_shape[:nd]), kernel_shape[nd]
+    if len(strides) != nd or len(pads) != nd or x.shape[-1] != in_ch:
+        raise ValueError(
+            f"shapes disagree: x {x.shape}, kernel {tuple(kernel_shape)}, "
+            f"strides {tuple(strides)}, pads {tuple(pads)}"
+        )
+    out = dy.shape[1:-1]
+    config = [(0, 0, 0), *((lo, hi, 0) for lo, hi in pads), (0, 0, 0)]
+    xp = lax.pad(x, jnp.zeros((), x.dtype), config)
+    slices = []
+    for offset in itertools.product(*(range(k) for k in window)):
+        start = (0, *offset, 0)
+        limit = (
+            x.shape[0],
+            *(o + s * (n - 1) + 1 for o, s, n in zip(offset, strides, out)),
+            in_ch,
+        )
+        slices.append(lax.slice(xp, start, limit, (1, *strides, 1)))
+    # Patches in (window..., I) order, which is the kernel's own layout.
+    patches = slices[0] if len(slices) == 1 else jnp.concatenate(slices, axis=-1)
+    axes = tuple(range(nd + 1))
+    dw = lax.dot_general(patches, dy, ((axes, axes), ((), ())), precision=precision)
+    return dw.reshape(kernel_shape)
