@@ -11,36 +11,48 @@ not stated; most likely one process).
 What runs: for each rank count (one mpiexec job each) and each model, a few
 training steps with each strategy: ``host`` (blocking allreduce after the whole
 backward pass), ``fused`` (mpi4jax inside the jitted step), ``layerwise`` (DDP
-buckets of 25 MiB, an allreduce started as each fills) and ``overlap`` (the SC18
-scheme; ``research.comm.overlap``, ``research.train.overlapped``); on the real
+buckets, an allreduce started as each fills) and ``overlap`` (the SC18 scheme;
+``research.comm.overlap``, ``research.train.overlapped``); on the real
 (shared-memory) link and on an emulated one (``auto``: the bandwidth at which
 host's allreduce takes as long as its compute, measured first in the same job;
 ``fused`` cannot run on it). One table per model: median step, compute,
 communication, hidden fraction, exposed communication (the compute thread's
-waits), speedup over ``host`` (same ranks and link), efficiency against the same
-strategy on 1 rank (per-rank batch fixed), optimizer memory per rank; then the
-issue's benchmark targets as PASS/FAIL lines (measured, never asserted in tests).
+waits), speedup over ``host`` (same ranks and link), efficiency against
+``host`` on 1 rank (per-rank batch fixed), optimizer memory per rank; rows
+``lw <n>MB`` are layerwise's bucket sweep; then the issue's benchmark targets
+as PASS/FAIL lines (measured, never asserted in tests). Figures in the run
+folder: ``breakdown.png`` (compute / exposed communication / rest per run),
+``speedup.png`` (against ranks), ``timeline-<model>.png`` (one step of the
+overlap run with the most ranks, every rank, from its ``trace.json``).
 
-Reduced default (about 6 minutes on 2 cores is the aim): the full VGG-16 (fc
-4096-4096 after a global pool) and ResNet-50 (ImageNet stem) on 32x32 inputs, 10
-classes, batch 4 per rank, 6 steps of which the first 2 (compilation) are left
-out, ranks 1, 2 and 4. If that is too long here, pass ``--ranks 1 4`` or
-``--models resnet50`` or fewer ``--steps``; compiled programs are shared across
-jobs through the disk cache (``research.studies.presets.enable_compile_cache``).
+Reduced default (the aim: under 6 minutes on 2 otherwise idle cores): the full
+VGG-16 (fc 4096-4096 after a global pool) and ResNet-50 (ImageNet stem) on
+32x32 inputs, 10 classes, batch 2 per rank (was 4), 4 steps of which the first
+2 (compilation, first allgathers) are left out (was 6); ranks 1, 2 and 4, but
+on 1 rank only ``host`` (the serial baseline every efficiency is against) and
+``overlap`` (its single-rank cost); the emulated link at 2 and 4 ranks; the
+layerwise bucket sweep (1, 4, 25, 100 MiB) only on the emulated link at 2
+ranks (each rank has a core there), DDP's 25 MiB elsewhere. Compiled programs
+are shared across runs and jobs through the disk cache
+(``research.studies.presets.enable_compile_cache``). Everything else by flag:
+``--ranks``, ``--models``, ``--strategies``, ``--links``, ``--emulated-ranks``,
+``--bucket-mb``, ``--sweep-ranks``, ``--steps``, ``--batch-size``,
+``--no-trace``, ``--no-figures``.
 
 What this machine can and cannot show: 4 ranks share 2 cores and memory, so
 on the real link moving bytes costs the CPU time the computation needs, and
 overlap can at best hide the waiting, not the copying; the emulated link sleeps
 on the progress thread as a NIC would move bytes, which is where the claims can
-be checked. Not built (yet): the FC-activation exchange for dense layers, the
-bucket-size sweep as a default (use ``--bucket-bytes`` per run), and figures.
+be checked. Not built: the FC-activation exchange for dense layers (VGG's dense
+layers are one stage with the pool today; see the report of issue 9).
 
 Commands::
 
     python -m experiments.overlap                           # the default above
     python -m experiments.overlap --ranks 2 --models resnet50 --steps 3 \\
         --strategies host overlap --links real auto          # a quick look
-    python -m experiments.overlap --bucket-bytes 4194304     # layerwise buckets
+    python -m experiments.overlap --ranks 4 --emulated-ranks 4 --sweep-ranks 4 \\
+        --bucket-mb 0.5 2 8 32 --models resnet50             # another sweep
     # paper scale in a batch job (the launcher's world size; ImageNet-size inputs)
     sbatch -N 64 --ntasks-per-node=4 scripts/slurm.sbatch experiments.overlap \\
         --paper-scale
@@ -106,7 +118,14 @@ import sys
 from pathlib import Path
 
 from research.launch import relaunch, set_threads
-from research.studies.overlap import LINKED, MODELS, STRATEGIES, report, run_point
+from research.studies.overlap import (
+    LINKED,
+    MODELS,
+    STRATEGIES,
+    figures,
+    report,
+    run_point,
+)
 
 PROG = "python -m experiments.overlap"
 
@@ -133,13 +152,34 @@ def build_parser() -> argparse.ArgumentParser:
         default=["real", "auto"],
         help="real, auto (comm = host's compute) or a spec like 10gbps:2us",
     )
-    p.add_argument("--steps", type=int, default=6)
+    p.add_argument(
+        "--emulated-ranks",
+        nargs="+",
+        type=int,
+        default=[2, 4],
+        help="world sizes that also run the emulated link(s)",
+    )
+    p.add_argument(
+        "--bucket-mb",
+        nargs="+",
+        type=float,
+        default=[1, 4, 25, 100],
+        help="layerwise bucket sweep (MiB), on the emulated link at --sweep-ranks; "
+        "25 elsewhere",
+    )
+    p.add_argument("--sweep-ranks", nargs="+", type=int, default=[2])
+    p.add_argument("--steps", type=int, default=4)
     p.add_argument("--warmup", type=int, default=2, help="steps left out")
-    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=2, help="per rank")
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--num-classes", type=int, default=10)
-    p.add_argument("--bucket-bytes", type=int, default=0, help="layerwise buckets")
-    p.add_argument("--trace", action="store_true", help="write timelines")
+    p.add_argument("--figures", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument(
+        "--trace",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="write timelines (the figures' timeline excerpt reads them)",
+    )
     p.add_argument("--threads", type=int, default=1, help="compute threads per rank")
     p.add_argument("--run-dir", default=None)
     p.add_argument("--paper-scale", action="store_true")
@@ -186,6 +226,8 @@ def main(argv: list[str] | None = None) -> str | None:
             return None
         text = report(root, args.models)  # a batch job: its own size only
         print(text, flush=True)
+        if args.figures:
+            figures(root)
         return text
     from research.rundir import default_run_dir
 
@@ -197,6 +239,9 @@ def main(argv: list[str] | None = None) -> str | None:
             raise SystemExit(code)
     text = report(root, args.models)
     print(text, flush=True)
+    if args.figures:
+        for path in figures(root):
+            print(f"figure: {path}", flush=True)
     print(f"results: {root}", flush=True)
     return text
 
