@@ -168,8 +168,14 @@ def build_parser() -> argparse.ArgumentParser:
         "25 elsewhere",
     )
     p.add_argument("--sweep-ranks", nargs="+", type=int, default=[2])
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument("--warmup", type=int, default=2, help="steps left out")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=3,
+        help="steps left out (compilation; the first touch of overlap's two "
+        "alternating allgather buffers)",
+    )
     p.add_argument("--batch-size", type=int, default=2, help="per rank")
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--num-classes", type=int, default=10)
@@ -183,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="compute threads per rank")
     p.add_argument("--run-dir", default=None)
     p.add_argument("--paper-scale", action="store_true")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="re-read --run-dir (timings re-derived leaving out --warmup steps)",
+    )
     p.add_argument("--point", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -232,6 +243,15 @@ def main(argv: list[str] | None = None) -> str | None:
     from research.rundir import default_run_dir
 
     root = Path(args.run_dir or default_run_dir("overlap")).absolute()
+    if args.report_only:
+        if not args.run_dir:
+            raise SystemExit("--report-only needs --run-dir")
+        text = report(root, args.models, warmup=args.warmup)
+        print(text, flush=True)
+        if args.figures:
+            for path in figures(root, warmup=args.warmup):
+                print(f"figure: {path}", flush=True)
+        return text
     for n in args.ranks:
         rest = [*argv, "--run-dir", str(root), "--point"]
         code = relaunch("experiments.overlap", rest, n, args.threads)

@@ -96,11 +96,11 @@ def _median(rows: list[dict], key: str) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def _measure(trainer: Any, strategy: str, warmup: int) -> dict[str, Any]:
+def _timing(run_dir: Path, strategy: str, warmup: int) -> dict[str, Any]:
+    """Medians over the steps after ``warmup`` of a run's ``metrics.jsonl``."""
     from research.rundir import read_metrics
-    from research.train.state import tree_bytes
 
-    rows = [r for r in read_metrics(trainer.run_dir) if r.get("kind") != "eval"]
+    rows = [r for r in read_metrics(run_dir) if r.get("kind") != "eval"]
     rows = [r for r in rows if r["step"] > warmup] or rows
     step = _median(rows, "step_time")
     if strategy == "fused":
@@ -111,6 +111,19 @@ def _measure(trainer: Any, strategy: str, warmup: int) -> dict[str, Any]:
     else:
         compute = _median(rows, "compute_s")
         comm, exposed = _median(rows, "comm_comm_s"), _median(rows, "comm_wait_s")
+    return {
+        "step_s": step,
+        "compute_s": compute,
+        "comm_s": comm,
+        "exposed_s": exposed,
+        "hidden": None if not comm else max(0.0, 1.0 - (exposed or 0.0) / comm),
+        "steps_measured": len(rows),
+    }
+
+
+def _measure(trainer: Any, strategy: str, warmup: int) -> dict[str, Any]:
+    from research.train.state import tree_bytes
+
     executor = trainer.executor
     opt = getattr(executor, "opt_bytes", 0) or tree_bytes(trainer.state.opt_state)
     stages = getattr(executor, "stages", ())
@@ -119,11 +132,7 @@ def _measure(trainer: Any, strategy: str, warmup: int) -> dict[str, Any]:
         (tree_bytes(s.params(trainer.state.params)) for s in stages), default=grad
     )
     return {
-        "step_s": step,
-        "compute_s": compute,
-        "comm_s": comm,
-        "exposed_s": exposed,
-        "hidden": None if not comm else max(0.0, 1.0 - (exposed or 0.0) / comm),
+        **_timing(trainer.run_dir, strategy, warmup),
         "opt_bytes": int(opt),
         "grad_bytes": int(grad),
         "biggest_stage_share": biggest / grad,
@@ -234,6 +243,7 @@ def format_table(rows: list[dict[str, Any]], model: str) -> str:
     for r in sorted(
         rows,
         key=lambda r: (
+            r["link_kind"] != "real",
             r["link_kind"],
             r["ranks"],
             order.get(r["strategy"], 9),
@@ -324,9 +334,32 @@ def format_checks(rows: list[dict[str, Any]], model: str) -> str:
     return "\n".join([f"checks, {model}:", *out]) if out else ""
 
 
-def report(root: Path, models: list[str]) -> str:
+def load_rows(root: Path, warmup: int | None = None) -> list[dict[str, Any]]:
+    """The rows of ``root/results.jsonl``, each run once.
+
+    A run measured twice (a job rerun into the same folder) counts once, the
+    later row. With ``warmup``, timings are re-derived from each run's
+    ``metrics.jsonl`` leaving out that many steps.
+    """
+    rows = list(
+        {
+            (r["model"], _name(r), r["ranks"], r["link_kind"]): r
+            for r in read_results(root)
+        }.values()
+    )
+    if warmup is not None:
+        rows = [
+            {**r, **_timing(Path(root) / r["run"], r["strategy"], warmup)}
+            if r.get("run")
+            else r
+            for r in rows
+        ]
+    return rows
+
+
+def report(root: Path, models: list[str], warmup: int | None = None) -> str:
     """Tables and checks from ``root/results.jsonl``; written to ``table.md``."""
-    rows = read_results(root)
+    rows = load_rows(root, warmup)
     parts = []
     for model in models:
         parts.append(format_table(rows, model))
@@ -338,7 +371,7 @@ def report(root: Path, models: list[str]) -> str:
     return text
 
 
-def figures(root: Path) -> list[Path]:
+def figures(root: Path, warmup: int | None = None) -> list[Path]:
     """Step-time breakdown, speedup, and one overlap step's timeline per model.
 
     The timeline is the traced ``overlap`` run with the most ranks (an emulated
@@ -347,7 +380,7 @@ def figures(root: Path) -> list[Path]:
     from research.plots import plot_speedup, plot_step_breakdown, plot_timeline
 
     root = Path(root)
-    rows = [r for r in read_results(root) if r.get("step_s")]
+    rows = [r for r in load_rows(root, warmup) if r.get("step_s")]
     if not rows:
         return []
     out = [
