@@ -17,6 +17,7 @@ communication (the compute thread's waits); hidden fraction = 1 - exposed / comm
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 from pathlib import Path
 from typing import Any
@@ -187,6 +188,11 @@ def run_point(args: Any, root: Path, world: Any) -> None:
             tag = label(strategy, bucket_mb).replace(" ", "")
             name = f"{model}-{tag}-{link_kind}-np{world.size}"
             run_dir = root / name
+            if world.rank == 0 and run_dir.exists():
+                # A rerun into the folder replaces the run (its metrics.jsonl
+                # is appended to, so old steps would mix in).
+                shutil.rmtree(run_dir)
+            world.barrier()
             cfg = _config(args, model, strategy, link, run_dir, bucket_mb)
             trainer = Trainer(cfg, world)
             trainer.run()
