@@ -5,6 +5,11 @@ each strategy, on the real link and on an emulated one, and rank 0 appends one
 row per run to ``results.jsonl``; ``report`` reads every row and prints one table
 per model and the issue's benchmark targets as checks. ``experiments.overlap``
 is the entry point (its docstring: paper, claims, commands, measured table).
+``plan`` says which runs a world size gets (one rank: the serial baseline and
+overlap; emulated links and layerwise's bucket sweep only where asked);
+``load_rows`` re-reads a folder (a rerun counts once; timings can be re-derived
+with another warmup); ``figures`` draws the step breakdown, the speedup and one
+overlap step's timeline (``research.plots``).
 
 Measured per run (rank 0's ``metrics.jsonl``, steps after ``warmup``, medians):
 step time; compute (the compute thread's forward and backward: the whole step
