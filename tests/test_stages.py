@@ -206,3 +206,29 @@ def test_grouped_stages_give_the_same_gradient():
         group_stages(stages, [2, 3])
     with pytest.raises(ValueError, match="do not cover"):
         group_stages(stages, [0, 6])
+
+
+def test_post_packs_inside_the_backward_program():
+    from research.train.overlapped import ALIGN, FlatStage, aligned_empty
+
+    model = models.get_model("resnet_tiny", num_classes=3)
+    state, x, y = _state(model, seed=5)
+    staged = StagedGrad(model)
+    grads, _, _ = staged.grad(state, x, y)
+    flats = [FlatStage(s, state.params, divisor=4.0) for s in staged.stages]
+    staged.forward(state, x, y)
+    for i, flat in staged.backward(post=flats.__getitem__):
+        f = flats[i]
+        assert flat.shape == (f.padded,) and all(o % ALIGN == 0 for o in f.offsets)
+        # Views of an aligned host copy read back the gradient over 4, and the
+        # padding between leaves is zero.
+        host = aligned_empty(f.padded)
+        host[:] = np.asarray(flat)
+        expected = jax.tree_util.tree_map(
+            lambda g: g / 4.0, staged.stages[i].params(grads)
+        )
+        _close(f.views(host), expected)
+        used = np.zeros(f.padded, bool)
+        for o, n in zip(f.offsets, f.sizes, strict=True):
+            used[o : o + n] = True
+        assert not np.any(host[~used])

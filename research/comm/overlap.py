@@ -104,9 +104,11 @@ class LayerwiseAllreduce(_Handled):
             buckets.append(current)
         return buckets
 
-    def allreduce(self, buf: np.ndarray, label: str) -> Handle:
-        """Start the sum of ``buf`` over ranks (a fresh result buffer)."""
-        return self.engine.allreduce(buf, name=f"allreduce {label}")
+    def allreduce(
+        self, buf: np.ndarray, label: str, out: np.ndarray | None = None
+    ) -> Handle:
+        """Start the sum of ``buf`` over ranks (into ``out``, or a fresh buffer)."""
+        return self.engine.allreduce(buf, out=out, name=f"allreduce {label}")
 
 
 @register_averager("overlap")
@@ -128,13 +130,20 @@ class ShardedOverlap(_Handled):
         """Elements of one rank's slice of an ``n``-element stage (padded)."""
         return -(-int(n) // self.size)
 
-    def reduce_scatter(self, flat: np.ndarray, label: str) -> Handle:
+    def reduce_scatter(
+        self, flat: np.ndarray, label: str, out: np.ndarray | None = None
+    ) -> Handle:
         """Start the sum over ranks of ``flat``; the result is this rank's slice.
 
-        ``flat`` must have ``size * shard_size`` elements (padded).
+        ``flat`` must have ``size * k`` elements (padded), ``out`` (optional,
+        reused by the caller) ``k``.
         """
-        return self.engine.reduce_scatter(flat, name=f"reduce-scatter {label}")
+        name = f"reduce-scatter {label}"
+        return self.engine.reduce_scatter(flat, out=out, name=name)
 
-    def allgather(self, shard: np.ndarray, label: str) -> Handle:
-        """Start gathering every rank's slice; the result is ``(size, n)``."""
-        return self.engine.allgather(shard, name=f"allgather {label}")
+    def allgather(
+        self, shard: np.ndarray, label: str, out: np.ndarray | None = None
+    ) -> Handle:
+        """Start gathering every rank's slice; the result is ``(size, n)``
+        (``out``, if given, of ``size * n`` elements)."""
+        return self.engine.allgather(shard, out=out, name=f"allgather {label}")

@@ -5,6 +5,11 @@ each strategy, on the real link and on an emulated one, and rank 0 appends one
 row per run to ``results.jsonl``; ``report`` reads every row and prints one table
 per model and the issue's benchmark targets as checks. ``experiments.overlap``
 is the entry point (its docstring: paper, claims, commands, measured table).
+``plan`` says which runs a world size gets (one rank: the serial baseline and
+overlap; emulated links and layerwise's bucket sweep only where asked);
+``load_rows`` re-reads a folder (a rerun counts once; timings can be re-derived
+with another warmup); ``figures`` draws the step breakdown, the speedup and one
+overlap step's timeline (``research.plots``).
 
 Measured per run (rank 0's ``metrics.jsonl``, steps after ``warmup``, medians):
 step time; compute (the compute thread's forward and backward: the whole step
@@ -17,6 +22,7 @@ communication (the compute thread's waits); hidden fraction = 1 - exposed / comm
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 from pathlib import Path
 from typing import Any
@@ -24,6 +30,11 @@ from typing import Any
 STRATEGIES = ("host", "fused", "layerwise", "overlap")
 #: Strategies that run on an emulated link (fused communicates inside XLA).
 LINKED = ("host", "layerwise", "overlap")
+#: On one rank: the serial baseline (efficiency is against it) and overlap's
+#: own single-rank cost (its packing and sharded update without communication).
+ONE_RANK = ("host", "overlap")
+#: layerwise's bucket outside the sweep: PyTorch DDP's default, MiB.
+DEFAULT_BUCKET_MB = 25.0
 
 #: Reduced defaults: the full models (every conv, VGG's fc 4096-4096) on 32x32
 #: inputs, so that a step's compute is small next to its ~100 MB of gradients.
@@ -37,14 +48,29 @@ PAPER_MODELS: dict[str, dict[str, Any]] = {
 }
 
 
-def _config(args: Any, model: str, strategy: str, link: str, run_dir: Path):
+def label(strategy: str, bucket_mb: float | None) -> str:
+    """Table name of a run: layerwise outside DDP's bucket shows its size."""
+    if strategy != "layerwise" or bucket_mb in (None, DEFAULT_BUCKET_MB):
+        return strategy
+    return f"lw {bucket_mb:g}MB"
+
+
+def _config(
+    args: Any,
+    model: str,
+    strategy: str,
+    link: str,
+    run_dir: Path,
+    bucket_mb: float | None = None,
+):
     from research.train.config import TrainConfig
 
     options = (PAPER_MODELS if args.paper_scale else MODELS).get(model, {})
     options = {**options, "image_size": args.image_size}
     strategy_options = {}
-    if strategy == "layerwise" and args.bucket_bytes:
-        strategy_options["bucket_bytes"] = args.bucket_bytes
+    if strategy == "layerwise":
+        mb = DEFAULT_BUCKET_MB if bucket_mb is None else bucket_mb
+        strategy_options["bucket_bytes"] = int(mb * 2**20)
     return TrainConfig(
         model=model,
         model_options=options,
@@ -76,11 +102,11 @@ def _median(rows: list[dict], key: str) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def _measure(trainer: Any, strategy: str, warmup: int) -> dict[str, Any]:
+def _timing(run_dir: Path, strategy: str, warmup: int) -> dict[str, Any]:
+    """Medians over the steps after ``warmup`` of a run's ``metrics.jsonl``."""
     from research.rundir import read_metrics
-    from research.train.state import tree_bytes
 
-    rows = [r for r in read_metrics(trainer.run_dir) if r.get("kind") != "eval"]
+    rows = [r for r in read_metrics(run_dir) if r.get("kind") != "eval"]
     rows = [r for r in rows if r["step"] > warmup] or rows
     step = _median(rows, "step_time")
     if strategy == "fused":
@@ -91,6 +117,19 @@ def _measure(trainer: Any, strategy: str, warmup: int) -> dict[str, Any]:
     else:
         compute = _median(rows, "compute_s")
         comm, exposed = _median(rows, "comm_comm_s"), _median(rows, "comm_wait_s")
+    return {
+        "step_s": step,
+        "compute_s": compute,
+        "comm_s": comm,
+        "exposed_s": exposed,
+        "hidden": None if not comm else max(0.0, 1.0 - (exposed or 0.0) / comm),
+        "steps_measured": len(rows),
+    }
+
+
+def _measure(trainer: Any, strategy: str, warmup: int) -> dict[str, Any]:
+    from research.train.state import tree_bytes
+
     executor = trainer.executor
     opt = getattr(executor, "opt_bytes", 0) or tree_bytes(trainer.state.opt_state)
     stages = getattr(executor, "stages", ())
@@ -99,11 +138,7 @@ def _measure(trainer: Any, strategy: str, warmup: int) -> dict[str, Any]:
         (tree_bytes(s.params(trainer.state.params)) for s in stages), default=grad
     )
     return {
-        "step_s": step,
-        "compute_s": compute,
-        "comm_s": comm,
-        "exposed_s": exposed,
-        "hidden": None if not comm else max(0.0, 1.0 - (exposed or 0.0) / comm),
+        **_timing(trainer.run_dir, strategy, warmup),
         "opt_bytes": int(opt),
         "grad_bytes": int(grad),
         "biggest_stage_share": biggest / grad,
@@ -116,6 +151,31 @@ def emulated_link(compute_s: float, grad_bytes: int, size: int) -> str:
     return f"{moved * 8 / compute_s / 1e9:.4f}gbps"
 
 
+def plan(args: Any, size: int) -> list[tuple[str, str, float | None]]:
+    """``(link kind, strategy, bucket MiB)`` of every run at this world size.
+
+    One rank: ``ONE_RANK`` on the real link. Emulated links only at
+    ``args.emulated_ranks``; layerwise's bucket sweep (``args.bucket_mb``) only
+    on the emulated link(s) at ``args.sweep_ranks``, DDP's 25 MiB elsewhere.
+    """
+    runs = []
+    for link_kind in args.links:
+        emulated = link_kind != "real"
+        if emulated and (size == 1 or size not in args.emulated_ranks):
+            continue
+        for strategy in args.strategies:
+            if (size == 1 and strategy not in ONE_RANK) or (
+                emulated and strategy not in LINKED
+            ):
+                continue
+            buckets: list[float | None] = [None]
+            if strategy == "layerwise":
+                sweep = emulated and size in args.sweep_ranks
+                buckets = list(args.bucket_mb) if sweep else [DEFAULT_BUCKET_MB]
+            runs += [(link_kind, strategy, b) for b in buckets]
+    return runs
+
+
 def run_point(args: Any, root: Path, world: Any) -> None:
     """Every model, link and strategy at this world size; rank 0 appends rows."""
     from research.train.loop import Trainer
@@ -124,40 +184,46 @@ def run_point(args: Any, root: Path, world: Any) -> None:
         # "auto": the link on which host's allreduce takes as long as its
         # compute did on the real link (measured first, in this job).
         links = ["real"]
-        for link_kind in args.links:
-            for strategy in args.strategies:
-                if link_kind != "real" and (world.size == 1 or strategy not in LINKED):
-                    continue
-                link = "real"
-                if link_kind == "auto":
-                    link = world.bcast(links[-1] if world.rank == 0 else None)
-                elif link_kind != "real":
-                    link = link_kind
-                name = f"{model}-{strategy}-{link_kind}-np{world.size}"
-                run_dir = root / name
-                cfg = _config(args, model, strategy, link, run_dir)
-                trainer = Trainer(cfg, world)
-                trainer.run()
-                row = {
-                    "model": model,
-                    "strategy": strategy,
-                    "ranks": world.size,
-                    "link": link,
-                    "link_kind": link_kind,
-                    **_measure(trainer, strategy, args.warmup),
-                }
-                if strategy == "host" and link_kind == "real" and world.size > 1:
-                    links.append(
-                        emulated_link(row["compute_s"], row["grad_bytes"], world.size)
-                    )
-                if world.rank == 0:
-                    with open(root / "results.jsonl", "a") as f:
-                        f.write(json.dumps(row) + "\n")
-                    print(
-                        f"r0 | {name}: step {1e3 * row['step_s']:.1f} ms (link {link})",
-                        flush=True,
-                    )
-                world.barrier()
+        for link_kind, strategy, bucket_mb in plan(args, world.size):
+            link = "real"
+            if link_kind == "auto":
+                link = world.bcast(links[-1] if world.rank == 0 else None)
+            elif link_kind != "real":
+                link = link_kind
+            tag = label(strategy, bucket_mb).replace(" ", "")
+            name = f"{model}-{tag}-{link_kind}-np{world.size}"
+            run_dir = root / name
+            if world.rank == 0 and run_dir.exists():
+                # A rerun into the folder replaces the run (its metrics.jsonl
+                # is appended to, so old steps would mix in).
+                shutil.rmtree(run_dir)
+            world.barrier()
+            cfg = _config(args, model, strategy, link, run_dir, bucket_mb)
+            trainer = Trainer(cfg, world)
+            trainer.run()
+            row = {
+                "model": model,
+                "strategy": strategy,
+                "label": label(strategy, bucket_mb),
+                "bucket_mb": bucket_mb,
+                "ranks": world.size,
+                "link": link,
+                "link_kind": link_kind,
+                "run": name,
+                **_measure(trainer, strategy, args.warmup),
+            }
+            if strategy == "host" and link_kind == "real" and world.size > 1:
+                links.append(
+                    emulated_link(row["compute_s"], row["grad_bytes"], world.size)
+                )
+            if world.rank == 0:
+                with open(root / "results.jsonl", "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(
+                    f"r0 | {name}: step {1e3 * row['step_s']:.1f} ms (link {link})",
+                    flush=True,
+                )
+            world.barrier()
 
 
 def read_results(root: Path) -> list[dict[str, Any]]:
@@ -171,25 +237,37 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{1e3 * v:.1f}"
 
 
+def _name(row: dict[str, Any]) -> str:
+    return row.get("label", row["strategy"])
+
+
 def format_table(rows: list[dict[str, Any]], model: str) -> str:
     rows = [r for r in rows if r["model"] == model]
-    by = {(r["strategy"], r["ranks"], r["link_kind"]): r for r in rows}
+    by = {(_name(r), r["ranks"], r["link_kind"]): r for r in rows}
     head = (
         f"{model}\nstrategy   ranks link    step ms  compute  comm ms  hidden  "
         "exposed  vs host  eff(1)  opt MB/rank"
+        "\n(eff(1): host's step on 1 rank / this step, batch per rank fixed)"
     )
     lines = [head]
     order = {s: i for i, s in enumerate(STRATEGIES)}
     for r in sorted(
-        rows, key=lambda r: (r["link_kind"], r["ranks"], order.get(r["strategy"], 9))
+        rows,
+        key=lambda r: (
+            r["link_kind"] != "real",
+            r["link_kind"],
+            r["ranks"],
+            order.get(r["strategy"], 9),
+            r.get("bucket_mb") or 0,
+        ),
     ):
         host = by.get(("host", r["ranks"], r["link_kind"]))
-        one = by.get((r["strategy"], 1, "real"))
+        one = by.get(("host", 1, "real"))
         speed = host["step_s"] / r["step_s"] if host else None
         eff = one["step_s"] / r["step_s"] if one else None
         hidden = "-" if r["hidden"] is None else f"{100 * r['hidden']:.0f}%"
         lines.append(
-            f"{r['strategy']:<10} {r['ranks']:>5} {r['link_kind']:<6} "
+            f"{_name(r):<10} {r['ranks']:>5} {r['link_kind']:<6} "
             f"{_ms(r['step_s']):>8} {_ms(r['compute_s']):>8} {_ms(r['comm_s']):>8} "
             f"{hidden:>7} {_ms(r['exposed_s']):>8} "
             f"{'-' if speed is None else f'{speed:.2f}x':>8} "
@@ -205,7 +283,7 @@ def format_table(rows: list[dict[str, Any]], model: str) -> str:
 def format_checks(rows: list[dict[str, Any]], model: str) -> str:
     """The issue's benchmark targets, measured in this run (not asserted)."""
     rows = [r for r in rows if r["model"] == model]
-    by = {(r["strategy"], r["ranks"], r["link_kind"]): r for r in rows}
+    by = {(_name(r), r["ranks"], r["link_kind"]): r for r in rows}
     out = []
 
     def check(ok: bool, text: str) -> None:
@@ -241,6 +319,20 @@ def format_checks(rows: list[dict[str, Any]], model: str) -> str:
                 f"{p} ranks, emulated: overlap ({_ms(ov['step_s'])} ms) at or ahead "
                 f"of layerwise ({_ms(lw['step_s'])} ms), within 5%",
             )
+        sweep = [
+            r
+            for r in rows
+            if r["strategy"] == "layerwise"
+            and r["ranks"] == p
+            and r["link_kind"] != "real"
+        ]
+        if len(sweep) > 1:
+            best = min(sweep, key=lambda r: r["step_s"])
+            out.append(
+                f"  [info] {p} ranks, emulated: best layerwise bucket "
+                f"{best['bucket_mb']:g} MiB ({_ms(best['step_s'])} ms; overlap "
+                f"{_ms(ov['step_s'])} ms)"
+            )
     for p in sorted({r["ranks"] for r in rows if r["link_kind"] == "real"}):
         ov, host = by.get(("overlap", p, "real")), by.get(("host", p, "real"))
         if ov and host and p > 1:
@@ -253,9 +345,32 @@ def format_checks(rows: list[dict[str, Any]], model: str) -> str:
     return "\n".join([f"checks, {model}:", *out]) if out else ""
 
 
-def report(root: Path, models: list[str]) -> str:
+def load_rows(root: Path, warmup: int | None = None) -> list[dict[str, Any]]:
+    """The rows of ``root/results.jsonl``, each run once.
+
+    A run measured twice (a job rerun into the same folder) counts once, the
+    later row. With ``warmup``, timings are re-derived from each run's
+    ``metrics.jsonl`` leaving out that many steps.
+    """
+    rows = list(
+        {
+            (r["model"], _name(r), r["ranks"], r["link_kind"]): r
+            for r in read_results(root)
+        }.values()
+    )
+    if warmup is not None:
+        rows = [
+            {**r, **_timing(Path(root) / r["run"], r["strategy"], warmup)}
+            if r.get("run")
+            else r
+            for r in rows
+        ]
+    return rows
+
+
+def report(root: Path, models: list[str], warmup: int | None = None) -> str:
     """Tables and checks from ``root/results.jsonl``; written to ``table.md``."""
-    rows = read_results(root)
+    rows = load_rows(root, warmup)
     parts = []
     for model in models:
         parts.append(format_table(rows, model))
@@ -265,3 +380,33 @@ def report(root: Path, models: list[str]) -> str:
     text = "\n\n".join(parts)
     (Path(root) / "table.md").write_text(text + "\n")
     return text
+
+
+def figures(root: Path, warmup: int | None = None) -> list[Path]:
+    """Step-time breakdown, speedup, and one overlap step's timeline per model.
+
+    The timeline is the traced ``overlap`` run with the most ranks (an emulated
+    link before the real one); written next to ``results.jsonl``.
+    """
+    from research.plots import plot_speedup, plot_step_breakdown, plot_timeline
+
+    root = Path(root)
+    rows = [r for r in load_rows(root, warmup) if r.get("step_s")]
+    if not rows:
+        return []
+    out = [
+        plot_step_breakdown(rows, root / "breakdown.png"),
+        plot_speedup(rows, root / "speedup.png"),
+    ]
+    for model in sorted({r["model"] for r in rows}):
+        runs = [
+            r
+            for r in rows
+            if r["model"] == model and r["strategy"] == "overlap" and r.get("run")
+        ]
+        if runs:
+            r = max(runs, key=lambda r: (r["ranks"], r["link_kind"] != "real"))
+            path = plot_timeline(root / r["run"], root / f"timeline-{model}.png")
+            if path is not None:
+                out.append(path)
+    return out

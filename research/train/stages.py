@@ -206,10 +206,14 @@ class _Residuals:
         return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
-def _stage_backward(params: Tree, x: Any, y: Any, res: _Residuals, ct: Any):
-    """Gradient leaves (in ``params``' order) and, unless first, the input's."""
+def _stage_backward(
+    params: Tree, x: Any, y: Any, res: _Residuals, ct: Any, post: Callable | None
+):
+    """Gradient leaves (in ``params``' order), or ``post(leaves)``, and, unless
+    first, the input's cotangent."""
     grads, *ct_x = res.rebuild(jax.tree_util.tree_leaves((params, x, y)))(ct)
-    return jax.tree_util.tree_leaves(grads), *ct_x
+    leaves = jax.tree_util.tree_leaves(grads)
+    return (leaves if post is None else post(leaves)), *ct_x
 
 
 def _loss_head(logits: jax.Array, y: jax.Array):
@@ -247,7 +251,7 @@ class StagedGrad:
         self._loss = jax.jit(_loss_head)
         # One program per stage: jit keys on the residuals' static plan, which
         # holds the vjp function each stage's forward traced (once per shape).
-        self._backward = jax.jit(_stage_backward)
+        self._backward = jax.jit(_stage_backward, static_argnames="post")
         self._loss_backward = jax.jit(lambda vjp, ct: vjp(ct))
         self._saved: list[tuple] | None = None
         self._loss_vjp: Callable | None = None
@@ -341,7 +345,11 @@ class StagedGrad:
         self.batch_stats = new_stats if new_stats else state.batch_stats
         return {"loss": loss, "acc": acc}
 
-    def backward(self, loss_cotangent: float = 1.0) -> Iterator[tuple[int, Tree]]:
+    def backward(
+        self,
+        loss_cotangent: float = 1.0,
+        post: Callable[[int], Callable[[list], Any]] | None = None,
+    ) -> Iterator[tuple[int, Any]]:
         """Yields ``(stage index, that stage's parameter gradient)``, last first.
 
         Each gradient is yielded as soon as its program is dispatched, before
@@ -350,6 +358,11 @@ class StagedGrad:
 
         Args:
             loss_cotangent: scale of the loss's cotangent (1.0: plain gradient).
+            post: optional ``i -> f``, ``f`` hashable, mapping stage ``i``'s
+                gradient leaves (in ``params``' order) to what is yielded
+                instead of the gradient tree, computed inside the stage's
+                backward program (e.g. packing them into one message buffer:
+                the leaves are then never materialised on their own).
 
         Raises:
             RuntimeError: without a ``forward`` since the last ``backward``.
@@ -362,12 +375,13 @@ class StagedGrad:
         (ct,) = self._loss_backward(loss_vjp, ct)
         for i in reversed(range(len(saved))):
             treedef = jax.tree_util.tree_structure(saved[i][0])
-            out, saved[i] = self._backward(*saved[i], ct), None
+            fn = None if post is None else post(i)
+            out, saved[i] = self._backward(*saved[i], ct, post=fn), None
             if i:
                 leaves, ct = out
             else:
                 (leaves,) = out
-            yield i, jax.tree_util.tree_unflatten(treedef, leaves)
+            yield i, leaves if fn else jax.tree_util.tree_unflatten(treedef, leaves)
 
     def grad(self, state: TrainState, x: Any, y: Any) -> tuple[Tree, Tree, dict]:
         """Whole gradient, new statistics and metrics, like ``step.grad_fn``."""

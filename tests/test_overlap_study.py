@@ -1,0 +1,74 @@
+"""The overlap study's plan of runs and its tables (no training here)."""
+
+from __future__ import annotations
+
+import json
+
+from experiments.overlap import parse
+from research.studies.overlap import format_table, label, load_rows, plan
+
+
+def test_default_plan_per_world_size():
+    args = parse([])
+    assert plan(args, 1) == [("real", "host", None), ("real", "overlap", None)]
+    two = plan(args, 2)
+    real = [r for r in two if r[0] == "real"]
+    assert [s for _, s, _ in real] == ["host", "fused", "layerwise", "overlap"]
+    assert ("real", "layerwise", 25.0) in real
+    sweep = [b for link, s, b in two if link == "auto" and s == "layerwise"]
+    assert sweep == [1, 4, 25, 100]
+    assert not any(s == "fused" for link, s, _ in two if link == "auto")
+    four = plan(args, 4)
+    assert [b for link, s, b in four if link == "auto" and s == "layerwise"] == [25]
+    assert plan(parse(["--emulated-ranks", "2"]), 4) == [
+        r for r in four if r[0] == "real"
+    ]
+
+
+def _row(strategy, ranks, link_kind, step, bucket=None, run=None):
+    return {
+        "model": "m",
+        "strategy": strategy,
+        "label": label(strategy, bucket),
+        "bucket_mb": bucket,
+        "ranks": ranks,
+        "link": "real",
+        "link_kind": link_kind,
+        "run": run,
+        "step_s": step,
+        "compute_s": step / 2,
+        "comm_s": step / 2,
+        "exposed_s": step / 4,
+        "hidden": 0.5,
+        "opt_bytes": 2**20,
+        "grad_bytes": 2**20,
+        "biggest_stage_share": 0.5,
+    }
+
+
+def test_table_rows_sweep_and_reruns(tmp_path):
+    rows = [
+        _row("host", 1, "real", 1.0),
+        _row("host", 2, "auto", 2.0),
+        _row("layerwise", 2, "auto", 1.0, 4.0, run="lw"),
+        _row("layerwise", 2, "auto", 1.6, 25.0),
+        _row("host", 2, "auto", 4.0),  # a rerun: the later row counts
+    ]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "lw").mkdir()
+    (tmp_path / "lw" / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps({"step": s, "step_time": t, "compute_s": 0.1}) + "\n"
+            for s, t in ((1, 9.0), (2, 0.5), (3, 0.7))
+        )
+    )
+    loaded = load_rows(tmp_path)
+    assert len(loaded) == 4
+    table = format_table(loaded, "m")
+    assert "lw 4MB" in table and "layerwise" in table
+    hosts = [line for line in table.splitlines() if line.startswith("host ")]
+    assert len(hosts) == 2 and hosts[1].split()[3] == "4000.0"
+    # Re-derived with one step left out: median of 0.5 and 0.7.
+    again = {r["label"]: r for r in load_rows(tmp_path, warmup=1)}
+    assert abs(again["lw 4MB"]["step_s"] - 0.6) < 1e-9
+    assert again["layerwise"]["step_s"] == 1.6  # no run folder: as recorded
