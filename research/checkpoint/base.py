@@ -201,7 +201,11 @@ class Checkpointer:
             )
         self._committed[tier.name] = steps[-keep:]
         for s in drop:
-            remove_tree(tier.step_dir(self.rank, s))
+            self._remove_step(tier, s)
+
+    def _remove_step(self, tier: Tier, step: int) -> None:
+        """Delete this rank's shard of a dropped step (strategies may recycle)."""
+        remove_tree(tier.step_dir(self.rank, step))
 
     def summary(self) -> dict[str, Any]:
         """This rank's numbers: blocking, waits, commit latency, bytes, restore."""

@@ -55,7 +55,7 @@ from research.checkpoint.integrity import remove_tree
 from research.checkpoint.leaves import Flattener
 from research.checkpoint.manifest import CheckpointWarning, make_entry, update_manifest
 from research.checkpoint.partition import LOCAL, Unit, plan
-from research.checkpoint.rawshard import stage
+from research.checkpoint.rawshard import SPARE, retire, stage
 from research.checkpoint.snapshot import Snapshotter
 from research.checkpoint.tiers import Tier
 from research.checkpoint.writer import Writer, WriterProcess
@@ -330,6 +330,8 @@ class DeepFreeze(Checkpointer):
             raise
         self._queue.put(None)
         self._thread.join()
+        for tier in self.tiers:  # recycled files are no checkpoint: never left
+            remove_tree(tier.rank_dir(self.rank) / SPARE)
         fast = (
             self.tiers[0] if len(self.tiers) > 1 and not self.keep_fast_tier else None
         )
@@ -544,6 +546,9 @@ class DeepFreeze(Checkpointer):
         if not rep["ok"]:
             raise WriterError(rep["error"])
         return rep["bytes"]
+
+    def _remove_step(self, tier: Tier, step: int) -> None:
+        retire(tier.step_dir(self.rank, step))  # its data file is the next's
 
     def _retention(self) -> None:
         """Keep the newest ``keep`` (persistent) / ``keep_fast`` (fast) steps."""

@@ -156,6 +156,7 @@ def copy_verified(
     fsync: bool = True,
     on_file=None,
     algo: str = LEGACY_CHECKSUM,
+    reuse: dict[str, Path] | None = None,
 ) -> int:
     """Copy the files of a shard into ``dst`` (a fresh dir), checking each one.
 
@@ -174,6 +175,8 @@ def copy_verified(
       fsync: make every file and directory durable before returning.
       on_file: called with the number of files copied so far (fault tests).
       algo: the checksum algorithm of ``expected``.
+      reuse: ``{relative path: spare file}``: overwrite the spare (renamed into
+        place) instead of allocating a new file, where it exists.
 
     Returns:
       Bytes copied.
@@ -191,7 +194,11 @@ def copy_verified(
                     f"changed since it was written ({n} bytes, crc32 {got:08x}; "
                     f"expected {size}, {crc:08x})",
                 )
-        shutil.copyfile(s, d)
+        spare = (reuse or {}).get(rel)
+        if spare is not None and spare.exists():
+            _copy_over(s, d, spare)
+        else:
+            shutil.copyfile(s, d)
         n = d.stat().st_size
         if n != size:
             raise CorruptShardError(
@@ -210,6 +217,21 @@ def copy_verified(
         for dirpath, _, _ in os.walk(dst):
             _fsync_dir(Path(dirpath))
     return total
+
+
+def _copy_over(src: Path, dst: Path, spare: Path) -> None:
+    # Kernel copy into the spare's existing pages (no truncation first, which
+    # would free them), then cut it to the source's size.
+    os.replace(spare, dst)
+    with open(src, "rb") as fi, open(dst, "r+b") as fo:
+        size = os.fstat(fi.fileno()).st_size
+        off = 0
+        while off < size:
+            sent = os.sendfile(fo.fileno(), fi.fileno(), off, size - off)
+            if sent == 0:
+                break
+            off += sent
+        fo.truncate(off)
 
 
 def remove_tree(path: Path) -> None:

@@ -52,7 +52,7 @@ from research.checkpoint.integrity import (
     remove_tree,
     scan_dir,
 )
-from research.checkpoint.rawshard import RAW_FORMAT, write_raw
+from research.checkpoint.rawshard import DATA, RAW_FORMAT, SPARE, write_raw
 from research.launch import thread_env
 
 Progress = Callable[[str], None]
@@ -168,6 +168,7 @@ class Writer:
             verify=req.get("verify", False),
             on_file=on_file,
             algo=req.get("checksum") or LEGACY_CHECKSUM,
+            reuse={DATA: final.parent / SPARE},
         )
         os.rename(tmp, final)
         if req["fsync"]:
@@ -298,7 +299,8 @@ def main() -> None:
 
     def progress(event: str) -> None:
         send({"op": "progress", "event": event})
-        sys.stdin.readline()  # {"op": "continue"}
+        if not sys.stdin.readline():  # {"op": "continue"}, or EOF: the rank died
+            os._exit(1)  # leave the half-written step as it is, like the rank
 
     import logging
 
