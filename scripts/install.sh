@@ -30,4 +30,4 @@ fi
 # dev: the test tools; data: scikit-learn, whose wheel holds the digits dataset
 # (`--dataset digits`) that tests and `experiments.eager_sgd --dataset digits` use.
 $PIP install -q -e ".[dev,data]"
-.venv/bin/python -c "import jax, flax, optax, orbax.checkpoint, mpi4py, mpi4jax; print('[install] ok: jax', jax.__version__, '| mpi4jax', mpi4jax.__version__)"
+.venv/bin/python -c "import jax, flax, optax, orbax.checkpoint, mpi4py, mpi4jax, google_crc32c; print('[install] ok: jax', jax.__version__, '| mpi4jax', mpi4jax.__version__)"

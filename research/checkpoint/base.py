@@ -40,6 +40,9 @@ class SaveRecord:
       committed_s: request to global commit in the first tier (None: never).
       persisted_s: request to global commit in the persistent tier.
       bytes_written: bytes this rank wrote for it, all tiers.
+      shard_bytes: bytes of this rank's checkpoint in one tier.
+      writer_cpu_s: CPU seconds the writer spent on it, from the writer's own
+        clock (``cpuclock.py`` says which clock each strategy reads).
     """
 
     step: int
@@ -50,6 +53,8 @@ class SaveRecord:
     committed_s: float | None = None
     persisted_s: float | None = None
     bytes_written: int = 0
+    shard_bytes: int = 0
+    writer_cpu_s: float = 0.0
 
 
 def _median(xs: list[float]) -> float | None:
@@ -196,7 +201,11 @@ class Checkpointer:
             )
         self._committed[tier.name] = steps[-keep:]
         for s in drop:
-            remove_tree(tier.step_dir(self.rank, s))
+            self._remove_step(tier, s)
+
+    def _remove_step(self, tier: Tier, step: int) -> None:
+        """Delete this rank's shard of a dropped step (strategies may recycle)."""
+        remove_tree(tier.step_dir(self.rank, step))
 
     def summary(self) -> dict[str, Any]:
         """This rank's numbers: blocking, waits, commit latency, bytes, restore."""

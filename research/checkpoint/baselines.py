@@ -26,6 +26,7 @@ import numpy as np
 
 from research.checkpoint.agreement import allgather_json
 from research.checkpoint.base import Checkpointer, CheckpointError, SaveRecord
+from research.checkpoint.cpuclock import OffThread, process_cpu
 from research.checkpoint.integrity import remove_tree
 from research.checkpoint.leaves import Flattener, is_key
 from research.checkpoint.manifest import make_entry, update_manifest
@@ -102,6 +103,7 @@ class Rank0Sync(_Base):
         t0 = time.perf_counter()
         rec = SaveRecord(step=int(step))
         if self.rank == 0:
+            cpu0 = process_cpu()  # training is paused: the process is the writer
             with get_tracer().span(
                 "checkpoint", "checkpoint", step=step, strategy=self.name
             ):
@@ -121,7 +123,7 @@ class Rank0Sync(_Base):
                     ),
                 )
                 shard = self._shard(step, extra)
-                rec.bytes_written = shard["bytes"]
+                rec.bytes_written = rec.shard_bytes = shard["bytes"]
                 update_manifest(
                     self.tier.root,
                     tier=self.tier.name,
@@ -130,6 +132,7 @@ class Rank0Sync(_Base):
                 )
                 self._committed.setdefault(self.tier.name, []).append(step)
                 self._drop_old(self.tier, self.keep)
+            rec.writer_cpu_s = process_cpu() - cpu0
             rec.committed_s = rec.persisted_s = time.perf_counter() - t0
         rec.blocking_s = time.perf_counter() - t0
         self.records[rec.step] = rec
@@ -149,6 +152,7 @@ class OrbaxSync(_Base):
     def save(self, step: int, state: Any, extra: dict | None = None) -> SaveRecord:
         t0 = time.perf_counter()
         rec = SaveRecord(step=int(step))
+        cpu0 = process_cpu()  # training is paused: the process is the writer
         with get_tracer().span(
             "checkpoint", "checkpoint", step=step, strategy=self.name
         ):
@@ -174,9 +178,10 @@ class OrbaxSync(_Base):
                     ),
                 )
                 report["shard"] = self._shard(step, extra)
-                rec.bytes_written = report["shard"]["bytes"]
+                rec.bytes_written = rec.shard_bytes = report["shard"]["bytes"]
             except Exception as e:  # noqa: BLE001 - reported to every rank
                 report.update(status="error", error=f"{type(e).__name__}: {e}")
+            rec.writer_cpu_s = process_cpu() - cpu0  # the write, not the agreement
             with get_tracer().span("commit", "checkpoint", step=step):
                 reports = allgather_json(self.comm, report)
             failed = [r for r in reports if r["status"] != "ok"]
@@ -229,6 +234,7 @@ class OrbaxAsyncRank0(_Base):
                     self._join()  # Orbax's save would wait here anyway
                 rec.wait_s = time.perf_counter() - t0
                 self._raise()
+                cpu = OffThread()  # Orbax's threads, and this thread in save
                 leaves, _ = self._flat.flatten(state)
                 path = self.tier.step_dir(0, step)
                 remove_tree(path)
@@ -241,9 +247,10 @@ class OrbaxAsyncRank0(_Base):
                         self._meta(step, extra),
                     ),
                 )
+                cpu.mark_returned()
                 self._watcher = threading.Thread(
                     target=self._commit_when_done,
-                    args=(step, rec, t0, extra),
+                    args=(step, rec, t0, extra, cpu),
                     name="orbax-async-commit",
                     daemon=True,
                 )
@@ -252,13 +259,14 @@ class OrbaxAsyncRank0(_Base):
         return rec
 
     def _commit_when_done(
-        self, step: int, rec: SaveRecord, t0: float, extra: dict | None
+        self, step: int, rec: SaveRecord, t0: float, extra: dict | None, cpu: Any
     ) -> None:
         try:
             with get_tracer().span("write", "checkpoint-bg", step=step):
                 self._ckptr.wait_until_finished()
+            rec.writer_cpu_s = cpu.elapsed()
             shard = self._shard(step, extra)
-            rec.bytes_written = shard["bytes"]
+            rec.bytes_written = rec.shard_bytes = shard["bytes"]
             with get_tracer().span("commit", "checkpoint-bg", step=step):
                 update_manifest(
                     self.tier.root,

@@ -366,6 +366,8 @@ def _strategy_stats(
                 "stalled": 0,
                 "checkpoints": 0,
                 "bytes_per_rank": [[] for _ in range(world.size)],
+                "writer_cpu_s": [],
+                "writer_cpu_s_per_mb": [],
             },
         )
         d["checkpoints"] += 1
@@ -380,11 +382,23 @@ def _strategy_stats(
         for r in rank_recs:
             key = str(interval_of.get(r["step"], 0))
             if not r["skipped"]:
-                out["by_interval"][key]["bytes_per_rank"][rank].append(
-                    r["bytes_written"]
-                )
+                d = out["by_interval"][key]
+                d["bytes_per_rank"][rank].append(r["bytes_written"])
+                # Per writing rank and checkpoint, on the writer's own CPU clock.
+                if r.get("shard_bytes"):
+                    d["writer_cpu_s"].append(r["writer_cpu_s"])
+                    d["writer_cpu_s_per_mb"].append(
+                        r["writer_cpu_s"] / (r["shard_bytes"] / 1e6)
+                    )
     for d in out["by_interval"].values():
-        for key in ("blocking_s", "wait_s", "committed_s", "persisted_s"):
+        for key in (
+            "blocking_s",
+            "wait_s",
+            "committed_s",
+            "persisted_s",
+            "writer_cpu_s",
+            "writer_cpu_s_per_mb",
+        ):
             d["median_" + key] = _median(d[key])
         d["bytes_per_rank"] = [_median(b) or 0 for b in d["bytes_per_rank"]]
     return out

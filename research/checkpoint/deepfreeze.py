@@ -7,11 +7,11 @@ returns. A background thread per rank takes the checkpoints in request order:
 1. copies the snapshot into a transfer file in ``/dev/shm`` (one memcpy, no
    GIL) and releases it, so the next step can reuse the buffers;
 2. has the writer (``writer.py``; by default a niced helper process per rank,
-   so Orbax's Python competes neither for the GIL nor for priority with the
-   training) compute each unit's CRC-32 and write the shard as an Orbax item
-   into the first tier with Orbax's ``AsyncCheckpointer``
-   (``<step>.orbax-checkpoint-tmp`` renamed to ``<step>``), then record the
-   size and CRC-32 of every file written;
+   so its work competes neither for the GIL nor for priority with the
+   training) compute each unit's CRC-32C and write the buffer as one file into
+   the first tier (``rawshard.py``: ``<step>.raw-tmp`` renamed to ``<step>``),
+   recording the size and CRC-32C of every file written; with ``compress``
+   the shard is an Orbax item instead (``shard.py``, zstd, CRC-32);
 3. agrees with every rank (``agreement.allgather_json``, a private
    communicator, sleeping waits); when all shards are in, rank 0 adds the step
    to that tier's manifest, last, and every rank waits for it (one more small
@@ -57,6 +57,7 @@ from research.checkpoint.integrity import remove_tree
 from research.checkpoint.leaves import Flattener
 from research.checkpoint.manifest import CheckpointWarning, make_entry, update_manifest
 from research.checkpoint.partition import LOCAL, Unit, plan
+from research.checkpoint.rawshard import SPARE, retire, stage
 from research.checkpoint.snapshot import Snapshotter
 from research.checkpoint.tiers import Tier
 from research.checkpoint.writer import Writer, WriterProcess
@@ -331,6 +332,8 @@ class DeepFreeze(Checkpointer):
             raise
         self._queue.put(None)
         self._thread.join()
+        for tier in self.tiers:  # recycled files are no checkpoint: never left
+            remove_tree(tier.rank_dir(self.rank) / SPARE)
         fast = (
             self.tiers[0] if len(self.tiers) > 1 and not self.keep_fast_tier else None
         )
@@ -496,12 +499,14 @@ class DeepFreeze(Checkpointer):
     def _write(self, job: _Job, tier: Tier) -> dict[str, Any]:
         """Write this rank's shard of ``job`` into ``tier``; returns its report."""
         tr, step = get_tracer(), job.step
+        cpu0 = time.thread_time()  # this thread's copy counts as writer CPU
         with tr.span("device-to-host", "checkpoint-bg", step=step) as span:
             host = self._snap.materialize(job.taken)
-            units, size = self._stage(host, job)
+            units, size, self._buf = stage(host, job.names, self._buf, self._xfer)
             span.set(bytes=size)
         self._snap.release(job.taken)
         job.taken = None  # the snapshot's buffers may now be reused or donated
+        job.record.writer_cpu_s += time.thread_time() - cpu0
         meta = {
             "step": step,
             "rank": self.rank,
@@ -516,6 +521,7 @@ class DeepFreeze(Checkpointer):
             "size": size,
             "units": units,
             "meta": meta,
+            "format": "orbax" if self.compress else "raw",  # raw cannot compress
             "compress": self.compress,
             "pause": self._hooked,
         }
@@ -529,9 +535,11 @@ class DeepFreeze(Checkpointer):
             writer=self.writer,
         ):
             rep = self._request(req, lambda event: self._hook(event, step))
+        job.record.writer_cpu_s += rep.get("cpu_s", 0.0)
         if not rep["ok"]:
             raise WriterError(rep["error"])
         job.record.bytes_written += rep["bytes"]
+        job.record.shard_bytes = rep["bytes"]
         self._hook("written", step)
         return {
             "shard": self.rank,
@@ -541,32 +549,8 @@ class DeepFreeze(Checkpointer):
             "files": rep["files"],
             "extra": job.extra,
             "crc32": rep["crc32"],
+            **rep.get("tags", {}),  # format, checksum algorithm
         }
-
-    def _stage(self, host: list, job: _Job) -> tuple[list[dict], int]:
-        """Copy the snapshot into the transfer file the writer maps (aligned)."""
-        units, off = [], 0
-        for name, a in zip(job.names, host):
-            units.append(
-                {
-                    "name": name,
-                    "shape": list(a.shape),
-                    "dtype": np.dtype(a.dtype).name,
-                    "offset": off,
-                    "nbytes": int(a.nbytes),
-                }
-            )
-            off += -(-int(a.nbytes) // 64) * 64
-        size = max(off, 64)
-        if self._buf is None or self._buf.size < size:
-            self._buf = None
-            with open(self._xfer, "wb") as f:
-                f.truncate(size)
-            self._buf = np.memmap(self._xfer, dtype=np.uint8, mode="r+", shape=(size,))
-        for u, a in zip(units, host):
-            dst = self._buf[u["offset"] : u["offset"] + u["nbytes"]]
-            np.copyto(dst.view(a.dtype).reshape(a.shape), a)  # releases the GIL
-        return units, size
 
     def _flush(self, step: int, shard: dict, src: Tier, dst: Tier) -> int:
         """Verified copy of this rank's shard from ``src`` to ``dst`` (tmp, rename)."""
@@ -575,13 +559,18 @@ class DeepFreeze(Checkpointer):
             "src": str(src.step_dir(self.rank, step)),
             "dst": str(dst.step_dir(self.rank, step)),
             "files": shard["files"],
+            "checksum": shard.get("checksum"),
             "fsync": self.fsync,
             "pause": self._hooked,
         }
         rep = self._request(req, lambda event: self._hook(event, step))
+        self.records[step].writer_cpu_s += rep.get("cpu_s", 0.0)
         if not rep["ok"]:
             raise WriterError(rep["error"])
         return rep["bytes"]
+
+    def _remove_step(self, tier: Tier, step: int) -> None:
+        retire(tier.step_dir(self.rank, step))  # its data file is the next's
 
     def _retention(self) -> None:
         """Keep the newest ``keep`` (persistent) / ``keep_fast`` (fast) steps."""

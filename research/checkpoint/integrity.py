@@ -2,10 +2,19 @@
 
 Orbax alone does not notice a flipped byte inside an uncompressed tensorstore
 chunk, and a truncated chunk may surface as an obscure tensorstore error. Two
-CRC-32 levels close that gap: per leaf (computed on the host snapshot, before
+checksum levels close that gap: per leaf (computed on the host snapshot, before
 serialization: end to end) and per file (after the shard is written: a bad
-file is named exactly). CRC-32 (zlib) runs at several GB/s, so both are cheap
-next to the write they protect.
+file is named exactly).
+
+Two algorithms, named in the manifest's shard entries (``"checksum"``; absent
+means ``"crc32"``, so manifests written before the key existed still verify):
+
+* ``"crc32"``: zlib's CRC-32, 0.30 ms per MB here (3.0 ms per 10 MB);
+* ``"crc32c"``: CRC-32C (Castagnoli) in hardware via ``google-crc32c``,
+  0.045 ms per MB (0.45 ms per 10 MB), 6.6x cheaper: what DeepFreeze writes.
+
+Without ``google-crc32c`` a CRC-32C manifest fails with a message that names
+the missing package (never as a corrupt file).
 """
 
 from __future__ import annotations
@@ -19,6 +28,47 @@ import numpy as np
 
 _CHUNK = 8 << 20
 
+#: The algorithm of a manifest entry that names none (written before CRC-32C).
+LEGACY_CHECKSUM = "crc32"
+
+
+def _crc32c(data, crc: int = 0) -> int:
+    try:
+        import google_crc32c
+    except ImportError as e:  # a clear message, not a "corrupt" shard
+        raise RuntimeError(
+            "this checkpoint is checksummed with CRC-32C, which needs the "
+            "google-crc32c package (pip install google-crc32c)"
+        ) from e
+    return google_crc32c.extend(crc, data)
+
+
+def _crc32(data, crc: int = 0) -> int:
+    return zlib.crc32(data, crc) & 0xFFFFFFFF
+
+
+_ALGORITHMS = {"crc32": _crc32, "crc32c": _crc32c}
+
+
+def checksum_fn(algo: str):
+    """``f(bytes_like, running=0) -> int`` for ``algo`` ("crc32" or "crc32c")."""
+    try:
+        return _ALGORITHMS[algo]
+    except KeyError:
+        raise ValueError(f"unknown checksum algorithm {algo!r}") from None
+
+
+def as_bytes(a: np.ndarray) -> np.ndarray:
+    """``a``'s bytes in C order as a read-only uint8 array (no copy when possible).
+
+    google-crc32c accepts only read-only buffers; a read-only numpy view is one.
+    """
+    b = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    if b.flags.writeable:
+        b = b.view()
+        b.flags.writeable = False
+    return b
+
 
 class CorruptShardError(Exception):
     """A shard file is missing, truncated or does not match its checksum."""
@@ -29,38 +79,49 @@ class CorruptShardError(Exception):
         self.reason = reason
 
 
-def array_crc32(a: np.ndarray) -> int:
-    """CRC-32 of an array's bytes in C order."""
-    a = np.ascontiguousarray(a).reshape(-1)
-    return zlib.crc32(a.view(np.uint8)) & 0xFFFFFFFF
+def array_crc32(a: np.ndarray, algo: str = LEGACY_CHECKSUM) -> int:
+    """Checksum (CRC-32 by default, or ``algo``) of an array's bytes in C order."""
+    return checksum_fn(algo)(as_bytes(a))
 
 
-def file_crc32(path: str | os.PathLike) -> tuple[int, int]:
-    """``(size, crc32)`` of a file."""
+def file_crc32(path: str | os.PathLike, algo: str = LEGACY_CHECKSUM) -> tuple[int, int]:
+    """``(size, checksum)`` of a file (CRC-32 by default, or ``algo``)."""
+    fn = checksum_fn(algo)
     # One reused buffer: a fresh 8 MB bytes object per read costs page faults
     # that were measured to dominate the checksum itself.
-    buf = memoryview(bytearray(_CHUNK))
+    arr = np.empty(_CHUNK, np.uint8)
+    ro = arr.view()
+    ro.flags.writeable = False
     crc, size = 0, 0
     with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            crc = zlib.crc32(buf[:n], crc)
+        while n := f.readinto(arr):
+            crc = fn(ro[:n], crc)
             size += n
-    return size, crc & 0xFFFFFFFF
+    return size, crc
 
 
-def scan_dir(root: str | os.PathLike) -> dict[str, list[int]]:
-    """``{relative path: [size, crc32]}`` of every file under ``root``."""
+def scan_dir(
+    root: str | os.PathLike, algo: str = LEGACY_CHECKSUM
+) -> dict[str, list[int]]:
+    """``{relative path: [size, checksum]}`` of every file under ``root``."""
     root = Path(root)
     out: dict[str, list[int]] = {}
     for dirpath, _, files in os.walk(root):
         for name in files:
             p = Path(dirpath) / name
-            out[str(p.relative_to(root))] = list(file_crc32(p))
+            out[str(p.relative_to(root))] = list(file_crc32(p, algo))
     return dict(sorted(out.items()))
 
 
-def verify_dir(root: str | os.PathLike, expected: dict[str, list[int]]) -> None:
-    """Check every expected file's size and CRC; raise naming the first bad one."""
+def verify_dir(
+    root: str | os.PathLike,
+    expected: dict[str, list[int]],
+    algo: str = LEGACY_CHECKSUM,
+) -> None:
+    """Check every expected file's size and checksum; raise naming the first bad one.
+
+    The message says "crc32 mismatch" for both algorithms (CRC-32C is a CRC-32).
+    """
     root = Path(root)
     if not root.is_dir():
         raise CorruptShardError(root, "shard directory is missing")
@@ -73,7 +134,7 @@ def verify_dir(root: str | os.PathLike, expected: dict[str, list[int]]) -> None:
             raise CorruptShardError(
                 p, f"truncated or extended: {have} bytes, expected {size}"
             )
-        _, got = file_crc32(p)
+        _, got = file_crc32(p, algo)
         if got != crc:
             raise CorruptShardError(p, f"crc32 mismatch: {got:08x}, expected {crc:08x}")
 
@@ -94,6 +155,8 @@ def copy_verified(
     verify: bool = True,
     fsync: bool = True,
     on_file=None,
+    algo: str = LEGACY_CHECKSUM,
+    reuse: dict[str, Path] | None = None,
 ) -> int:
     """Copy the files of a shard into ``dst`` (a fresh dir), checking each one.
 
@@ -111,6 +174,9 @@ def copy_verified(
       verify: check every source file's CRC-32 before copying it.
       fsync: make every file and directory durable before returning.
       on_file: called with the number of files copied so far (fault tests).
+      algo: the checksum algorithm of ``expected``.
+      reuse: ``{relative path: spare file}``: overwrite the spare (renamed into
+        place) instead of allocating a new file, where it exists.
 
     Returns:
       Bytes copied.
@@ -121,14 +187,18 @@ def copy_verified(
         s, d = src / rel, dst / rel
         d.parent.mkdir(parents=True, exist_ok=True)
         if verify:
-            n, got = file_crc32(s)
+            n, got = file_crc32(s, algo)
             if (n, got) != (size, crc):
                 raise CorruptShardError(
                     s,
                     f"changed since it was written ({n} bytes, crc32 {got:08x}; "
                     f"expected {size}, {crc:08x})",
                 )
-        shutil.copyfile(s, d)
+        spare = (reuse or {}).get(rel)
+        if spare is not None and spare.exists():
+            _copy_over(s, d, spare)
+        else:
+            shutil.copyfile(s, d)
         n = d.stat().st_size
         if n != size:
             raise CorruptShardError(
@@ -147,6 +217,21 @@ def copy_verified(
         for dirpath, _, _ in os.walk(dst):
             _fsync_dir(Path(dirpath))
     return total
+
+
+def _copy_over(src: Path, dst: Path, spare: Path) -> None:
+    # Kernel copy into the spare's existing pages (no truncation first, which
+    # would free them), then cut it to the source's size.
+    os.replace(spare, dst)
+    with open(src, "rb") as fi, open(dst, "r+b") as fo:
+        size = os.fstat(fi.fileno()).st_size
+        off = 0
+        while off < size:
+            sent = os.sendfile(fo.fileno(), fi.fileno(), off, size - off)
+            if sent == 0:
+                break
+            off += sent
+        fo.truncate(off)
 
 
 def remove_tree(path: Path) -> None:

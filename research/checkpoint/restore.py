@@ -29,10 +29,16 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from research.checkpoint.integrity import CorruptShardError, array_crc32, verify_dir
+from research.checkpoint.integrity import (
+    LEGACY_CHECKSUM,
+    CorruptShardError,
+    array_crc32,
+    verify_dir,
+)
 from research.checkpoint.leaves import Flattener, check_compatible, rebuild
 from research.checkpoint.manifest import CheckpointWarning, read_manifest
 from research.checkpoint.partition import LOCAL
+from research.checkpoint.rawshard import RAW_FORMAT, read_raw
 from research.checkpoint.shard import read_shard
 from research.checkpoint.tiers import Tier
 
@@ -66,13 +72,18 @@ class Restored:
 
 def _load(path, shard: dict, units: list[dict], verify: bool) -> dict[str, np.ndarray]:
     """Read and check one shard's units; ``CorruptShardError`` says what is wrong."""
+    # Entries written before the keys existed: Orbax items checksummed with CRC-32.
+    algo = shard.get("checksum") or LEGACY_CHECKSUM
+    raw = shard.get("format") == RAW_FORMAT
     if verify and shard.get("files"):
-        verify_dir(path, shard["files"])
+        verify_dir(path, shard["files"], algo)
     try:
-        arrays, _ = read_shard(path, [u["name"] for u in units])
+        names = [u["name"] for u in units]
+        arrays, _ = read_raw(path, names) if raw else read_shard(path, names)
     except Exception as e:  # noqa: BLE001 - any reader failure means "unusable"
+        who = "the raw reader" if raw else "Orbax"
         raise CorruptShardError(
-            path, f"Orbax cannot read it: {type(e).__name__}: {str(e)[:300]}"
+            path, f"{who} cannot read it: {type(e).__name__}: {str(e)[:300]}"
         ) from e
     for u in units:
         a = arrays.get(u["name"])
@@ -84,7 +95,8 @@ def _load(path, shard: dict, units: list[dict], verify: bool) -> dict[str, np.nd
                 f"{u['name']} is {a.dtype}{list(a.shape)}, expected "
                 f"{u['dtype']}{u['shape']}",
             )
-        if verify and u.get("crc32") is not None and array_crc32(a) != u["crc32"]:
+        crc = u.get("crc32")
+        if verify and crc is not None and array_crc32(a, algo) != crc:
             raise CorruptShardError(path, f"{u['name']}: crc32 mismatch")
     return arrays
 

@@ -12,12 +12,15 @@ Protocol: JSON lines on stdin/stdout. The array bytes travel through a file
 in ``/dev/shm`` that both processes map (one copy, no pickling):
 
 * ``{"op": "write", "path", "buffer", "size", "units": [{"name", "shape",
-  "dtype", "offset", "nbytes"}], "meta", "compress", "pause"}`` -> CRC-32 of
-  every unit, Orbax async save into ``path`` (tmp + rename), then the files'
-  sizes and CRC-32s;
-* ``{"op": "flush", "src", "dst", "files", "fsync", "verify", "pause"}`` -> copy
-  into ``<dst>.flush-tmp`` (sizes checked; CRC-32s too with ``verify``),
-  renamed to ``dst``;
+  "dtype", "offset", "nbytes"}], "meta", "format", "compress", "pause"}`` ->
+  with ``format="raw"`` (the default), ``rawshard.write_raw``: CRC-32C of every
+  unit, the buffer written as one file, tmp + rename; with ``"orbax"``, CRC-32
+  of every unit, Orbax async save into ``path`` (tmp + rename), then the
+  files' sizes and CRC-32s. Either replies with the checksums, the files and
+  ``tags`` for the manifest's shard entry (format, checksum algorithm);
+* ``{"op": "flush", "src", "dst", "files", "checksum", "fsync", "verify",
+  "pause"}`` -> copy into ``<dst>.flush-tmp`` (sizes checked; checksums too
+  with ``verify``), renamed to ``dst``;
 * ``{"op": "remove", "paths"}``; ``{"op": "exit"}``.
 
 With ``pause`` the writer reports ``{"op": "progress", "event": ...}`` in the
@@ -43,23 +46,38 @@ from typing import Any
 import numpy as np
 
 from research.checkpoint.integrity import (
+    LEGACY_CHECKSUM,
     array_crc32,
     copy_verified,
     remove_tree,
     scan_dir,
 )
+from research.checkpoint.rawshard import DATA, RAW_FORMAT, SPARE, write_raw
 from research.launch import thread_env
 
 Progress = Callable[[str], None]
+
+#: Checksum of raw shards: hardware CRC-32C (see ``integrity.py``).
+RAW_CHECKSUM = "crc32c"
 
 
 class Writer:
     """Handles write/flush/remove requests (in the helper process or a thread)."""
 
-    def __init__(self) -> None:
+    def __init__(self, own_process: bool = False) -> None:
         self._ckptrs: dict[bool, Any] = {}
+        # The writer's own CPU clock: the helper's process clock (Orbax's threads
+        # included), or the calling thread's when it serves a rank's thread.
+        self._clock = time.process_time if own_process else time.thread_time
 
     def handle(self, req: dict, progress: Progress) -> dict[str, Any]:
+        """Serve ``req``; the reply's ``cpu_s`` is the writer's CPU spent on it."""
+        cpu0 = self._clock()
+        rep = self._handle(req, progress)
+        rep["cpu_s"] = self._clock() - cpu0
+        return rep
+
+    def _handle(self, req: dict, progress: Progress) -> dict[str, Any]:
         op = req["op"]
         if op == "write":
             return self.write(req, progress)
@@ -72,9 +90,33 @@ class Writer:
         raise ValueError(f"unknown writer request {op!r}")
 
     def write(self, req: dict, progress: Progress) -> dict[str, Any]:
+        buf = np.memmap(req["buffer"], dtype=np.uint8, mode="r", shape=(req["size"],))
+        if req.get("format", "raw") == "raw":
+            return self._write_raw(req, buf, progress)
+        return self._write_orbax(req, buf, progress)
+
+    def _write_raw(self, req: dict, buf: np.ndarray, progress: Progress) -> dict:
+        """One data file and one JSON file (``rawshard.py``): the cheap default."""
+        meta = dict(req["meta"])
+        path = Path(req["path"])
+        remove_tree(path)  # a stale shard of an uncommitted earlier attempt
+        if req.get("pause"):
+            (path.parent / f"{path.name}.raw-tmp").mkdir(parents=True, exist_ok=True)
+            progress("write-started")  # the step's tmp directory is on disk
+        crcs, files = write_raw(path, buf, req["units"], meta, RAW_CHECKSUM)
+        del buf
+        return {
+            "ok": True,
+            "crc32": crcs,
+            "files": files,
+            "bytes": sum(size for size, _ in files.values()),
+            "tags": {"format": RAW_FORMAT, "checksum": RAW_CHECKSUM},
+        }
+
+    def _write_orbax(self, req: dict, buf: np.ndarray, progress: Progress) -> dict:
+        """An Orbax composite item (``shard.py``; zstd when ``compress``)."""
         from research.checkpoint.shard import new_checkpointer, shard_args
 
-        buf = np.memmap(req["buffer"], dtype=np.uint8, mode="r", shape=(req["size"],))
         arrays = {}
         for u in req["units"]:
             raw = buf[u["offset"] : u["offset"] + u["nbytes"]]
@@ -125,6 +167,8 @@ class Writer:
             fsync=req["fsync"],
             verify=req.get("verify", False),
             on_file=on_file,
+            algo=req.get("checksum") or LEGACY_CHECKSUM,
+            reuse={DATA: final.parent / SPARE},
         )
         os.rename(tmp, final)
         if req["fsync"]:
@@ -255,7 +299,8 @@ def main() -> None:
 
     def progress(event: str) -> None:
         send({"op": "progress", "event": event})
-        sys.stdin.readline()  # {"op": "continue"}
+        if not sys.stdin.readline():  # {"op": "continue"}, or EOF: the rank died
+            os._exit(1)  # leave the half-written step as it is, like the rank
 
     import logging
 
@@ -267,7 +312,7 @@ def main() -> None:
     absl.addFilter(
         lambda rec: not str(rec.msg).startswith("Failed to json parse Metadata file")
     )
-    writer = Writer()
+    writer = Writer(own_process=True)
     import research.checkpoint.shard  # noqa: F401  (jax, Orbax: before "ready")
 
     send({"op": "ready", "pid": os.getpid()})

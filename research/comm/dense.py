@@ -128,6 +128,10 @@ class FusedAllreduce(Averager):
         done (see :class:`_Chain`; False only to measure the difference).
       prescale: divide floats by the world size before the sum, not after
         (see :class:`_Chain`; False only to measure the difference).
+      inplace: sum each buffer in place (:mod:`research.comm.inplace`: the
+        divide's output is the result; mpi4jax would copy it into a new
+        buffer first). Falls back to mpi4jax when the handler cannot be
+        built. False only to measure the difference.
     """
 
     executor = "fused"
@@ -141,10 +145,12 @@ class FusedAllreduce(Averager):
         alone_bytes: int | None = DEFAULT_ALONE_BYTES,
         sequential: bool = True,
         prescale: bool = True,
+        inplace: bool = True,
     ) -> None:
         self.world = world
         self.sequential = sequential
         self.prescale = prescale
+        self.inplace = inplace
         self.size = world.size
         self._plans = _PlanCache(bucket_bytes, alone_bytes)
         # Size 1 never touches MPI, not even to Dup a communicator.
@@ -158,13 +164,22 @@ class FusedAllreduce(Averager):
         """The mean of ``grads`` over all ranks (call inside ``jit``)."""
         if self.size == 1:
             return grads
-        import mpi4jax  # deferred: loads its XLA bridge only when used
-
         plan = self.plan(grads)
-        allreduce = functools.partial(mpi4jax.allreduce, op=MPI.SUM, comm=self.comm)
+        allreduce = functools.partial(self._allreduce(), op=MPI.SUM, comm=self.comm)
         return _Chain(plan, self.size, self.prescale, self.sequential).run(
             plan.flatten(grads), allreduce
         )
+
+    def _allreduce(self) -> Any:
+        """The in-place allreduce where available, else mpi4jax's."""
+        if self.inplace:
+            from research.comm import inplace
+
+            if inplace.available():
+                return inplace.allreduce
+        import mpi4jax  # deferred: loads its XLA bridge only when used
+
+        return mpi4jax.allreduce
 
 
 class _Chain:

@@ -142,6 +142,8 @@ def table_rows(main: dict) -> list[dict[str, Any]]:
                 "mb_min": min(b) / 1e6,
                 "mb_max": max(b) / 1e6,
                 "writers": len([x for x in d.get("bytes_per_rank", []) if x]),
+                "cpu_s": d.get("median_writer_cpu_s"),
+                "cpu_s_per_mb": d.get("median_writer_cpu_s_per_mb"),
             }
         )
     return rows
@@ -171,11 +173,12 @@ def format_table(main: dict) -> str:
         f"overhead @{main['interval']} [90% CI]",
         "restore s",
         "MB written/rank/ckpt",
+        "writer CPU ms/ckpt (ms/MB)",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if r["strategy"] == "none":
-            lines.append("| none (reference) | - | - | - | 0% | - | - |")
+            lines.append("| none (reference) | - | - | - | 0% | - | - | - |")
             continue
         mb = (
             f"{r['mb_max']:.1f} (rank 0 only)"
@@ -185,7 +188,8 @@ def format_table(main: dict) -> str:
         lines.append(
             f"| {r['strategy']} | {_ms(r['blocking_s'])} | "
             f"{_s(r['committed_s'])} | {_s(r['persisted_s'])} | "
-            f"{_pct(r['overhead'], r.get('ci'))} | {_s(r['restore_s'])} | {mb} |"
+            f"{_pct(r['overhead'], r.get('ci'))} | {_s(r['restore_s'])} | {mb} | "
+            f"{_ms(r.get('cpu_s'))} ({_ms(r.get('cpu_s_per_mb'))}) |"
         )
     lines.append("")
     lines.append(
@@ -193,7 +197,9 @@ def format_table(main: dict) -> str:
         f"{main['reference_step_s'] * 1e3:.0f} ms, {main['rounds']} windows of "
         f"{main['window']}+{main['gap']} steps per arm; overhead = median blocking "
         "per window + pooled median step slowdown (research.checkpoint.bench), "
-        "CI from resampling the arm's windows"
+        "CI from resampling the arm's windows; writer CPU: median per writing "
+        "rank and checkpoint, on the writer's own CPU clock "
+        "(research/checkpoint/cpuclock.py), per MB of one tier's shard"
     )
     lines += targets(rows, main)
     return "\n".join(lines)
@@ -216,6 +222,13 @@ def targets(rows: list[dict], main: dict) -> list[str]:
             f"every 10 steps (<= 5%; CheckFreq 3.5%): "
             f"{'met' if df['overhead'] <= 0.05 else 'NOT met'}"
         )
+    if df and df.get("cpu_s_per_mb") is not None:
+        per_mb = df["cpu_s_per_mb"] * 1e3
+        out.append(
+            f"target: DeepFreeze writer CPU {per_mb:.2f} ms per MB "
+            f"({_ms(df['cpu_s'])} ms per checkpoint; <= 1.5 ms/MB): "
+            f"{'met' if per_mb <= 1.5 else 'NOT met'}"
+        )
     others = [r for r in rows if r["strategy"] not in ("none", "deepfreeze")]
     if df and others:
         ahead_b = all(df["blocking_s"] < r["blocking_s"] for r in others)
@@ -224,6 +237,7 @@ def targets(rows: list[dict], main: dict) -> list[str]:
             f"DeepFreeze ahead of every baseline: blocking {ahead_b}, "
             f"overhead {ahead_o}"
         )
+        out.append(_separation(df, others))
     for arm, policy in (("deepfreeze@1", "wait"), ("deepfreeze-skip@1", "skip")):
         a = main["arms"].get(arm)
         st = main["strategies"].get(a["strategy"]) if a else None
@@ -237,6 +251,26 @@ def targets(rows: list[dict], main: dict) -> list[str]:
                 f"overhead {a['overhead']:.0%}"
             )
     return out
+
+
+def _separation(df: dict, others: list[dict]) -> str:
+    """Is DeepFreeze's overhead lowest with 90% CIs that do not overlap?"""
+    if not df.get("ci") or not all(r.get("ci") for r in others):
+        return "target: DeepFreeze overhead lowest, CIs separated: no CIs to compare"
+    lowest = all(df["overhead"] < r["overhead"] for r in others)
+    apart = [r["strategy"] for r in others if df["ci"][1] < r["ci"][0]]
+    verdict = (
+        "met"
+        if lowest and len(apart) == len(others)
+        else "NOT met (not separated)"
+        if lowest
+        else "NOT met"
+    )
+    return (
+        f"target: DeepFreeze overhead lowest of all strategies with 90% CIs "
+        f"separated: {verdict} (lowest {lowest}; CI apart from "
+        f"{', '.join(apart) or 'none'})"
+    )
 
 
 def without(argv: list[str], flag: str) -> list[str]:

@@ -85,7 +85,8 @@ def test_each_rank_writes_only_its_balanced_shard(world, shared):
     assert max(owned) <= 1.25 * sum(owned) / world.size
     assert any(u["rows"] for u in entry["units"])
     mine = Path(shared / "p" / f"rank{world.rank}" / "2")
-    assert mine.is_dir() and (mine / "state").is_dir() and (mine / "shard").is_dir()
+    # A raw shard (research/checkpoint/rawshard.py): one data file and its JSON.
+    assert sorted(p.name for p in mine.iterdir()) == ["data.bin", "shard.json"]
 
 
 @pytest.mark.parametrize("mode", ["view", "host", "device"])

@@ -1,0 +1,179 @@
+"""DeepFreeze's shard format: the transfer buffer as one file, plus JSON.
+
+A raw shard directory holds two files:
+
+* ``data.bin``: the rank's units back to back at 64-byte-aligned offsets, in C
+  order, exactly the bytes of the transfer buffer the rank staged them in;
+* ``shard.json``: ``{"format", "checksum", "units": [{"name", "shape", "dtype",
+  "offset", "nbytes", "crc32"}], "meta": {...}}`` (``crc32`` holds the unit's
+  checksum in the ``checksum`` algorithm, CRC-32C by default).
+
+Why not an Orbax item (``shard.py``, still used with ``compress``): measured
+on this machine for a 21.7 MB shard of 16 leaves, Orbax's async save cost
+about 38 ms of the writer's CPU (asyncio, TensorStore, OCDBT manifests,
+metadata files, 13-21 files per shard) and the zlib CRCs of every unit and
+then every written file another 19 ms, about 2.7 ms per MB. Here the writer
+checksums each unit once (hardware CRC-32C), checksums the file once, and hands
+the mapped buffer to one ``write``: the kernel's copy into the page cache is
+the only copy. Any reader needs numpy alone: ``np.fromfile`` of ``data.bin``
+and the offsets in ``shard.json`` (see :func:`read_raw`).
+
+Written into ``<path>.raw-tmp`` and renamed to ``path`` (the same atomicity as
+Orbax's tmp directory and rename).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from research.checkpoint.integrity import as_bytes, checksum_fn, remove_tree
+
+RAW_FORMAT = "research.checkpoint.shard/raw-1"
+DATA, META = "data.bin", "shard.json"
+#: A dropped step's data file, kept in the rank's folder to be overwritten by
+#: the next shard: writing into a file's existing pages skips the kernel's page
+#: allocation, measured at 3.0 ms instead of 6.5 ms per 9.1 MB in /dev/shm.
+SPARE = ".spare-data.bin"
+
+
+def write_raw(
+    path: Path, buf: np.ndarray, units: list[dict], meta: dict, algo: str = "crc32c"
+) -> tuple[dict[str, int], dict[str, list[int]]]:
+    """Write one shard from the staged buffer ``buf`` (uint8) into ``path``.
+
+    Args:
+      path: the shard directory (must not exist; its parent is created).
+      buf: the transfer buffer; ``units`` locate the arrays in it.
+      units: ``{"name", "shape", "dtype", "offset", "nbytes"}`` per array.
+      meta: JSON metadata stored with the units (step, rank, extra, ...).
+      algo: checksum algorithm of units and files.
+
+    Returns:
+      ``({unit name: checksum}, {file name: [size, checksum]})``.
+    """
+    fn = checksum_fn(algo)
+    data = as_bytes(buf)
+    crcs = {u["name"]: fn(data[u["offset"] : u["offset"] + u["nbytes"]]) for u in units}
+    end = max((u["offset"] + u["nbytes"] for u in units), default=0)
+    data = data[:end]
+    doc = {
+        "format": RAW_FORMAT,
+        "checksum": algo,
+        "units": [{**u, "crc32": crcs[u["name"]]} for u in units],
+        "meta": meta,
+    }
+    text = json.dumps(doc).encode()
+    tmp = path.with_name(f"{path.name}.raw-tmp")
+    remove_tree(tmp)
+    tmp.mkdir(parents=True)
+    _write_file(tmp / DATA, data, spare=path.parent / SPARE)
+    _write_file(tmp / META, text)
+    os.rename(tmp, path)
+    files = {
+        DATA: [int(data.size), fn(data)],
+        META: [len(text), fn(text)],
+    }
+    return crcs, files
+
+
+def open_reusing(path: Path, spare: Path | None) -> int:
+    """A new file at ``path`` for writing: ``spare`` renamed there when it exists.
+
+    The caller overwrites it from offset 0 and truncates it to its new size.
+    """
+    if spare is not None:
+        try:
+            os.replace(spare, path)
+            return os.open(path, os.O_WRONLY)
+        except FileNotFoundError:
+            pass
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+
+
+def _write_file(path: Path, data, spare: Path | None = None) -> None:
+    view = memoryview(data).cast("B")
+    n = len(view)
+    fd = open_reusing(path, spare)
+    try:
+        while view:  # write may be short (signals, huge sizes)
+            view = view[os.write(fd, view) :]
+        os.ftruncate(fd, n)  # a longer spare's tail
+    finally:
+        os.close(fd)
+
+
+def retire(step_dir: Path) -> None:
+    """Remove a dropped shard, keeping its data file as its folder's spare."""
+    data, spare = step_dir / DATA, step_dir.parent / SPARE
+    if data.is_file() and not spare.exists():
+        os.replace(data, spare)
+    remove_tree(step_dir)
+
+
+def read_raw(path: str | Path, names: list[str]) -> tuple[dict[str, np.ndarray], dict]:
+    """The arrays ``names`` of a raw shard (numpy, by name) and its metadata.
+
+    Raises:
+      ValueError: the shard's JSON is not a raw shard or lacks a unit.
+      OSError: a file is missing or unreadable.
+    """
+    path = Path(path)
+    doc = json.loads((path / META).read_text())
+    if doc.get("format") != RAW_FORMAT:
+        raise ValueError(f"not a raw shard: format {doc.get('format')!r}")
+    data = np.fromfile(path / DATA, dtype=np.uint8)
+    by_name = {u["name"]: u for u in doc["units"]}
+    out = {}
+    for n in names:
+        u = by_name.get(n)
+        if u is None:
+            continue  # the caller reports the missing unit by name
+        end = u["offset"] + u["nbytes"]
+        if end > data.size:
+            raise ValueError(f"{n} ends at byte {end}, past the data's {data.size}")
+        raw = data[u["offset"] : end]
+        out[n] = raw.view(np.dtype(u["dtype"])).reshape(u["shape"])
+    return out, doc.get("meta", {})
+
+
+def stage(
+    host: list[np.ndarray], names: list[str], buf: np.memmap | None, xfer: Path
+) -> tuple[list[dict], int, np.memmap]:
+    """Copy a snapshot into the transfer file the writer maps (64-byte aligned).
+
+    Args:
+      host: the snapshot's host arrays.
+      names: their unit names.
+      buf: the current mapping of ``xfer`` (None: not mapped yet); reused when
+        large enough, so steady-state checkpoints fault in no new pages.
+      xfer: the transfer file (in ``/dev/shm`` where it exists).
+
+    Returns:
+      ``(units, size, buf)``: where each array lies, the bytes used, the mapping.
+    """
+    units, off = [], 0
+    for name, a in zip(names, host, strict=True):
+        units.append(
+            {
+                "name": name,
+                "shape": list(a.shape),
+                "dtype": np.dtype(a.dtype).name,
+                "offset": off,
+                "nbytes": int(a.nbytes),
+            }
+        )
+        off += -(-int(a.nbytes) // 64) * 64
+    size = max(off, 64)
+    if buf is None or buf.size < size:
+        buf = None
+        with open(xfer, "wb") as f:
+            f.truncate(size)
+        buf = np.memmap(xfer, dtype=np.uint8, mode="r+", shape=(size,))
+    for u, a in zip(units, host, strict=True):
+        dst = buf[u["offset"] : u["offset"] + u["nbytes"]]
+        np.copyto(dst.view(a.dtype).reshape(a.shape), a)  # releases the GIL
+    return units, size, buf

@@ -1,0 +1,84 @@
+"""DeepFreeze's raw shard format and the two checksum algorithms."""
+
+from __future__ import annotations
+
+import sys
+import zlib
+
+import numpy as np
+import pytest
+
+from research.checkpoint.integrity import (
+    CorruptShardError,
+    array_crc32,
+    file_crc32,
+    scan_dir,
+    verify_dir,
+)
+from research.checkpoint.rawshard import DATA, META, read_raw, stage, write_raw
+
+
+def _staged(tmp_path):
+    rng = np.random.default_rng(0)
+    host = [
+        rng.standard_normal((33, 7)).astype(np.float32),
+        np.arange(5, dtype=np.int64),
+        np.ones((0, 3), np.float32),
+        rng.standard_normal(11).astype(np.float64),
+    ]
+    names = ["a/w", "b/step", "c/empty", "d/x"]
+    units, size, buf = stage(host, names, None, tmp_path / "xfer")
+    return host, names, units, size, buf
+
+
+def test_raw_shard_round_trip_and_checksums(tmp_path):
+    host, names, units, size, buf = _staged(tmp_path)
+    assert all(u["offset"] % 64 == 0 for u in units)
+    crcs, files = write_raw(tmp_path / "7", buf, units, {"step": 7}, "crc32c")
+    assert sorted(files) == [DATA, META]
+    assert not (tmp_path / "7.raw-tmp").exists()
+    for name, a in zip(names, host, strict=True):
+        assert crcs[name] == array_crc32(a, "crc32c")
+        assert crcs[name] != array_crc32(a) or a.size == 0  # a different algorithm
+    # The recorded file checksums are what a fresh scan computes.
+    assert scan_dir(tmp_path / "7", "crc32c") == files
+    verify_dir(tmp_path / "7", files, "crc32c")
+    arrays, meta = read_raw(tmp_path / "7", names)
+    assert meta == {"step": 7}
+    for name, a in zip(names, host, strict=True):
+        assert arrays[name].dtype == a.dtype
+        np.testing.assert_array_equal(arrays[name], a)
+
+
+def test_raw_shard_corruption_is_named(tmp_path):
+    _, _, units, _, buf = _staged(tmp_path)
+    _, files = write_raw(tmp_path / "7", buf, units, {}, "crc32c")
+    data = tmp_path / "7" / DATA
+    raw = bytearray(data.read_bytes())
+    raw[100] ^= 0x01
+    data.write_bytes(bytes(raw))
+    with pytest.raises(CorruptShardError, match=r"data\.bin: crc32 mismatch"):
+        verify_dir(tmp_path / "7", files, "crc32c")
+    data.write_bytes(bytes(raw[:50]))
+    with pytest.raises(CorruptShardError, match=r"data\.bin: truncated"):
+        verify_dir(tmp_path / "7", files, "crc32c")
+    with pytest.raises(ValueError, match="past the data"):
+        read_raw(tmp_path / "7", [units[-1]["name"]])
+
+
+def test_legacy_crc32_is_the_default(tmp_path):
+    # Manifests written before CRC-32C name no algorithm: zlib's CRC-32 verifies.
+    (tmp_path / "f.bin").write_bytes(b"abc" * 1000)
+    size, crc = file_crc32(tmp_path / "f.bin")
+    assert crc == zlib.crc32(b"abc" * 1000) and size == 3000
+    verify_dir(tmp_path, {"f.bin": [size, crc]})
+    with pytest.raises(CorruptShardError, match="crc32 mismatch"):
+        verify_dir(tmp_path, {"f.bin": [size, crc]}, "crc32c")
+
+
+def test_crc32c_without_the_package_says_so(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "google_crc32c", None)  # import fails
+    with pytest.raises(RuntimeError, match="google-crc32c"):
+        array_crc32(np.ones(4, np.float32), "crc32c")
+    with pytest.raises(ValueError, match="unknown checksum"):
+        array_crc32(np.ones(4, np.float32), "md5")
