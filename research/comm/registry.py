@@ -70,6 +70,7 @@ BUILTIN_OPTIONS: dict[str, dict[str, tuple[type, ...]]] = {
         "alone_bytes": _INT_OR_NONE,
         "sequential": _BOOL,
         "prescale": _BOOL,
+        "inplace": _BOOL,
     },
     "host": {"bucket_bytes": _INT, "as_jax": _BOOL, "link": (str,)},
     "solo": _PARTIAL,
