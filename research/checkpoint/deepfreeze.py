@@ -347,7 +347,11 @@ class DeepFreeze(Checkpointer):
     def _run(self) -> None:
         while (job := self._queue.get()) is not None:
             try:
-                self._process(job)
+                # Broken for good: a thread that left a round half done must join
+                # no later one (its next collective would meet the other ranks'
+                # previous one), and the first error is the one to report.
+                if self._broken is None:
+                    self._process(job)
             except BaseException as e:  # noqa: BLE001 - agreement broke: stop for good
                 with self._cv:
                     self._broken = e
