@@ -65,6 +65,16 @@ strong: T1/(P TP)), compute, communication, exposed, hidden fraction::
     overlap    147 / 172 / 328   (25 / 18; late 191)
     DeepFreeze every 3 steps, nt3, 2 ranks, 10 steps: see finding (2)
 
+Rerun on the merged code (2026-11-23 10:26 UTC, same command, 214 s, warm
+cache, load 2.9 at the start and 5.5 at the end, no other job): the same
+picture. Weak scaling at 4 ranks 0.32-0.45 (NT3) and 0.33-0.37 (ResNet-50);
+overlap hides 74-100% of its communication. A 200 ms straggler raised the step
+by 186 ms (host), 106 ms (layerwise) and 189 ms (overlap): absorbed 14, 94 and
+11 ms, so again partly, and most by layerwise. With DeepFreeze every 3 steps
+98-100% of the background work fell in the update gaps (gaps 104-105 ms, 95-100%
+of each step free); overhead +23% (host, 36 ms blocking per save) and +13%
+(overlap, 1 ms blocking), both within this machine's noise.
+
 What 2 shared cores can show: 4 ranks on 2 cores halve each rank's CPU, so
 weak-scaling efficiency at 4 ranks is at most 0.5 before any communication
 (measured 0.27-0.34), and strong scaling at 4 ranks (batch 2 per rank) is
