@@ -129,7 +129,7 @@ from pathlib import Path
 from typing import Any
 
 from research.cli import config_from_args
-from research.launch import UsageError, fail_usage, set_threads
+from research.launch import UsageError, fail_usage
 from research.studies.deepfreeze import (
     STRATEGIES,
     check_flags,
@@ -138,7 +138,7 @@ from research.studies.deepfreeze import (
     run_job,
     without,
 )
-from research.studies.presets import experiment_parser, parse_with_presets, run_root
+from research.studies.presets import experiment_parser, parse_with_presets, start_job
 from research.train.config import TrainConfig
 
 PROG = "python -m experiments.deepfreeze"
@@ -322,12 +322,7 @@ def main(argv: list[str] | None = None) -> str | None:
         if code != 0:
             raise SystemExit(code)
         return report(root, plot)
-    set_threads(args.threads)
-    from research.comm.world import get_world, install_abort_on_error
-
-    world = get_world()
-    install_abort_on_error()
-    root = run_root(args.run_dir, world, "deepfreeze")
+    world, root = start_job(args, "deepfreeze", compile_cache=False)
     root.mkdir(parents=True, exist_ok=True)
     try:
         run_job(args, root, PROG)

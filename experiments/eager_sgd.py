@@ -219,7 +219,7 @@ from pathlib import Path
 from typing import Any
 
 from research.cli import config_from_args
-from research.launch import UsageError, fail_usage, maybe_relaunch, set_threads
+from research.launch import UsageError, fail_usage, maybe_relaunch
 from research.studies.eager_sgd import (
     ARMS,
     DEFAULT_IMBALANCE,
@@ -236,10 +236,9 @@ from research.studies.eager_sweep import (
     write_sweep,
 )
 from research.studies.presets import (
-    enable_compile_cache,
     experiment_parser,
     parse_with_presets,
-    run_root,
+    start_job,
 )
 from research.train.config import TrainConfig
 
@@ -500,13 +499,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
         sweep_driver(argv, args)
         return None
     maybe_relaunch("experiments.eager_sgd", argv, args.np_, args.threads)
-    set_threads(args.threads)
-    enable_compile_cache()
-    from research.comm.world import get_world, install_abort_on_error
-
-    world = get_world()
-    install_abort_on_error()
-    root = run_root(args.run_dir, world, "eager_sgd")
+    world, root = start_job(args, "eager_sgd")
     plot = None if args.no_plots else _plot
     try:
         if args.sweep:

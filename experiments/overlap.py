@@ -148,7 +148,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from research.launch import relaunch, set_threads
+from research.launch import relaunch
 from research.studies.overlap import (
     LINKED,
     MODELS,
@@ -255,14 +255,9 @@ def main(argv: list[str] | None = None) -> str | None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
     if launched_by_mpi():
-        set_threads(args.threads)
-        from research.comm.world import get_world, install_abort_on_error
-        from research.studies.presets import enable_compile_cache, run_root
+        from research.studies.presets import start_job
 
-        enable_compile_cache()
-        world = get_world()
-        install_abort_on_error()
-        root = run_root(args.run_dir, world, "overlap")
+        world, root = start_job(args, "overlap")
         run_point(args, root, world)
         if args.point or world.rank != 0:
             return None

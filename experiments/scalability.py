@@ -140,7 +140,7 @@ import sys
 import time
 from pathlib import Path
 
-from research.launch import relaunch, set_threads
+from research.launch import relaunch
 from research.studies.scalability import MODELS, STRATEGIES, SWEEPS, jobs, plan
 
 PROG = "python -m experiments.scalability"
@@ -286,15 +286,10 @@ def main(argv: list[str] | None = None) -> str | None:
         print(cmds, flush=True)
         return cmds
     if launched_by_mpi():
-        set_threads(args.threads)
-        from research.comm.world import get_world, install_abort_on_error
-        from research.studies.presets import enable_compile_cache, run_root
+        from research.studies.presets import start_job
         from research.studies.scalability import run_points
 
-        enable_compile_cache()
-        world = get_world()
-        install_abort_on_error()
-        root = run_root(args.run_dir, world, "scalability")
+        world, root = start_job(args, "scalability")
         ids = args.points or jobs(points).get((world.size, args.threads), [])
         run_points(ids, args, root, world)
         if args.points or world.rank != 0:

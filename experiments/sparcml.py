@@ -108,8 +108,8 @@ import sys
 from typing import Any
 
 from research.cli import config_from_args
-from research.launch import UsageError, fail_usage, maybe_relaunch, set_threads
-from research.studies.presets import enable_compile_cache, experiment_parser, run_root
+from research.launch import UsageError, fail_usage, maybe_relaunch
+from research.studies.presets import experiment_parser, start_job
 from research.studies.sparcml import ARMS, DENSITIES, RESNET50_DIM, run_experiment
 from research.train.config import TrainConfig
 
@@ -194,13 +194,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         return None
     base = config_from_args(args, PROG)  # validate before paying for MPI start-up
     maybe_relaunch("experiments.sparcml", argv, args.np_, args.threads)
-    set_threads(args.threads)
-    enable_compile_cache()
-    from research.comm.world import get_world, install_abort_on_error
-
-    world = get_world()
-    install_abort_on_error()
-    root = run_root(args.run_dir, world, "sparcml")
+    world, root = start_job(args, "sparcml")
     try:
         return run_experiment(args, root, world, base)
     except UsageError as e:

@@ -79,6 +79,23 @@ def run_root(run_dir: str | None, world, experiment: str) -> Path:
     return Path(world.bcast(default_run_dir(experiment) if world.rank == 0 else None))
 
 
+def start_job(args: argparse.Namespace, experiment: str, *, compile_cache: bool = True):
+    """An experiment's start inside its MPI job: ``(world, run root)``.
+
+    Threads per rank first (XLA reads them when it starts), the compile cache,
+    MPI, then the abort hook at once, so a failure anywhere after ends the job.
+    """
+    from research.comm.world import get_world, install_abort_on_error
+    from research.launch import set_threads
+
+    set_threads(args.threads)
+    if compile_cache:
+        enable_compile_cache()
+    world = get_world()
+    install_abort_on_error()
+    return world, run_root(args.run_dir, world, experiment)
+
+
 def enable_compile_cache() -> None:
     """Share compiled programs between ranks and arms through a disk cache.
 
