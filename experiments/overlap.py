@@ -199,13 +199,19 @@ def build_parser() -> argparse.ArgumentParser:
         "25 elsewhere",
     )
     p.add_argument("--sweep-ranks", nargs="+", type=int, default=[2])
-    p.add_argument("--steps", type=int, default=5)
+    p.add_argument(
+        "--sweep-models",
+        nargs="+",
+        default=["vgg16"],
+        help="models that get the layerwise bucket sweep",
+    )
+    p.add_argument("--steps", type=int, default=4)
     p.add_argument(
         "--warmup",
         type=int,
-        default=3,
-        help="steps left out (compilation; the first touch of overlap's two "
-        "alternating allgather buffers)",
+        default=2,
+        help="steps left out (compilation; overlap's first step, which has no "
+        "allgather to wait for)",
     )
     p.add_argument("--batch-size", type=int, default=2, help="per rank")
     p.add_argument("--image-size", type=int, default=32)

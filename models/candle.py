@@ -23,7 +23,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from models.conv import conv_general_dilated
-from models.staging import run_stages
+from models.staging import TappedDense, run_stages
 
 P1B2_FEATURES = 28_204
 NT3_FEATURES = 60_483
@@ -84,7 +84,7 @@ class P1B2(nn.Module):
             def run(x):
                 if k == 0:
                     x = jnp.asarray(x, self.dtype).reshape(x.shape[0], -1)
-                x = nn.Dense(
+                x = TappedDense(
                     width, dtype=self.dtype, kernel_init=kernel_init, name=f"Dense_{k}"
                 )(x)
                 return nn.Dropout(
@@ -95,7 +95,7 @@ class P1B2(nn.Module):
 
         def head(x):
             x = jnp.asarray(x, self.dtype).reshape(x.shape[0], -1)
-            x = nn.Dense(
+            x = TappedDense(
                 self.num_classes,
                 dtype=self.dtype,
                 kernel_init=kernel_init,
@@ -182,7 +182,7 @@ class NT3(nn.Module):
 
         def hidden(k, width):
             def run(x):
-                x = nn.Dense(
+                x = TappedDense(
                     width, dtype=self.dtype, kernel_init=kernel_init, name=f"Dense_{k}"
                 )(flatten(x))
                 return nn.Dropout(
@@ -192,7 +192,7 @@ class NT3(nn.Module):
             return run
 
         def head(x):
-            x = nn.Dense(
+            x = TappedDense(
                 self.num_classes,
                 dtype=self.dtype,
                 kernel_init=kernel_init,

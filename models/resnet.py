@@ -23,7 +23,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from models.conv import conv_general_dilated
-from models.staging import run_stages
+from models.staging import TappedDense, run_stages
 
 ModuleDef = Any
 
@@ -178,7 +178,7 @@ class ResNet(nn.Module):
 
         def head(x):
             x = jnp.mean(x, axis=(1, 2))
-            x = nn.Dense(
+            x = TappedDense(
                 self.num_classes,
                 dtype=self.dtype,
                 kernel_init=dense_init,

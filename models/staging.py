@@ -12,13 +12,27 @@ alone reads and writes exactly the variables it does inside the whole model, and
 ``Dropout`` draws the same mask (Flax derives the mask's key from the module path).
 The split is by top-level submodule, so it does not depend on how a layer computes.
 ``research.train.stages`` builds the per-stage forward and backward on this.
+
+Dense layers are :class:`TappedDense`: an ``nn.Dense`` (same parameters, same
+names) that can hand out its input and the error at its output, for the SC18
+FC-activation exchange (``research.train.overlapped``): with the ``TAP_INPUTS``
+collection mutable it sows its input, and given a zero-valued ``TAP_ERRORS``
+variable (a Flax perturbation) the gradient with respect to that variable is the
+loss's gradient at the layer's output. Without those collections it is exactly
+``nn.Dense``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import flax.linen as nn
 import jax.numpy as jnp
+
+#: Collection where a ``TappedDense`` sows its input (``{"x": (input,)}``).
+TAP_INPUTS = "dense_inputs"
+#: Collection of the zero-valued perturbations at a ``TappedDense``'s output.
+TAP_ERRORS = "dense_errors"
 
 StageFn = Callable[[jnp.ndarray], jnp.ndarray]
 
@@ -52,3 +66,20 @@ def run_stages(
     for fn in fns[lo:hi]:
         x = fn(x)
     return x
+
+
+class TappedDense(nn.Dense):
+    """``nn.Dense`` with taps: its input (sown to ``TAP_INPUTS`` as ``"x"``) and
+    its output perturbed by ``TAP_ERRORS``' ``"dz"`` (zero-valued: the gradient
+    with respect to it is the error at the output, ``dL/dz``). Its kernel
+    gradient is then ``x^T dz`` over the batch, and its bias gradient ``dz``
+    summed over the batch. ``init`` creates the parameters only, as
+    ``nn.Dense``'s."""
+
+    @nn.compact
+    def __call__(self, inputs: jnp.ndarray) -> jnp.ndarray:
+        y = super().__call__(inputs)
+        if self.is_initializing():
+            return y
+        self.sow(TAP_INPUTS, "x", inputs)
+        return self.perturb("dz", y, collection=TAP_ERRORS)

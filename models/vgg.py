@@ -26,7 +26,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from models.conv import conv_general_dilated
-from models.staging import run_stages
+from models.staging import TappedDense, run_stages
 
 VGG16_STAGES = ((64, 64), (128, 128), (256, 256, 256), (512, 512, 512), (512,) * 3)
 
@@ -142,7 +142,7 @@ class VGG(nn.Module):
             def run(x):
                 if k == 0:
                     x = flatten(x)
-                x = nn.Dense(
+                x = TappedDense(
                     features,
                     dtype=self.dtype,
                     kernel_init=dense_init,
@@ -158,7 +158,7 @@ class VGG(nn.Module):
         def head(x):
             if not self.fc:
                 x = flatten(x)
-            x = nn.Dense(
+            x = TappedDense(
                 self.num_classes,
                 dtype=self.dtype,
                 kernel_init=dense_init,

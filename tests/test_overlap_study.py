@@ -11,16 +11,27 @@ from research.studies.overlap import format_table, label, load_rows, plan
 def test_default_plan_per_world_size():
     args = parse([])
     assert plan(args, 1) == [("real", "host", None), ("real", "overlap", None)]
-    two = plan(args, 2)
+    two = plan(args, 2, "vgg16")
     real = [r for r in two if r[0] == "real"]
-    assert [s for _, s, _ in real] == ["host", "fused", "layerwise", "overlap"]
+    assert [s for _, s, _ in real] == [
+        "host",
+        "fused",
+        "layerwise",
+        "overlap",
+        "overlap-fcx",
+    ]
     assert ("real", "layerwise", 25.0) in real
     sweep = [b for link, s, b in two if link == "auto" and s == "layerwise"]
     assert sweep == [1, 4, 25, 100]
     assert not any(s == "fused" for link, s, _ in two if link == "auto")
-    four = plan(args, 4)
+    assert ("auto", "overlap-fcx", None) in two
+    # ResNet-50: no bucket sweep, no FC-activation exchange (one small fc).
+    resnet = plan(args, 2, "resnet50")
+    assert [b for link, s, b in resnet if s == "layerwise"] == [25, 25]
+    assert not any(s == "overlap-fcx" for _, s, _ in resnet)
+    four = plan(args, 4, "vgg16")
     assert [b for link, s, b in four if link == "auto" and s == "layerwise"] == [25]
-    assert plan(parse(["--emulated-ranks", "2"]), 4) == [
+    assert plan(parse(["--emulated-ranks", "2"]), 4, "vgg16") == [
         r for r in four if r[0] == "real"
     ]
 

@@ -12,7 +12,12 @@ import optax
 import pytest
 
 import models
-from research.train.stages import StagedGrad, group_stages, split_model
+from research.train.stages import (
+    StagedGrad,
+    dense_grads,
+    group_stages,
+    split_model,
+)
 from research.train.state import TrainState
 from research.train.step import grad_step
 
@@ -131,6 +136,41 @@ def test_staged_gradient_equals_monolithic(name):
             lambda a, b: not np.allclose(a, b), stats, state.batch_stats
         )
         assert any(jax.tree_util.tree_leaves(moved))
+
+
+@pytest.mark.parametrize(
+    "name", ["vgg_tiny", "vgg16", "candle_p1b2", "candle_nt3", "resnet_tiny"]
+)
+def test_tapped_dense_stages_give_the_same_gradient(name):
+    """The FC-activation exchange's pieces: a tapped stage's inputs and output
+    errors make the monolithic gradient (dropout active where the model has it)."""
+    model = models.get_model(name, num_classes=3, **CASES[name])
+    state, x, y = _state(model, seed=3)
+    grads, stats, metrics = grad_step(state, x, y)
+    stages = split_model(model)
+    tapped = [s.index for s in stages if s.exchangeable]
+    if name.startswith("resnet"):
+        assert tapped == [len(stages) - 1]  # the classifier only
+    else:
+        fcs = [s for s in stages if s.param_keys[0].startswith("Dense_")]
+        assert tapped == [s.index for s in fcs] and len(tapped) >= 2
+    staged = StagedGrad(model, stages, exchange=tapped)
+    _close(staged.grad(state, x, y), (grads, stats, metrics))
+    # Stacking two "ranks" (the same batch twice) gives the same mean gradient.
+    staged.forward(state, x, y)
+    errors = dict(staged.backward())
+    for i in tapped:
+        params = stages[i].params(state.params)
+        two = dense_grads(
+            params,
+            [jnp.concatenate([a, a]) for a in staged.taps[i]],
+            [jnp.concatenate([e, e]) for e in errors[i]],
+            2,
+        )
+        _close(two, {k: grads[k] for k in params})
+    bad = next((s.index for s in stages if not s.exchangeable), len(stages))
+    with pytest.raises(ValueError, match="tapped dense"):
+        StagedGrad(model, stages, exchange=[bad])
 
 
 def test_dropout_masks_match_and_follow_the_step():

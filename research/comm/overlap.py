@@ -118,13 +118,21 @@ class ShardedOverlap(_Handled):
     Args:
       world: the world to average over.
       link: an emulated link (``research.comm.link``) or ``"real"``.
+      fc_exchange: stages made only of dense layers exchange their layers'
+        inputs and output errors (allgathers of ``(in + out) x batch`` floats
+        per rank) instead of reduce-scattering their ``in x out`` gradients;
+        each rank then computes their whole gradient and update
+        (``research.train.activation_exchange``).
     """
 
     executor = "overlap"
     name = "overlap"
 
-    def __init__(self, world: Any, *, link: str = "real") -> None:
+    def __init__(
+        self, world: Any, *, link: str = "real", fc_exchange: bool = False
+    ) -> None:
         super().__init__(world, link=link, name="overlap")
+        self.fc_exchange = bool(fc_exchange)
 
     def shard_size(self, n: int) -> int:
         """Elements of one rank's slice of an ``n``-element stage (padded)."""

@@ -78,7 +78,7 @@ BUILTIN_OPTIONS: dict[str, dict[str, tuple[type, ...]]] = {
     "sync": _PARTIAL,
     "ps": {"root": _INT, "max_sleep": _FLOAT, "link": (str,)},
     "layerwise": {"bucket_bytes": _INT, "link": (str,)},
-    "overlap": {"link": (str,)},
+    "overlap": {"link": (str,), "fc_exchange": _BOOL},
     "sparse": {
         "density": _FLOAT,
         "scope": (str,),

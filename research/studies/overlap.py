@@ -27,9 +27,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-STRATEGIES = ("host", "fused", "layerwise", "overlap")
+STRATEGIES = ("host", "fused", "layerwise", "overlap", "overlap-fcx")
 #: Strategies that run on an emulated link (fused communicates inside XLA).
-LINKED = ("host", "layerwise", "overlap")
+LINKED = ("host", "layerwise", "overlap", "overlap-fcx")
+#: ``overlap`` with the FC-activation exchange (option ``fc_exchange``), run
+#: only for these models (VGG-16: its fc 4096-4096; elsewhere the dense
+#: layer is a small classifier and the runs would repeat ``overlap``'s).
+FC_EXCHANGE_MODELS = ("vgg16",)
 #: On one rank: the serial baseline (efficiency is against it) and overlap's
 #: own single-rank cost (its packing and sharded update without communication).
 ONE_RANK = ("host", "overlap")
@@ -68,6 +72,8 @@ def _config(
     options = (PAPER_MODELS if args.paper_scale else MODELS).get(model, {})
     options = {**options, "image_size": args.image_size}
     strategy_options = {}
+    if strategy == "overlap-fcx":
+        strategy, strategy_options = "overlap", {"fc_exchange": True}
     if strategy == "layerwise":
         mb = DEFAULT_BUCKET_MB if bucket_mb is None else bucket_mb
         strategy_options["bucket_bytes"] = int(mb * 2**20)
@@ -123,6 +129,7 @@ def _timing(run_dir: Path, strategy: str, warmup: int) -> dict[str, Any]:
         "comm_s": comm,
         "exposed_s": exposed,
         "hidden": None if not comm else max(0.0, 1.0 - (exposed or 0.0) / comm),
+        "sent_bytes": _median(rows, "comm_bytes"),
         "steps_measured": len(rows),
     }
 
@@ -151,12 +158,16 @@ def emulated_link(compute_s: float, grad_bytes: int, size: int) -> str:
     return f"{moved * 8 / compute_s / 1e9:.4f}gbps"
 
 
-def plan(args: Any, size: int) -> list[tuple[str, str, float | None]]:
+def plan(
+    args: Any, size: int, model: str | None = None
+) -> list[tuple[str, str, float | None]]:
     """``(link kind, strategy, bucket MiB)`` of every run at this world size.
 
     One rank: ``ONE_RANK`` on the real link. Emulated links only at
     ``args.emulated_ranks``; layerwise's bucket sweep (``args.bucket_mb``) only
-    on the emulated link(s) at ``args.sweep_ranks``, DDP's 25 MiB elsewhere.
+    on the emulated link(s) at ``args.sweep_ranks`` for ``args.sweep_models``,
+    DDP's 25 MiB elsewhere;
+    ``overlap-fcx`` only for ``FC_EXCHANGE_MODELS`` (any ``model`` if None).
     """
     runs = []
     for link_kind in args.links:
@@ -168,9 +179,12 @@ def plan(args: Any, size: int) -> list[tuple[str, str, float | None]]:
                 emulated and strategy not in LINKED
             ):
                 continue
+            if strategy == "overlap-fcx" and model not in (None, *FC_EXCHANGE_MODELS):
+                continue
             buckets: list[float | None] = [None]
             if strategy == "layerwise":
                 sweep = emulated and size in args.sweep_ranks
+                sweep = sweep and model in (None, *args.sweep_models)
                 buckets = list(args.bucket_mb) if sweep else [DEFAULT_BUCKET_MB]
             runs += [(link_kind, strategy, b) for b in buckets]
     return runs
@@ -184,7 +198,7 @@ def run_point(args: Any, root: Path, world: Any) -> None:
         # "auto": the link on which host's allreduce takes as long as its
         # compute did on the real link (measured first, in this job).
         links = ["real"]
-        for link_kind, strategy, bucket_mb in plan(args, world.size):
+        for link_kind, strategy, bucket_mb in plan(args, world.size, model):
             link = "real"
             if link_kind == "auto":
                 link = world.bcast(links[-1] if world.rank == 0 else None)
@@ -342,6 +356,18 @@ def format_checks(rows: list[dict[str, Any]], model: str) -> str:
                 f"host, hides {100 * (ov['hidden'] or 0):.0f}% (shared memory: moving "
                 "bytes takes the CPU the computation needs)"
             )
+    for (name, p, kind), fcx in sorted(by.items()):
+        ov = by.get(("overlap", p, kind))
+        if name != "overlap-fcx" or not ov:
+            continue
+        mb = [(r.get("sent_bytes") or 0) / 2**20 for r in (fcx, ov)]
+        out.append(
+            f"  [info] {p} ranks, {'real link' if kind == 'real' else 'emulated'}: "
+            f"FC-activation exchange {_ms(fcx['step_s'])} ms vs overlap "
+            f"{_ms(ov['step_s'])} ms ({ov['step_s'] / fcx['step_s']:.2f}x); "
+            f"handed to MPI per step {mb[0]:.1f} vs {mb[1]:.1f} MB; optimizer "
+            f"{fcx['opt_bytes'] / 2**20:.1f} vs {ov['opt_bytes'] / 2**20:.1f} MB/rank"
+        )
     return "\n".join([f"checks, {model}:", *out]) if out else ""
 
 

@@ -48,6 +48,7 @@ held by this rank).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -61,8 +62,9 @@ from research.comm.base import CommInfo
 from research.comm.handles import Handle
 from research.trace import get_tracer
 from research.train import step as steps
+from research.train.activation_exchange import ActivationExchange, ravel_concat
 from research.train.executors import Executor, StepContext, StepOut, register_executor
-from research.train.stages import Stage, StagedGrad
+from research.train.stages import Stage, StagedGrad, split_model
 from research.train.state import TrainState, tree_bytes
 
 #: Leaves start at multiples of 16 float32 (64 bytes) in a stage's vector: JAX
@@ -71,10 +73,14 @@ ALIGN = 16
 
 
 def aligned_empty(n: int) -> np.ndarray:
-    """An uninitialised float32 vector of ``n`` items at a 64-byte address."""
+    """A float32 vector of ``n`` items at a 64-byte address, its pages touched
+    (zeros): the first write into fresh pages costs page faults, which would
+    otherwise land in whichever step first uses the buffer."""
     raw = np.empty(n + ALIGN, np.float32)
     off = (-raw.ctypes.data % (4 * ALIGN)) // 4
-    return raw[off : off + n]
+    out = raw[off : off + n]
+    out.fill(0)
+    return out
 
 
 def host_view(a: np.ndarray) -> jax.Array:
@@ -120,9 +126,26 @@ class FlatStage:
         self.padded = self.n if padded is None else int(padded)
         if self.padded < self.n:
             raise ValueError(f"padded {self.padded} < {self.n} elements")
-        self.pack = jax.jit(self._pack)
-        self.unpack = jax.jit(self._unpack)
         self.divisor = float(divisor)
+        self._key = (self.treedef, tuple(self.shapes), tuple(map(str, self.dtypes)))
+        self._key += (self.padded, self.divisor)
+
+    # Equal layouts are equal (and hash alike), so programs that take a
+    # FlatStage as a static argument (``post``, ``pack``) are traced once per
+    # layout in a process, not once per run.
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FlatStage) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def pack(self, tree: Any, divisor: Any) -> jax.Array:
+        """``_pack`` as one program (per layout)."""
+        return _PACK(self, tree, divisor)
+
+    def unpack(self, flat: jax.Array) -> Any:
+        """``_unpack`` as one program (per layout)."""
+        return _UNPACK(self, flat)
 
     @property
     def nbytes(self) -> int:
@@ -165,6 +188,10 @@ class FlatStage:
         return jax.tree_util.tree_unflatten(self.treedef, out)
 
 
+_PACK = jax.jit(lambda f, tree, divisor: f._pack(tree, divisor), static_argnums=0)
+_UNPACK = jax.jit(lambda f, flat: f._unpack(flat), static_argnums=0)
+
+
 def busy_time(handles: Sequence[Handle]) -> float:
     """Seconds during which at least one of ``handles`` was in flight."""
     spans = sorted(
@@ -187,9 +214,17 @@ class _StagedExecutor(Executor):
         super().__init__(averager, ctx)
         if ctx.model is None:
             raise ValueError(f"strategy {averager.name!r} needs the model (ctx.model)")
-        self.staged = StagedGrad(ctx.model)
+        exchange = self._exchanged(split_model(ctx.model))
+        self.staged = StagedGrad.shared(ctx.model, exchange)
         self.stages = self.staged.stages
         self.size = averager.size
+
+    def _exchanged(self, stages: Sequence[Stage]) -> list[int]:
+        """Stages to run tapped (their activations exchanged): none here."""
+        return []
+
+    def _forward_done(self, i: int) -> None:
+        """Called once stage ``i``'s forward output is ready."""
 
     def _wait(self, h: Handle, what: str, step: int) -> np.ndarray:
         with get_tracer().span(f"wait {what}", "comm", step=step):
@@ -212,6 +247,7 @@ class _StagedExecutor(Executor):
             self._compute += t1 - begun[i]
             name = f"forward {self.stages[i].name}"
             tracer.complete(name, "compute", begun[i], t1, step=step)
+            self._forward_done(i)
 
         return self.staged.forward(state, x, y, stage_params=before, after_stage=after)
 
@@ -265,17 +301,7 @@ class LayerwiseExecutor(_StagedExecutor):
             else f"{self.stages[b[0]].name}..{self.stages[b[-1]].name}"
             for b in self.buckets
         ]
-        self._pack, self._unpack = [], []
-        for b in self.buckets:
-            part = [flats[i] for i in b]
-            self._pack.append(
-                jax.jit(
-                    lambda trees, d, part=part: jnp.concatenate(
-                        [f._pack(t, d) for f, t in zip(part, trees, strict=True)]
-                    )
-                )
-            )
-            self._unpack.append(jax.jit(lambda flat, part=part: _split(flat, part)))
+        self._parts = [tuple(flats[i] for i in b) for b in self.buckets]
         # Result buffers reused every step (the update reads them before the
         # next step's allreduces write them), at addresses JAX can alias.
         self._out = [
@@ -293,7 +319,7 @@ class LayerwiseExecutor(_StagedExecutor):
             k = self._closes.get(i)
             if k is not None:
                 trees = [done.pop(j) for j in self.buckets[k]]
-                buf = np.asarray(self._pack[k](trees, divisor))
+                buf = np.asarray(_pack_bucket(self._parts[k], trees, divisor))
                 self._sent += buf.nbytes
                 out = self._out[k]
                 handles.append(self.averager.allreduce(buf, self._labels[k], out=out))
@@ -303,7 +329,7 @@ class LayerwiseExecutor(_StagedExecutor):
         t0 = time.perf_counter()
         for k, h in enumerate(handles):
             out = self._wait(h, f"allreduce {self._labels[k]}", step)
-            for part in self._unpack[k](host_view(out)):
+            for part in _split_bucket(self._parts[k], host_view(out)):
                 grads.update(part)
         t1 = time.perf_counter()
         with get_tracer().span("update", "update", step=step):
@@ -318,7 +344,17 @@ class LayerwiseExecutor(_StagedExecutor):
         return state, jax.device_get(metrics), info, phases
 
 
-def _split(flat: jax.Array, part: Sequence[FlatStage]) -> list[Any]:
+@functools.partial(jax.jit, static_argnums=0)
+def _pack_bucket(part: tuple[FlatStage, ...], trees: list, divisor: Any) -> jax.Array:
+    """A bucket's stages' gradients as one message vector."""
+    return jnp.concatenate(
+        [f._pack(t, divisor) for f, t in zip(part, trees, strict=True)]
+    )
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _split_bucket(part: tuple[FlatStage, ...], flat: jax.Array) -> list[Any]:
+    """A bucket's message vector back into its stages' gradient trees."""
     out, start = [], 0
     for f in part:
         out.append(f._unpack(flat[start : start + f.n]))
@@ -328,7 +364,26 @@ def _split(flat: jax.Array, part: Sequence[FlatStage]) -> list[Any]:
 
 @register_executor("overlap")
 class OverlapExecutor(_StagedExecutor):
-    """Reduce-scatter, sharded update and allgather overlapped (SC18)."""
+    """Reduce-scatter, sharded update and allgather overlapped (SC18); with
+    ``fc_exchange``, dense stages exchange activations instead
+    (``research.train.activation_exchange``)."""
+
+    def _exchanged(self, stages: Sequence[Stage]) -> list[int]:
+        if not getattr(self.averager, "fc_exchange", False):
+            return []
+        tapped = [s.index for s in stages if s.exchangeable]
+        if not tapped:
+            raise ValueError(
+                f"fc_exchange: {type(self.ctx.model).__name__} has no stage made "
+                "only of dense layers (models.staging.TappedDense)"
+            )
+        return tapped
+
+    def _forward_done(self, i: int) -> None:
+        if i in self.fcx:
+            h, nbytes = self.fcx.start_inputs(i, self.staged.taps[i])
+            self._inputs[i] = h
+            self._sent += nbytes
 
     def start(self, state: TrainState) -> None:
         P, r = self.size, self.averager.rank
@@ -342,6 +397,11 @@ class OverlapExecutor(_StagedExecutor):
         self._k = [f.padded // P for f in self.flats]
         self._lo = [r * k for k in self._k]
         _, tx = self.ctx.optimizer(1)
+        tapped = [self.stages[i] for i in sorted(self.staged.exchange)]
+        self.fcx = ActivationExchange(
+            self.averager, tapped, tx, aligned_empty, host_view
+        )
+        self._inputs: dict[int, Handle] = {}
 
         def update(p, g, opt):
             upd, opt = tx.update(g, opt, p)
@@ -363,7 +423,11 @@ class OverlapExecutor(_StagedExecutor):
         self.opt_bytes = 0
 
     # -- slices of the state ------------------------------------------------------
-    def _slice(self, i: int, tree: Any) -> jax.Array:
+    def _slice(self, i: int, tree: Any) -> Any:
+        """This rank's slice of stage ``i`` of a params-shaped tree (a copy of
+        the whole subtree for a stage that exchanges activations)."""
+        if i in self.fcx:
+            return jax.tree_util.tree_map(jnp.array, self.stages[i].params(tree))
         flat = self.flats[i].pack(self.stages[i].params(tree), jnp.float32(1))
         return flat[self._lo[i] : self._lo[i] + self._k[i]]
 
@@ -375,9 +439,8 @@ class OverlapExecutor(_StagedExecutor):
             return jax.tree_util.tree_structure(node) == pdef
 
         full = state.opt_state
-        self._marks = jax.tree_util.tree_leaves(
-            jax.tree_util.tree_map(is_params, full, is_leaf=is_params)
-        )
+        nodes, self._opt_def = jax.tree_util.tree_flatten(full, is_leaf=is_params)
+        self._marks = [is_params(n) for n in nodes]
         self.shards = [self._slice(i, state.params) for i in range(len(self.stages))]
         self.opt = [
             jax.tree_util.tree_map(
@@ -387,16 +450,17 @@ class OverlapExecutor(_StagedExecutor):
             )
             for i in range(len(self.stages))
         ]
-        self._opt_def = jax.tree_util.tree_structure(self.opt[0])
         self.opt_bytes = sum(tree_bytes(o) for o in self.opt)
 
     def _export_opt(self, step: int) -> Any:
         """The whole optimizer state, gathered from every rank's slices."""
-        per_stage = [jax.tree_util.tree_leaves(o) for o in self.opt]
+        per_stage = [self._opt_def.flatten_up_to(o) for o in self.opt]
         handles = {}
         for k, mark in enumerate(self._marks):
             if mark:
                 for i, stage in enumerate(self.stages):
+                    if i in self.fcx:
+                        continue  # whole on every rank
                     buf = np.asarray(per_stage[i][k])
                     label = f"optimizer {stage.name}"
                     handles[k, i] = self.averager.allgather(buf, label)
@@ -407,6 +471,9 @@ class OverlapExecutor(_StagedExecutor):
                 continue
             tree = {}
             for i, stage in enumerate(self.stages):
+                if i in self.fcx:
+                    tree.update(per_stage[i][k])
+                    continue
                 out = self._wait(
                     handles[k, i], f"allgather optimizer {stage.name}", step
                 )
@@ -427,6 +494,9 @@ class OverlapExecutor(_StagedExecutor):
         fresh: dict[str, Any] = {}
 
         def stage_params(i: int):
+            if i in self.fcx:  # updated whole on this rank
+                fresh.update(self.shards[i])
+                return self.shards[i]
             if self.pending[i] is None:
                 return None  # right after a drain: state.params is current
             params = self._gathered(i, step)
@@ -439,17 +509,24 @@ class OverlapExecutor(_StagedExecutor):
         reduced: list[Handle | None] = [None] * len(self.stages)
 
         def on_grad(i: int, flat: jax.Array) -> None:
+            if i in self.fcx:
+                reduced[i], nbytes = self.fcx.start_errors(i, flat)
+                self._sent += nbytes
+                return
             buf = np.asarray(flat)  # packed in the backward program; no copy
             self._sent += buf.nbytes
             name = self.stages[i].name
             reduced[i] = self.averager.reduce_scatter(buf, name, out=self._rs[i])
 
-        self._backward(step, on_grad, post=self.flats.__getitem__)
+        self._backward(step, on_grad, post=self._post)
         hold()
         gather = [ag[self._parity] for ag in self._ag]
         self._parity ^= 1
         t0, update_s = time.perf_counter(), 0.0
         for i, stage in enumerate(self.stages):
+            if i in self.fcx:
+                update_s += self._exchange_update(i, reduced[i], step)
+                continue
             g = self._wait(reduced[i], f"reduce-scatter {stage.name}", step)
             u0 = time.perf_counter()
             with get_tracer().span(
@@ -473,13 +550,32 @@ class OverlapExecutor(_StagedExecutor):
         info = self._info(step, self.opt_bytes)
         return state, jax.device_get(metrics), info, phases
 
+    def _post(self, i: int) -> Callable[[list], jax.Array]:
+        """What stage ``i``'s backward program packs into its message."""
+        return ravel_concat if i in self.fcx else self.flats[i]
+
+    def _exchange_update(self, i: int, errors: Handle, step: int) -> float:
+        """Stage ``i``'s update from the gathered activations; its seconds."""
+        name = self.stages[i].name
+        inputs = self._wait(self._inputs.pop(i), f"allgather inputs {name}", step)
+        errs = self._wait(errors, f"allgather errors {name}", step)
+        u0 = time.perf_counter()
+        with get_tracer().span(f"update {name}", "update", step=step, stage=name):
+            p, self.opt[i] = self.fcx.update(
+                i, self.shards[i], self.opt[i], inputs, errs
+            )
+            self.shards[i] = jax.block_until_ready(p)
+        return time.perf_counter() - u0
+
     def drain(self, state: TrainState, final: bool = False) -> TrainState:
         if self.shards is None:
             return state
         self._begin()
         params = dict(state.params)
         for i in range(len(self.stages)):
-            if self.pending[i] is not None:
+            if i in self.fcx:
+                params.update(self.shards[i])
+            elif self.pending[i] is not None:
                 # Copies: the views' buffers are written again two steps on,
                 # and a drained state may outlive that (a checkpoint).
                 gathered = self._gathered(i, int(state.step))

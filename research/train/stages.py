@@ -31,12 +31,22 @@ rest of ResNet-50's 3% is that and the elementwise fusions cut at the 17 block
 boundaries (XLA:CPU runs convolutions and matrix products as library calls,
 which do not fuse with their neighbours in the monolithic program either).
 
-This module is pure JAX: no MPI, nothing from ``models/``.
+FC-activation exchange (SC18): a stage made only of dense layers
+(``models.staging.TappedDense``) can run *tapped* (``StagedGrad(exchange=...)``):
+its forward also returns each layer's input and its backward yields, instead of
+the parameter gradient, each layer's output error ``dz`` (the gradient with
+respect to a zero-valued perturbation at the output). ``dense_grads`` turns the
+inputs and errors of every rank into the parameter gradient. The stage's own
+kernel gradient is then never computed (nor its ``in x out`` buffer written).
+
+This module is pure JAX: no MPI; from ``models/`` only the stage protocol
+(``models.staging``: the taps' collection names).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -45,6 +55,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from models.staging import TAP_ERRORS, TAP_INPUTS
 from research.train.state import TrainState
 
 Tree = dict[str, Any]
@@ -62,6 +73,8 @@ class Stage:
         stat_keys: top-level keys of ``batch_stats`` that belong to this stage.
         span: the model's stages ``(i, j)`` this one runs, ``(index, index + 1)``
             unless grouped.
+        tap_keys: top-level keys of the stage's tapped dense layers
+            (``models.staging.TappedDense``), sorted.
     """
 
     index: int
@@ -69,6 +82,13 @@ class Stage:
     param_keys: tuple[str, ...]
     stat_keys: tuple[str, ...]
     span: tuple[int, int]
+    tap_keys: tuple[str, ...] = ()
+
+    @property
+    def exchangeable(self) -> bool:
+        """Whether every parameter belongs to a tapped dense layer, so the
+        stage's gradient can come from its layers' inputs and errors."""
+        return bool(self.tap_keys) and set(self.tap_keys) == set(self.param_keys)
 
     def params(self, tree: Tree) -> Tree:
         """This stage's subtree of a ``params``-shaped tree (grads, momenta...)."""
@@ -98,17 +118,31 @@ def split_model(
     Raises:
         ValueError: if the stages' keys overlap or miss part of the whole tree.
     """
-    names = tuple(model.stage_names)
     shape = tuple(input_shape or model.input_shape)
+    return list(_split(model, shape))
+
+
+@functools.lru_cache(maxsize=16)
+def _split(model: nn.Module, shape: tuple[int, ...]) -> tuple[Stage, ...]:
+    """``split_model``, once per (model, input shape) in a process (modules
+    compare by their fields; the tracing takes a second for ResNet-50)."""
+    names = tuple(model.stage_names)
     x = jax.ShapeDtypeStruct((1, *shape), jnp.float32)
     rngs = {"params": jax.random.key(0), "dropout": jax.random.key(1)}
     whole = jax.eval_shape(lambda x: model.init(rngs, x, train=False), x)
     stages = []
     for i, name in enumerate(names):
-        x, variables = jax.eval_shape(
+        y, variables = jax.eval_shape(
             lambda x, i=i: model.init_with_output(
                 rngs, x, train=False, stages=(i, i + 1)
             ),
+            x,
+        )
+        taps = jax.eval_shape(
+            lambda v, x, i=i: model.apply(
+                v, x, train=False, stages=(i, i + 1), mutable=[TAP_ERRORS]
+            )[1],
+            variables,
             x,
         )
         stages.append(
@@ -118,8 +152,10 @@ def split_model(
                 tuple(variables.get("params", {})),
                 tuple(variables.get("batch_stats", {})),
                 (i, i + 1),
+                tuple(sorted(taps.get(TAP_ERRORS, {}))),
             )
         )
+        x = y
     for collection, attr in (("params", "param_keys"), ("batch_stats", "stat_keys")):
         owned = [k for s in stages for k in getattr(s, attr)]
         expected = set(whole.get(collection, {}))
@@ -128,7 +164,7 @@ def split_model(
                 f"stages of {type(model).__name__} do not partition {collection}: "
                 f"owned {sorted(owned)}, whole tree {sorted(expected)}"
             )
-    return stages
+    return tuple(stages)
 
 
 def group_stages(stages: Sequence[Stage], sizes: Sequence[int]) -> list[Stage]:
@@ -163,6 +199,7 @@ def group_stages(stages: Sequence[Stage], sizes: Sequence[int]) -> list[Stage]:
                 tuple(k for s in part for k in s.param_keys),
                 tuple(k for s in part for k in s.stat_keys),
                 (part[0].span[0], part[-1].span[1]),
+                tuple(sorted(k for s in part for k in s.tap_keys)),
             )
         )
     return groups
@@ -229,6 +266,11 @@ def _loss_head(logits: jax.Array, y: jax.Array):
     return loss, acc, vjp
 
 
+#: How many ``StagedGrad.shared`` instances a process keeps.
+SHARED_MAX = 4
+_SHARED: dict[tuple, StagedGrad] = {}
+
+
 class StagedGrad:
     """Gradient of a model computed stage by stage, each stage one jitted program.
 
@@ -239,13 +281,31 @@ class StagedGrad:
     Args:
         model: a module following ``models.staging`` (every model here).
         stages: its stages; ``split_model(model)`` when omitted.
+        exchange: indices of stages to run tapped (each ``exchangeable``):
+            ``forward`` keeps their layers' inputs in ``taps`` and ``backward``
+            yields their layers' output errors instead of parameter gradients.
     """
 
-    def __init__(self, model: nn.Module, stages: Sequence[Stage] | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        stages: Sequence[Stage] | None = None,
+        exchange: Sequence[int] = (),
+    ):
         self.model = model
         self.stages = tuple(stages if stages is not None else split_model(model))
         if not self.stages:
             raise ValueError("a model needs at least one stage")
+        self.exchange = frozenset(exchange)
+        for i in self.exchange:
+            if not 0 <= i < len(self.stages) or not self.stages[i].exchangeable:
+                raise ValueError(
+                    f"stage {i} cannot exchange activations: only a stage made "
+                    "of tapped dense layers (models.staging.TappedDense) can"
+                )
+        #: After ``forward``: stage index -> its tapped layers' inputs, in
+        #: ``tap_keys`` order (tapped stages only).
+        self.taps: dict[int, list[jax.Array]] = {}
         self._forward = [jax.jit(self._stage_forward(s)) for s in self.stages]
         self._eval = [jax.jit(self._stage_eval(s)) for s in self.stages]
         self._loss = jax.jit(_loss_head)
@@ -257,7 +317,27 @@ class StagedGrad:
         self._loss_vjp: Callable | None = None
         self.batch_stats: Tree | None = None
 
+    @classmethod
+    def shared(cls, model: nn.Module, exchange: Sequence[int] = ()) -> StagedGrad:
+        """One instance per ``(model, exchange)`` in the process (the last
+        ``SHARED_MAX`` kept), so a later run of the same model (a study runs
+        many) traces and compiles none of its programs again: they are the
+        instance's jitted functions. The instance holds a step's residuals only
+        between ``forward`` and ``backward``, so two users must not interleave
+        steps (one trainer steps at a time in a process)."""
+        key = (model, frozenset(exchange))
+        found = _SHARED.pop(key, None)
+        if found is None:
+            stages = split_model(model)
+            found = cls(model, stages, exchange)
+        _SHARED[key] = found  # most recently used last
+        while len(_SHARED) > SHARED_MAX:
+            _SHARED.pop(next(iter(_SHARED)))
+        return found
+
     def _stage_forward(self, stage: Stage) -> Callable:
+        if stage.index in self.exchange:
+            return self._tapped_forward(stage)
         apply, span = self.model.apply, stage.span
         has_stats, first = bool(stage.stat_keys), stage.span[0] == 0
 
@@ -286,7 +366,58 @@ class StagedGrad:
             # Leaves, not dicts: a result's key path is written into the program,
             # so identical blocks compile to identical programs (and share an
             # entry of JAX's persistent compilation cache) only without names.
-            return y, jax.tree_util.tree_leaves(new), _Residuals.strip(vjp, known)
+            res = _Residuals.strip(vjp, known)
+            return y, jax.tree_util.tree_leaves(new), res, []
+
+        return run
+
+    def _tapped_forward(self, stage: Stage) -> Callable:
+        """Like ``_stage_forward``, differentiating the perturbations at the
+        layers' outputs (and the input) instead of the parameters, and also
+        returning the layers' inputs."""
+        apply, span, keys = self.model.apply, stage.span, stage.tap_keys
+        has_stats, first = bool(stage.stat_keys), stage.span[0] == 0
+        mutable = [TAP_INPUTS, *(["batch_stats"] if has_stats else [])]
+
+        def run(params, stats, x, rng, step):
+            rngs = {"dropout": jax.random.fold_in(rng, step)}
+            variables = {
+                "params": params,
+                **({"batch_stats": stats} if has_stats else {}),
+            }
+            zeros = jax.eval_shape(
+                lambda: apply(
+                    variables,
+                    x,
+                    train=True,
+                    stages=span,
+                    rngs=rngs,
+                    mutable=[TAP_ERRORS, *mutable],
+                )[1][TAP_ERRORS]
+            )
+            zeros = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), zeros)
+
+            def f(errors, x):
+                y, new = apply(
+                    {**variables, TAP_ERRORS: errors},
+                    x,
+                    train=True,
+                    stages=span,
+                    mutable=mutable,
+                    rngs=rngs,
+                )
+                inputs = [new[TAP_INPUTS][k]["x"][0] for k in keys]
+                return y, (
+                    jax.tree_util.tree_leaves(new.get("batch_stats", {})),
+                    inputs,
+                )
+
+            if first:
+                y, vjp, (new, inputs) = jax.vjp(lambda e: f(e, x), zeros, has_aux=True)
+            else:
+                y, vjp, (new, inputs) = jax.vjp(f, zeros, x, has_aux=True)
+            known = jax.tree_util.tree_leaves((params, x, y))
+            return y, new, _Residuals.strip(vjp, known), inputs
 
         return run
 
@@ -327,12 +458,15 @@ class StagedGrad:
             ``{"loss": ..., "acc": ...}`` as device scalars.
         """
         saved, new_stats, h = [], {}, jnp.asarray(x)
+        self.taps = {}
         for stage, fwd in zip(self.stages, self._forward, strict=True):
             params = stage_params(stage.index) if stage_params else None
             if params is None:
                 params = stage.params(state.params)
             stats = stage.stats(state.batch_stats) if stage.stat_keys else {}
-            out, new, res = fwd(params, stats, h, state.rng, state.step)
+            out, new, res, inputs = fwd(params, stats, h, state.rng, state.step)
+            if inputs:
+                self.taps[stage.index] = inputs
             if stage.stat_keys:
                 treedef = jax.tree_util.tree_structure(stats)
                 new_stats.update(jax.tree_util.tree_unflatten(treedef, new))
@@ -355,12 +489,15 @@ class StagedGrad:
         Each gradient is yielded as soon as its program is dispatched, before
         the next (earlier) stage's backward starts, so a caller may start its
         communication at once. Residuals of a stage are released after use.
+        A tapped stage (``exchange``) yields instead the list of its layers'
+        output errors, in ``tap_keys`` order (``dense_grads`` makes them a
+        gradient).
 
         Args:
             loss_cotangent: scale of the loss's cotangent (1.0: plain gradient).
             post: optional ``i -> f``, ``f`` hashable, mapping stage ``i``'s
-                gradient leaves (in ``params``' order) to what is yielded
-                instead of the gradient tree, computed inside the stage's
+                gradient leaves (in ``params``' order; a tapped stage's errors)
+                to what is yielded instead, computed inside the stage's
                 backward program (e.g. packing them into one message buffer:
                 the leaves are then never materialised on their own).
 
@@ -381,12 +518,18 @@ class StagedGrad:
                 leaves, ct = out
             else:
                 (leaves,) = out
-            yield i, leaves if fn else jax.tree_util.tree_unflatten(treedef, leaves)
+            if fn is None and i not in self.exchange:
+                leaves = jax.tree_util.tree_unflatten(treedef, leaves)
+            yield i, leaves
 
     def grad(self, state: TrainState, x: Any, y: Any) -> tuple[Tree, Tree, dict]:
-        """Whole gradient, new statistics and metrics, like ``step.grad_fn``."""
+        """Whole gradient, new statistics and metrics, like ``step.grad_fn``
+        (a tapped stage's from its own inputs and errors, ``dense_grads``)."""
         metrics = self.forward(state, x, y)
         parts = dict(self.backward())
+        for i in self.exchange:
+            params = self.stages[i].params(state.params)
+            parts[i] = dense_grads(params, self.taps[i], parts[i], 1)
         grads = {k: v for i in sorted(parts) for k, v in parts[i].items()}
         return grads, self.batch_stats, metrics
 
@@ -399,3 +542,31 @@ class StagedGrad:
                 sub["batch_stats"] = stage.stats(variables["batch_stats"])
             h = run(sub, h)
         return h
+
+
+def dense_grads(params: Tree, inputs: Sequence[Any], errors: Sequence[Any], count: int):
+    """The gradient of tapped dense layers from their inputs and output errors.
+
+    For a layer ``z = x W + b``, ``dW = x^T dz`` and ``db = sum(dz)`` over every
+    row; with the rows of all ``count`` ranks stacked, divided by ``count`` this is
+    the mean of the ranks' gradients (each rank's loss a mean over its batch).
+
+    Args:
+        params: the stage's parameters, ``{layer: {"kernel", ["bias"]}}``.
+        inputs: each layer's input (``(..., in)``), layers in sorted key order.
+        errors: each layer's output error (``(..., out)``), in the same order.
+        count: what the sums are divided by (the number of ranks stacked).
+
+    Returns:
+        The gradient, shaped as ``params``.
+    """
+    out = {}
+    for key, x, dz in zip(sorted(params), inputs, errors, strict=True):
+        kernel = params[key]["kernel"]
+        x = x.reshape(-1, kernel.shape[0]).astype(jnp.float32)
+        dz = dz.reshape(-1, kernel.shape[1]).astype(jnp.float32)
+        g = {"kernel": (x.T @ dz / count).astype(kernel.dtype)}
+        if "bias" in params[key]:
+            g["bias"] = (dz.sum(0) / count).astype(params[key]["bias"].dtype)
+        out[key] = g
+    return out

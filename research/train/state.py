@@ -26,6 +26,13 @@ class TrainState(train_state.TrainState):
     strategy: Any = struct.field(default_factory=dict)
 
 
+# One program per model (modules compare by their fields) and input shape, so
+# a process that trains the same model again (a study's runs) traces it once.
+_init = jax.jit(
+    lambda model, k, x: model.init({"params": k}, x, train=False), static_argnums=0
+)
+
+
 def create_train_state(
     model: nn.Module, example_x: Any, tx: optax.GradientTransformation, seed: int
 ) -> TrainState:
@@ -36,9 +43,7 @@ def create_train_state(
     # (uint32[2]) so checkpoints hold a plain array.
     init_key = jax.random.key(seed, impl="rbg")
     dropout_key = jax.random.PRNGKey(seed + 1)
-    variables = jax.jit(lambda k, x: model.init({"params": k}, x, train=False))(
-        init_key, jnp.asarray(example_x[:1])
-    )
+    variables = _init(model, init_key, jnp.asarray(example_x[:1]))
     return TrainState.create(
         apply_fn=model.apply,
         params=variables["params"],

@@ -44,11 +44,16 @@ MODELS = {
         {"features": 256, "n_train": 256, "n_test": 32},
     ),
 }
+#: Run name -> (strategy, options). ``overlap-fcx`` (the FC-activation
+#: exchange) runs where the model has dense stages beside others (vgg, whose
+#: fc stages exchange while its conv stages shard) or only those (candle).
 STRATEGIES = {
-    "host": {},
-    "layerwise": {"bucket_bytes": 8192},
-    "overlap": {},
+    "host": ("host", {}),
+    "layerwise": ("layerwise", {"bucket_bytes": 8192}),
+    "overlap": ("overlap", {}),
+    "overlap-fcx": ("overlap", {"fc_exchange": True}),
 }
+FCX_MODELS = ("vgg", "candle")
 STEPS = 4
 
 
@@ -57,10 +62,11 @@ def _checksum(tree) -> int:
     return zlib.crc32(b"".join(a.tobytes() for a in leaves))
 
 
-def _train(world, tmp_path_factory, model: str, strategy: str) -> Trainer:
+def _train(world, tmp_path_factory, model: str, run: str) -> Trainer:
     name, model_options, dataset, data_options = MODELS[model]
+    strategy, options = STRATEGIES[run]
     run_dir = world.bcast(
-        str(tmp_path_factory.mktemp(f"{model}-{strategy}")) if world.rank == 0 else None
+        str(tmp_path_factory.mktemp(f"{model}-{run}")) if world.rank == 0 else None
     )
     cfg = TrainConfig(
         model=name,
@@ -73,7 +79,7 @@ def _train(world, tmp_path_factory, model: str, strategy: str) -> Trainer:
         eval_batch_size=16,
         log_every=1,
         strategy=strategy,
-        strategy_options=STRATEGIES[strategy],
+        strategy_options=options,
         lr=0.05,
         warmup_steps=1,
         momentum=0.9,
@@ -90,7 +96,8 @@ def _train(world, tmp_path_factory, model: str, strategy: str) -> Trainer:
 
 @pytest.fixture(scope="module", params=sorted(MODELS))
 def runs(request, world, tmp_path_factory):
-    return {s: _train(world, tmp_path_factory, request.param, s) for s in STRATEGIES}
+    runs = [s for s in STRATEGIES if s != "overlap-fcx" or request.param in FCX_MODELS]
+    return {s: _train(world, tmp_path_factory, request.param, s) for s in runs}
 
 
 def _close(a, b) -> None:
@@ -102,8 +109,10 @@ def _close(a, b) -> None:
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5 * scale)
 
 
-@pytest.mark.parametrize("strategy", ["layerwise", "overlap"])
+@pytest.mark.parametrize("strategy", ["layerwise", "overlap", "overlap-fcx"])
 def test_equals_host_and_identical_on_all_ranks(world, runs, strategy):
+    if strategy not in runs:
+        pytest.skip("the model has no dense stage to exchange")
     trainer, host = runs[strategy], runs["host"]
     assert trainer.step == host.step == STEPS
     assert jax.tree_util.tree_structure(trainer.state.params) == (
@@ -172,3 +181,42 @@ def test_step_records(runs):
     for strategy in ("layerwise", "overlap"):
         trainer = runs[strategy]
         assert trainer.contributors == [trainer.world.size] * STEPS
+
+
+def test_fc_exchange_sends_activations_not_gradients(world, runs):
+    if "overlap-fcx" not in runs:
+        pytest.skip("the model has no dense stage to exchange")
+    trainer, sharded = runs["overlap-fcx"], runs["overlap"]
+    ex = trainer.executor
+    tapped = sorted(ex.staged.exchange)
+    assert tapped and tapped == [s.index for s in ex.stages if s.exchangeable]
+    # The exchanged stages' optimizer state is whole, the others' sharded.
+    full = tree_bytes(runs["host"].state.opt_state)
+    assert sharded.executor.opt_bytes <= ex.opt_bytes
+    if world.size > 1 and len(tapped) < len(ex.stages):
+        assert ex.opt_bytes < full
+    if world.rank != 0:
+        return
+    trace = json.loads((Path(trainer.run_dir) / "trace.json").read_text())
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    params = trainer.state.params
+    for rank in range(world.size):
+        mine = [e for e in spans if e["pid"] == rank]
+        names = {(e["name"], e["cat"]) for e in mine}
+        for i in tapped:
+            stage = ex.stages[i]
+            assert (f"reduce-scatter {stage.name}", "comm-bg") not in names
+            assert (f"allgather {stage.name}", "comm-bg") not in names
+            assert (f"update {stage.name}", "update") in names
+            # Each step hands MPI batch x (in + out) floats of the stage's
+            # layers: their inputs, then their output errors.
+            rows = trainer.config.batch_size
+            for what, side in (("inputs", 0), ("errors", 1)):
+                assert (f"wait allgather {what} {stage.name}", "comm") in names
+                sent = [
+                    e["args"]["bytes"]
+                    for e in mine
+                    if e["name"] == f"allgather {what} {stage.name}"
+                ]
+                width = sum(params[k]["kernel"].shape[side] for k in stage.tap_keys)
+                assert sent == [4 * rows * width] * STEPS
