@@ -249,7 +249,7 @@ def test_grouped_stages_give_the_same_gradient():
 
 
 def test_post_packs_inside_the_backward_program():
-    from research.train.overlapped import ALIGN, FlatStage, aligned_empty
+    from research.train.flat import ALIGN, FlatStage, aligned_empty
 
     model = models.get_model("resnet_tiny", num_classes=3)
     state, x, y = _state(model, seed=5)

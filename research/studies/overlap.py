@@ -15,7 +15,7 @@ Measured per run (rank 0's ``metrics.jsonl``, steps after ``warmup``, medians):
 step time; compute (the compute thread's forward and backward: the whole step
 for ``fused``, whose allreduce is inside its program); communication (``host``:
 its blocking allreduce; ``layerwise``/``overlap``: time with at least one
-collective in flight, ``research.train.overlapped.busy_time``); exposed
+collective in flight, ``research.train.flat.busy_time``); exposed
 communication (the compute thread's waits); hidden fraction = 1 - exposed / comm.
 """
 

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from research.train.config import TrainConfig
+from research.train.flat import ALIGN
 from research.train.loop import Trainer
-from research.train.overlapped import ALIGN
 from research.train.state import tree_bytes
 
 # Small inputs: the suite runs on 2 cores and its time is mostly compiles.
