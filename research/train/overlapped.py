@@ -71,7 +71,7 @@ from research.train.flat import (
     busy_time,
     host_view,
 )
-from research.train.stages import Stage, StagedGrad, split_model
+from research.train.stages import Stage, StagedGrad, commit, split_model
 from research.train.state import TrainState, tree_bytes
 
 
@@ -318,6 +318,9 @@ class OverlapExecutor(_StagedExecutor):
             )
             for i in range(len(self.stages))
         ]
+        # Committed like everything the staged programs see (see
+        # ``research.train.stages.commit``): one compiled update per shape.
+        self.shards, self.opt = commit((self.shards, self.opt))
         self.opt_bytes = sum(tree_bytes(o) for o in self.opt)
 
     def _export_opt(self, step: int) -> Any:

@@ -312,14 +312,22 @@ class StagedGrad:
         Returns:
             ``{"loss": ..., "acc": ...}`` as device scalars.
         """
-        saved, new_stats, h = [], {}, jnp.asarray(x)
+        # Every argument committed to the one device: a jitted program is
+        # looked up by its arguments' placement too, and arrays from numpy,
+        # from dlpack and from other programs differ in it (uncommitted or
+        # not), so each step would lower and load every stage's programs anew
+        # until the mix settled (steps 2 and 3 of a ResNet-50 run took 1.5 s
+        # and 0.8 s instead of 0.24 s).
+        saved, new_stats, h = [], {}, commit(jnp.asarray(x))
+        rng, step = commit((state.rng, state.step))
         self.taps = {}
         for stage, fwd in zip(self.stages, self._forward, strict=True):
             params = stage_params(stage.index) if stage_params else None
             if params is None:
                 params = stage.params(state.params)
             stats = stage.stats(state.batch_stats) if stage.stat_keys else {}
-            out, new, res, inputs = fwd(params, stats, h, state.rng, state.step)
+            params, stats = commit((params, stats))
+            out, new, res, inputs = fwd(params, stats, h, rng, step)
             if inputs:
                 self.taps[stage.index] = inputs
             if stage.stat_keys:
@@ -397,6 +405,11 @@ class StagedGrad:
                 sub["batch_stats"] = stage.stats(variables["batch_stats"])
             h = run(sub, h)
         return h
+
+
+def commit(tree: Any) -> Any:
+    """``tree`` committed to the default device (no copy where it already is)."""
+    return jax.device_put(tree, jax.devices()[0])
 
 
 def dense_grads(params: Tree, inputs: Sequence[Any], errors: Sequence[Any], count: int):
