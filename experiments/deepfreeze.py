@@ -223,15 +223,30 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--rounds",
         type=int,
-        default=5,
-        help="windows per arm (medians); default %(default)s",
+        default=30,
+        help="rounds: periods per arm at --interval (and of the placebo); "
+        "default %(default)s",
     )
-    g.add_argument("--window", type=int, default=10, help="steps per window")
     g.add_argument(
-        "--gap",
+        "--minor-rounds",
+        type=int,
+        default=4,
+        help="periods of the other arms (in-flight policies, --intervals); "
+        "default %(default)s",
+    )
+    g.add_argument(
+        "--window",
+        type=int,
+        default=10,
+        help="steps per period; default %(default)s",
+    )
+    g.add_argument(
+        "--settle",
         type=int,
         default=5,
-        help="steps after a window charged to its arm; default %(default)s",
+        help="steps after a period's last checkpoint before its work is "
+        "waited for (charged); the rest of the period is the reference; "
+        "default %(default)s",
     )
     g.add_argument(
         "--tiers",
