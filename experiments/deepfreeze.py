@@ -279,6 +279,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="niceness of DeepFreeze's helper process; default %(default)s",
     )
     g.add_argument(
+        "--writer-priority",
+        default="idle",
+        choices=("idle", "nice"),
+        help="DeepFreeze's helper process under SCHED_IDLE (runs only on idle "
+        "cores), or only niced; default %(default)s",
+    )
+    g.add_argument(
         "--sweep-ranks",
         type=int,
         nargs="*",

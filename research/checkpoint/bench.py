@@ -281,6 +281,8 @@ def run_interleaved(
             "periods": st["periods"],
             "overhead": st["overhead"],
             "overhead_ci90": st.get("ci"),
+            "raw_overhead": st["raw_overhead"],
+            "raw_ci90": st.get("raw_ci"),
             "diff_ci90": st.get("diff_ci"),
             "cost_s": st["cost_s"],
             "median_cost_s": st["median_cost_s"],
