@@ -223,14 +223,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--rounds",
         type=int,
-        default=30,
+        default=28,
         help="rounds: periods per arm at --interval (and of the placebo); "
         "default %(default)s",
     )
     g.add_argument(
         "--minor-rounds",
         type=int,
-        default=4,
+        default=3,
         help="periods of the other arms (in-flight policies, --intervals); "
         "default %(default)s",
     )
@@ -243,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--settle",
         type=int,
-        default=5,
+        default=4,
         help="steps after a period's last checkpoint before its work is "
         "waited for (charged); the rest of the period is the reference; "
         "default %(default)s",

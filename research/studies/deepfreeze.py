@@ -24,7 +24,7 @@ from research.launch import mpiexec_path, thread_env
 
 STRATEGIES = ("rank0-sync", "orbax-sync", "orbax-async-rank0", "deepfreeze")
 #: Rounds of the extra jobs for the ranks figure (blocking times only).
-RANKS_JOB_ROUNDS = 3
+RANKS_JOB_ROUNDS = 2
 
 
 def check_flags(args: argparse.Namespace) -> str | None:
