@@ -43,7 +43,8 @@ class CheckpointConfig:
         ``"thread"`` (in the rank's background thread).
       nice: niceness of DeepFreeze's helper process.
       idle: run DeepFreeze's helper process under ``SCHED_IDLE`` (Linux): only
-        on cores the training leaves idle.
+        on cores nothing else wants (off by default: on a machine saturated by
+        other jobs the writer then starves and checkpoints wait).
       keep_fast_tier: DeepFreeze: keep the fast tier after a normal close
         (removed by default: /dev/shm is memory).
     """
@@ -64,7 +65,7 @@ class CheckpointConfig:
     rank_local: tuple[str, ...] = ("batch_stats", "strategy")
     writer: str = "process"
     nice: int = 10
-    idle: bool = True
+    idle: bool = False
     keep_fast_tier: bool = False
 
     def validate(self) -> str | None:

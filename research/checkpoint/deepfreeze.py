@@ -140,7 +140,8 @@ class DeepFreeze(Checkpointer):
         ``"thread"`` (the background thread writes, in this process).
       nice: niceness of the helper process.
       idle: run the helper process under ``SCHED_IDLE`` (Linux): it then
-        takes only cores the training leaves idle (``writer.py``).
+        takes only cores nothing else wants (``writer.py``), and starves on a
+        machine saturated by other jobs.
       verify_flush: check each fast-tier file's CRC-32 before flushing it (one
         more read of the shard; restore verifies the flushed files anyway).
       keep_fast_tier: keep the fast tier after a normal ``close`` (e.g. for a
@@ -169,7 +170,7 @@ class DeepFreeze(Checkpointer):
         rank_local: tuple[str, ...] = (),
         writer: str = "process",
         nice: int = 10,
-        idle: bool = True,
+        idle: bool = False,
         verify_flush: bool = False,
         keep_fast_tier: bool = False,
         fault_hook: FaultHook | None = None,

@@ -206,7 +206,7 @@ class WriterProcess:
     _shared_lock = threading.Lock()
 
     @classmethod
-    def shared(cls, nice: int = 10, idle: bool = True) -> WriterProcess:
+    def shared(cls, nice: int = 10, idle: bool = False) -> WriterProcess:
         """This process's helper of that priority, started on first use (again
         if it died)."""
         with cls._shared_lock:
@@ -217,7 +217,7 @@ class WriterProcess:
                 atexit.register(proc.close)
             return proc
 
-    def __init__(self, nice: int = 10, idle: bool = True) -> None:
+    def __init__(self, nice: int = 10, idle: bool = False) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_PASSED)}
         env.update(
             JAX_PLATFORMS="cpu",  # never take an accelerator from the training
@@ -295,10 +295,14 @@ def _die_with_parent() -> None:
 def _run_when_idle() -> None:
     """SCHED_IDLE: this process runs only on a core nothing else wants.
 
-    Nice 10 still takes a share of a busy core: on 2 cores shared by 4 ranks
-    whose allreduce needs every rank scheduled, a writer burst right after a
-    checkpoint slowed that step's allreduce (measured in
-    ``experiments/deepfreeze.py``'s docstring). Linux only; elsewhere the
+    Nice 10 still takes a share of a busy core, and on 2 cores shared by 4 ranks
+    whose allreduce needs every rank scheduled the writer's burst right after a
+    checkpoint is what DeepFreeze costs. Measured as two arms of one run (README,
+    DeepFreeze section): no difference at load 2-4, 2.5 points less overhead at
+    load 3-6 (not significant). Off by default: on a machine saturated by other
+    jobs an idle-class writer starves and checkpoints then wait (with it on,
+    ``tests/test_checkpoint_faults.py``'s error driver ran past its 240 s limit
+    at load 5.5; without, the file passed in 32 s). Linux only; elsewhere the
     niceness alone applies.
     """
     policy = getattr(os, "SCHED_IDLE", None)
