@@ -100,7 +100,9 @@ in all; numbers of the main 4-rank job, 28 periods per arm, reference step
 A second run (``--writer-priority idle``, load 5.6-6.0 with other sessions'
 test suites running, 4 min 39 s) passed all four targets: deepfreeze +2.0%
 [+0.7%, +3.4%], orbax-async-rank0 +5.4% [+3.6%, +7.2%] (difference [+1.5%,
-+5.3%]), rank0-sync +9.1%, orbax-sync +11.2%, placebo +0.1%.
++5.3%]), rank0-sync +9.1%, orbax-sync +11.2%, placebo +0.1%. A third (the
+default, load 3.6-4.7) tied the two: deepfreeze +3.6% [+2.0%, +5.3%],
+orbax-async-rank0 +3.5% [+1.9%, +5.2%].
 
 Reading it: blocking time is where DeepFreeze wins by two orders of magnitude
 (0.4 ms against 117-124 ms for the synchronous savers and 22 ms for Orbax's
