@@ -6,11 +6,11 @@ Reads ``<root>/<job>-np<P>.json`` (written by ``python -m experiments.deepfreeze
 and the main job's ``trace.json``, and writes into ``<root>``:
 
 * ``overhead_vs_interval.png``: end-to-end overhead against the checkpoint
-  interval (median over windows), per strategy;
+  interval (mean over periods, less the placebo's), per strategy;
 * ``blocking_vs_ranks.png``: median blocking time per checkpoint against the
   number of ranks (one point per job), log scale;
 * ``timeline.png`` and ``timeline_excerpt.json`` (Chrome trace: open in
-  https://ui.perfetto.dev): one DeepFreeze window, every rank's training
+  https://ui.perfetto.dev): one DeepFreeze period, every rank's training
   phases and the checkpoint's snapshot, serialization, write, commit and
   flush falling into the gaps between weight updates.
 """
@@ -117,7 +117,7 @@ def plot_blocking(jobs: list[dict], out: Path) -> Path | None:
 
 
 def excerpt(main: dict) -> tuple[list[dict], float, float] | None:
-    """Events of the first DeepFreeze window at the main interval (with margins)."""
+    """Events of the first DeepFreeze period at the main interval (with margins)."""
     events = read_trace_events(main["run_dir"])
     slot = next(
         (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import zlib
 
@@ -82,3 +83,19 @@ def test_crc32c_without_the_package_says_so(tmp_path, monkeypatch):
         array_crc32(np.ones(4, np.float32), "crc32c")
     with pytest.raises(ValueError, match="unknown checksum"):
         array_crc32(np.ones(4, np.float32), "md5")
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux scheduling classes")
+@pytest.mark.parametrize("idle", [False, True])
+def test_writer_process_priority(idle):
+    from research.checkpoint.writer import WriterProcess
+
+    proc = WriterProcess(nice=10, idle=idle)
+    try:
+        proc.request({"op": "remove", "paths": []}, lambda event: None)  # started
+        pid = proc.proc.pid
+        want = os.SCHED_IDLE if idle else os.SCHED_OTHER
+        assert os.sched_getscheduler(pid) == want
+        assert os.getpriority(os.PRIO_PROCESS, pid) >= 10 + os.nice(0)
+    finally:
+        proc.close()

@@ -3,29 +3,23 @@
 Comparing whole runs one after another is hopeless on a shared machine: the
 same run without checkpoints took 17 s and 71 s here minutes apart. So one
 training run (a :class:`~research.train.loop.Trainer`) carries every strategy:
-the steps are cut into windows of ``window`` steps, each window belongs to one
-``(strategy, interval)`` arm (``none`` windows are the reference), an arm
-checkpoints every ``interval`` steps of its window, and a gap of ``gap`` steps
-without checkpoints follows each arm's window so that background work left
-over (a flush) is charged to the arm that caused it; whatever is still in
-flight at the end of the gap is waited for there, and charged too. Arms come
-in a shuffled order per round, so slow drifts of the machine's load hit every
-arm alike.
+the steps are cut into periods of ``window`` steps, each period belongs to one
+``(strategy, interval)`` arm (``none``: no checkpoint, the placebo), the arm
+checkpoints at the period's first step and every ``interval`` steps after it,
+and ``settle`` steps after its last checkpoint every rank waits for the arm's
+work to finish (the wait is charged to the arm) and meets the others. Each
+round holds one period of every arm in shuffled order, so slow drifts of the
+machine's load hit every arm alike; arms given fewer ``rounds`` (the in-flight
+and extra-interval arms, which no target depends on) sit in rounds spread over
+the run.
 
-Even so, single steps here vary from 50 to 900 ms (other users' jobs), and
-window totals by 2x, which buries a few percent. The cost of a window is
-therefore split in two robust parts: the time the training thread spent in
-checkpoint calls and in the final wait (slowest rank; exact), plus the change
-of the *median* step time against the reference windows (each step compared
-with its own round's reference median, all the arm's steps pooled), times the
-steps of window and gap: the slowdown from background work, immune to the
-occasional stalled step. An arm's overhead is its median blocking per window
-plus that slowdown, over the reference time of ``window`` steps. The plain
-difference of window totals is kept as ``raw_overhead``.
-Blocking time, time until committed and bytes written are measured per
-checkpoint; restore time once per strategy after training. Before measuring,
-each strategy writes one checkpoint to pay its one-time costs (Orbax set-up,
-compilation of the device copy).
+The cost of a period is its charged part (checkpoint calls, the steps up to
+the wait, the wait) minus as many local reference steps, measured on the
+clean steps that follow every wait (``overhead.py`` has the estimator, its
+reasons and its bootstrap). Blocking time, time until committed and bytes
+written are measured per checkpoint; restore time once per strategy after
+training. Before measuring, each strategy writes one checkpoint to pay its
+one-time costs (Orbax set-up, compilation of the device copy).
 """
 
 from __future__ import annotations
@@ -40,6 +34,8 @@ from typing import Any
 
 from research.checkpoint.base import Checkpointer
 from research.checkpoint.config import CheckpointConfig
+from research.checkpoint.overhead import period_costs, profile, summarize
+from research.comm.progress import wait_all
 from research.comm.world import World
 from research.train.config import TrainConfig
 from research.train.loop import Callback, Trainer
@@ -47,15 +43,31 @@ from research.train.loop import Callback, Trainer
 
 @dataclasses.dataclass(frozen=True)
 class Slot:
-    """Steps ``(start, start + window]`` belong to ``arm``; ``gap`` steps follow."""
+    """Steps ``(start, start + window]`` belong to ``arm``.
+
+    It checkpoints at ``start``, ``start + interval``, ... (before
+    ``start + window``); its work is waited for at step ``start + charged``.
+    """
 
     arm: str
     strategy: str
     interval: int
     start: int
     window: int
-    gap: int
+    charged: int
     round: int
+
+    @property
+    def checkpoints(self) -> list[int]:
+        if self.strategy == "none":
+            return []
+        return list(range(self.start, self.start + self.window, self.interval))
+
+
+def charged_steps(interval: int, window: int, settle: int) -> int:
+    """Steps from a period's start to its wait: ``settle`` after the last save."""
+    last = ((window - 1) // interval) * interval if interval else 0
+    return min(last + settle, window)
 
 
 def schedule(
@@ -63,42 +75,49 @@ def schedule(
     *,
     rounds: int,
     window: int,
-    gap: int,
+    settle: int,
     warm: int,
-    reference_every: int = 4,
+    minor: dict[str, int] | None = None,
     seed: int = 0,
 ) -> list[Slot]:
-    """Shuffled rounds of arm windows, with reference (``none``) windows among them.
+    """Shuffled rounds, one period of every arm each (``none``: the placebo).
 
     Args:
-      arms: ``{arm: (strategy, interval)}``; arms named ``none*`` are references.
-      rounds: how many times each arm is measured.
-      window, gap: steps per window and per following gap.
-      warm: steps before the first window (compilation, one-time costs).
-      reference_every: a reference window after every this many arm windows.
+      arms: ``{arm: (strategy, interval)}``; ``"none": ("none", 0)`` included.
+      rounds: rounds, i.e. periods of each arm.
+      window: steps per period.
+      settle: steps after an arm's last checkpoint of a period before its work
+        is waited for; the rest of the period is clean (``overhead.py``).
+      warm: steps before the first period (compilation, one-time costs).
+      minor: ``{arm: n}``: these arms get only ``n`` periods, in rounds spread
+        evenly over the run.
       seed: shuffling seed (the same on every rank).
     """
+    if not 0 < settle < window:
+        raise ValueError(f"settle must be in 1..{window - 1} steps, got {settle}")
+    minor = minor or {}
     rng = random.Random(seed)
     slots: list[Slot] = []
     step = warm
-    names = [a for a in arms if a != "none"]
     for r in range(rounds):
-        order = names[:]
+        order = [
+            a
+            for a in arms
+            if a not in minor
+            or r in {(j * rounds) // minor[a] for j in range(min(minor[a], rounds))}
+        ]
         rng.shuffle(order)
-        seq = ["none"]
-        for i, a in enumerate(order, 1):
-            seq.append(a)
-            if i % reference_every == 0 and i < len(order):
-                seq.append("none")
-        for a in seq:
-            strategy, interval = arms.get(a, ("none", 0))
-            slots.append(Slot(a, strategy, interval, step, window, gap, r))
-            step += window + gap
+        for a in order:
+            strategy, interval = arms[a]
+            every = interval if strategy != "none" else window
+            n = charged_steps(every, window, settle)
+            slots.append(Slot(a, strategy, interval, step, window, n, r))
+            step += window
     return slots
 
 
 class Interleaved(Callback):
-    """Runs the schedule: saves with the active arm's checkpointer, times windows."""
+    """Runs the schedule: saves with the active arm's checkpointer, times steps."""
 
     def __init__(
         self,
@@ -110,37 +129,42 @@ class Interleaved(Callback):
         self.configs, self.arms, self.slots = configs, arms, slots
         self.warm_saves_at = warm_saves_at
         self.ckpts: dict[str, Checkpointer] = {}
-        self.before: dict[int, float] = {}  # step end, before checkpointing
-        self.after: dict[int, float] = {}  # after this step's checkpoint
-        self.drained: dict[int, float] = {}  # waits for an arm's leftover work
+        self.before: dict[int, float] = {}  # step end and any wait, before saving
+        self.after: dict[int, float] = {}  # after this step's checkpoint call
+        self.drained: dict[int, float] = {}  # wait for an arm's work, this rank
         self._due: dict[int, str] = {}
         self._drain: dict[int, str] = {}
         for s in slots:
-            if s.strategy != "none":
-                for k in range(s.start, s.start + s.window, s.interval):
-                    self._due[k] = s.arm
-                self._drain[s.start + s.window + s.gap] = s.strategy
-        # Progress: rank 0 prints a line as each round of windows ends.
+            for k in s.checkpoints:
+                self._due[k] = s.arm
+            self._drain[s.start + s.charged] = s.strategy
+        # Progress: rank 0 prints a line as each round ends.
         self._round_end = {
-            max(s.start + s.window + s.gap for s in slots if s.round == r): r
+            max(s.start + s.window for s in slots if s.round == r): r
             for r in {s.round for s in slots}
         }
         self._t0 = 0.0
+        self._comm = None
 
     def on_train_start(self, trainer: Trainer) -> None:
+        self._comm = trainer.world.dup("checkpoint-bench")
         self._t0 = time.perf_counter()
         for name, cfg in self.configs.items():
             self.ckpts[name] = cfg.create(trainer.world, trainer.run_dir)
 
     def on_step_end(self, trainer: Trainer, step: int) -> None:
-        # An arm's background work is finished at the end of its gap and the
-        # wait charged to it: no arm pays for another, and two strategies never
-        # write at once (Orbax is not safe for concurrent saves in one process).
+        # Every period waits for its arm's work at the same step and the ranks
+        # meet (placebo periods too), so the wait, charged to the arm, is the
+        # slowest rank's, no work spills into the clean steps, and two
+        # strategies never write at once (Orbax is not safe for concurrent
+        # saves in one process). The barrier sleeps, like the training's waits.
         drain = self._drain.get(step)
         if drain is not None:
             t = time.perf_counter()
-            self.ckpts[drain].wait()
+            if drain != "none":
+                self.ckpts[drain].wait()
             self.drained[step] = time.perf_counter() - t
+            wait_all([self._comm.Ibarrier()])
         self.before[step] = time.perf_counter()
         if step == self.warm_saves_at:
             for ck in self.ckpts.values():
@@ -161,7 +185,7 @@ class Interleaved(Callback):
             spent = self.after[step] - self._t0
             left = spent * (total - step) / step
             print(
-                f"r0 | round {r + 1}/{len(self._round_end)} of windows done: step "
+                f"r0 | round {r + 1}/{len(self._round_end)} done: step "
                 f"{step}/{total}, {spent:.0f} s, about {left:.0f} s left",
                 flush=True,
             )
@@ -190,8 +214,10 @@ def run_interleaved(
     *,
     rounds: int = 2,
     window: int = 10,
-    gap: int = 5,
+    settle: int = 5,
     warm: int = 6,
+    minor: dict[str, int] | None = None,
+    versus: str | None = "deepfreeze",
     restore: bool = True,
     seed: int = 0,
 ) -> dict[str, Any]:
@@ -202,7 +228,8 @@ def run_interleaved(
       train: the training run; ``steps`` is set from the schedule.
       configs: one checkpoint configuration per strategy (``resume`` ignored).
       arms: ``{arm: (strategy, interval)}``; include ``"none": ("none", 0)``.
-      rounds, window, gap, warm, seed: see :func:`schedule`.
+      rounds, window, settle, warm, minor, seed: see :func:`schedule`.
+      versus: the strategy every other is compared with (``diff_ci``).
       restore: time a restore of each strategy's newest checkpoint afterwards.
     """
     configs = {
@@ -213,12 +240,22 @@ def run_interleaved(
         )
         for n, c in configs.items()
     }
-    slots = schedule(arms, rounds=rounds, window=window, gap=gap, warm=warm, seed=seed)
-    train = dataclasses.replace(train, steps=slots[-1].start + window + gap + 1)
-    cb = Interleaved(configs, arms, slots, warm_saves_at=max(1, warm - gap))
+    slots = schedule(
+        arms,
+        rounds=rounds,
+        window=window,
+        settle=settle,
+        warm=warm,
+        minor=minor,
+        seed=seed,
+    )
+    train = dataclasses.replace(train, steps=slots[-1].start + window + 1)
+    cb = Interleaved(configs, arms, slots, warm_saves_at=max(1, warm - 2))
     trainer = Trainer(train, world, callbacks=[cb])
     summary = trainer.run()
-    windows, base = _windows(world, cb, slots, rounds)
+    periods, base, prof = _periods(world, cb, slots)
+    vs = next((a for a, (s, i) in arms.items() if s == versus and i == window), None)
+    stats = summarize(periods, window * base, versus=vs, seed=seed)
     out: dict[str, Any] = {
         "ranks": world.size,
         "model": train.model,
@@ -226,29 +263,32 @@ def run_interleaved(
         "median_step_s": summary["median_step_s"],
         "reference_step_s": base,
         "window": window,
-        "gap": gap,
+        "settle": settle,
         "rounds": rounds,
-        "windows": windows,
+        "versus": vs,
+        "windows": periods,
+        "profile": prof,
         "run_dir": train.run_dir,
         "arms": {},
         "strategies": {},
     }
     for arm, (strategy, interval) in arms.items():
-        ws = [w for w in windows if w["arm"] == arm]
-        # Pooling every step of the arm's windows (rounds x (window + gap))
-        # before taking the median makes the slowdown far less noisy than a
-        # median of per-window medians.
-        cost = _arm_cost(ws, window, gap)
-        lo, hi = _bootstrap(ws, window, gap, seed)
+        ws = [w for w in periods if w["arm"] == arm]
+        st = stats[arm]
         out["arms"][arm] = {
             "strategy": strategy,
             "interval": interval,
-            "overhead": cost / (window * base),
-            "overhead_ci90": [lo / (window * base), hi / (window * base)],
-            "raw_overhead": _median([w["raw_overhead"] for w in ws]),
-            "cost_s": cost,
+            "periods": st["periods"],
+            "overhead": st["overhead"],
+            "overhead_ci90": st.get("ci"),
+            "raw_overhead": st["raw_overhead"],
+            "raw_ci90": st.get("raw_ci"),
+            "diff_ci90": st.get("diff_ci"),
+            "cost_s": st["cost_s"],
+            "median_cost_s": st["median_cost_s"],
+            "checkpoints_per_period": len(ws[0]["steps"]) if ws else 0,
             "blocking_s": _median([w["blocking_s"] for w in ws]),
-            "slowdown_s": _median([d for w in ws for d in w["step_deltas"]]),
+            "drain_s": _median([w["drain_s"] for w in ws]),
         }
     for name, ck in cb.ckpts.items():
         out["strategies"][name] = _strategy_stats(world, name, ck, slots)
@@ -261,78 +301,31 @@ def run_interleaved(
     return out
 
 
-def _arm_cost(ws: list[dict], window: int, gap: int) -> float:
-    """Median blocking per window + pooled median slowdown x (window + gap)."""
-    slower = _median([d for w in ws for d in w["step_deltas"]]) or 0.0
-    return (_median([w["blocking_s"] for w in ws]) or 0.0) + slower * (window + gap)
-
-
-def _bootstrap(
-    ws: list[dict], window: int, gap: int, seed: int, n: int = 300
-) -> tuple[float, float]:
-    """5th and 95th percentiles of the arm's cost, resampling its windows."""
-    if len(ws) < 2:
-        c = _arm_cost(ws, window, gap)
-        return c, c
-    rng = random.Random(seed)
-    costs = sorted(_arm_cost(rng.choices(ws, k=len(ws)), window, gap) for _ in range(n))
-    return costs[int(0.05 * n)], costs[int(0.95 * n) - 1]
-
-
-def _windows(
-    world: World, cb: Interleaved, slots: list[Slot], rounds: int
-) -> tuple[list[dict], float]:
-    """Cost and overhead of every window (see the module docstring)."""
+def _periods(
+    world: World, cb: Interleaved, slots: list[Slot]
+) -> tuple[list[dict], float, dict]:
+    """Every period's cost (``overhead.py``), the mean clean step, the profile."""
     gathered = world.allgather((cb.before, cb.after, cb.drained))
+    # Steps as rank 0 sees them: the allreduce makes every rank wait for the
+    # slowest, and the barrier after each wait puts the ranks level again.
     before, after = gathered[0][0], gathered[0][1]
-    # Steps as rank 0 sees them, without the checkpoint calls: the allreduce
-    # makes every rank wait for the slowest, so one rank's view is the step's.
-    step = {k: before[k + 1] - after[k] for k in after if k + 1 in before}
-    # Checkpoint calls and drains cost what the slowest rank paid.
+    # Checkpoint calls and waits as the slowest rank paid them (for the table).
     call = {k: max(g[1][k] - g[0][k] for g in gathered) for k in after}
     drain = {k: max(g[2].get(k, 0.0) for g in gathered) for k in gathered[0][2]}
-
-    def steps_of(s: Slot) -> list[float]:
-        return [
-            step[k] for k in range(s.start, s.start + s.window + s.gap) if k in step
-        ]
-
-    ref = {
-        r: statistics.median(
-            [x for s in slots if s.round == r and s.arm == "none" for x in steps_of(s)]
-        )
-        for r in range(rounds)
-    }
-    total = {s: before[s.start + s.window + s.gap] - before[s.start] for s in slots}
-    ref_total = {
-        r: statistics.fmean(
-            v for s, v in total.items() if s.round == r and s.arm == "none"
-        )
-        for r in range(rounds)
-    }
-    out = []
+    periods = []
     for s in slots:
-        end = s.start + s.window + s.gap
-        blocking = sum(
-            call[k] for k in range(s.start, s.start + s.window) if s.strategy != "none"
-        ) + drain.get(end, 0.0)
-        slower = statistics.median(steps_of(s)) - ref[s.round]
-        cost = blocking + slower * (s.window + s.gap)
-        raw = total[s] - ref_total[s.round]
-        out.append(
+        d = s.start + s.charged
+        periods.append(
             {
                 **dataclasses.asdict(s),
-                "seconds": before[end] - before[s.start],
-                "blocking_s": blocking,
-                "slowdown_s": slower,
-                "cost_s": cost,
-                "overhead": cost / (s.window * ref[s.round]),
-                "raw_overhead": raw / (s.window * ref[s.round]),
-                # Each step against its round's reference, pooled per arm.
-                "step_deltas": [x - ref[s.round] for x in steps_of(s)],
+                "steps": s.checkpoints,
+                "seconds": before[s.start + s.window] - before[s.start],
+                "blocking_s": sum(call[k] for k in s.checkpoints),
+                "drain_s": drain.get(d, 0.0),
             }
         )
-    return out, statistics.fmean(ref.values())
+    periods, base = period_costs(before, periods)
+    return periods, base, profile(before, periods)
 
 
 def _strategy_stats(

@@ -42,6 +42,9 @@ class CheckpointConfig:
       writer: DeepFreeze's writer: ``"process"`` (a niced helper per rank) or
         ``"thread"`` (in the rank's background thread).
       nice: niceness of DeepFreeze's helper process.
+      idle: run DeepFreeze's helper process under ``SCHED_IDLE`` (Linux): only
+        on cores nothing else wants (off by default: on a machine saturated by
+        other jobs the writer then starves and checkpoints wait).
       keep_fast_tier: DeepFreeze: keep the fast tier after a normal close
         (removed by default: /dev/shm is memory).
     """
@@ -62,6 +65,7 @@ class CheckpointConfig:
     rank_local: tuple[str, ...] = ("batch_stats", "strategy")
     writer: str = "process"
     nice: int = 10
+    idle: bool = False
     keep_fast_tier: bool = False
 
     def validate(self) -> str | None:
@@ -106,6 +110,7 @@ class CheckpointConfig:
                 rank_local=tuple(self.rank_local),
                 writer=self.writer,
                 nice=self.nice,
+                idle=self.idle,
                 keep_fast_tier=self.keep_fast_tier,
                 **common,
                 **kw,

@@ -139,6 +139,9 @@ class DeepFreeze(Checkpointer):
       writer: ``"process"`` (a niced helper process per rank writes) or
         ``"thread"`` (the background thread writes, in this process).
       nice: niceness of the helper process.
+      idle: run the helper process under ``SCHED_IDLE`` (Linux): it then
+        takes only cores nothing else wants (``writer.py``), and starves on a
+        machine saturated by other jobs.
       verify_flush: check each fast-tier file's CRC-32 before flushing it (one
         more read of the shard; restore verifies the flushed files anyway).
       keep_fast_tier: keep the fast tier after a normal ``close`` (e.g. for a
@@ -167,6 +170,7 @@ class DeepFreeze(Checkpointer):
         rank_local: tuple[str, ...] = (),
         writer: str = "process",
         nice: int = 10,
+        idle: bool = False,
         verify_flush: bool = False,
         keep_fast_tier: bool = False,
         fault_hook: FaultHook | None = None,
@@ -188,7 +192,7 @@ class DeepFreeze(Checkpointer):
         self.writer = writer
         self.verify_flush = verify_flush
         # Started now, so its imports (jax, Orbax) overlap the training's start.
-        self._proc = WriterProcess.shared(nice) if writer == "process" else None
+        self._proc = WriterProcess.shared(nice, idle) if writer == "process" else None
         self._local = Writer() if writer == "thread" else None
         self._xfer = _transfer_path(self.tiers[0], self.rank)
         self._buf: np.memmap | None = None
