@@ -54,6 +54,10 @@ _COLOURS = {
 }
 
 
+def _wrap(label: str) -> str:
+    return label.replace("-", "-\n").replace(" ", "\n")
+
+
 def plot_step_breakdown(rows: list[dict], out: str | os.PathLike) -> Path:
     """Step time per strategy split into compute, exposed communication, rest.
 
@@ -81,8 +85,10 @@ def plot_step_breakdown(rows: list[dict], out: str | os.PathLike) -> Path:
                 r.get("bucket_mb") or 0,
             )
         )
+        # Long labels ("overlap-fcx", "lw 100MB") break at their separator
+        # so neighbouring bars' labels do not run into each other.
         names = [
-            f"{r.get('label', r['strategy'])}\n{r['ranks']}r {r['link_kind']}"
+            _wrap(r.get("label", r["strategy"])) + f"\n{r['ranks']}r {r['link_kind']}"
             for r in part
         ]
         compute = [1e3 * (r["compute_s"] or 0) for r in part]
