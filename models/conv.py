@@ -48,8 +48,11 @@ the first layer qualifies). So the matmul path is the default;
 is used for every 1x1 kernel (any stride) and for kernels with
 ``prod(window) * in_channels <= 64``; other convolutions are left to XLA. Tried
 and not kept: patches for every kernel (3x3 included) in whole steps, ResNet-50
-1046 against 1030 ms, VGG-16 769 against 789 ms (no gain beyond the noise, and
-9x the activation memory); 1x1 stride-1 convolutions written as one
+1046 against 1030 ms, VGG-16 769 against 789 ms; patches up to 3x3x128
+(``PATCH_LIMIT = 1152``): ResNet-50 992 against 1009-1036 ms, VGG-16 713 against
+725-736 ms (two control columns, 9 steps, load 2), 2-4%, the size of the noise,
+for 9x the activation memory of those layers (3.7 GB for VGG-16's 64-channel
+layers at 224x224, batch 32); 1x1 stride-1 convolutions written as one
 ``dot_general`` in the forward pass as well (so that the input gradient is a
 matmul too): ResNet-50 1155 against 1028 ms (slower); an
 ``optimization_barrier`` on convolution inputs to make XLA keep the activations:
