@@ -18,24 +18,46 @@ kernel gradient                          XLA's conv   this module
 1-D k10 128->128, length 5981            437 ms       437-784 ms (kept XLA's)
 ======================================  ===========  ==========
 
-Where the step's time goes (``scripts/bench_compute.py --profile``: every
-convolution of one ResNet-50 step at batch 1, 112x112, each part jitted alone
-times its count, load ~7, indicative only): forward 40 ms, input gradient 76 ms,
-kernel gradient 80 ms with XLA's (48 of them in the 33 stride-1 1x1 layers)
-against 61 ms with this module's (18 in those layers). So in isolation the 1x1
-kernel gradient is the outlier the issue names.
+Where a whole ResNet-50 step's time goes (``jax.profiler`` trace of the jitted
+gradient step, batch 16 at 112x112, each thunk matched to the optimized HLO;
+``python -m scripts.profile_step``; load 3-4, so indicative): with XLA's kernel
+gradient, of about 1950 ms of thunk time per step (two threads) convolutions
+take 1070 ms, of which the kernel gradients are about 570 ms running at
+15-65 GFLOP/s for the 1x1 ones (forward and input gradient run at 100-200), and
+**transposing copies take 520 ms**. XLA rewrites each kernel gradient as a
+convolution over ``(C, H, W, N)``-ordered copies of ``x`` and ``dy``, and it does
+not keep the activations that feed them: block outputs are elementwise
+expressions (BatchNorm, residual add, ReLU) of earlier ones, and XLA fuses the
+whole chain into each consumer, so each transposing copy recomputes BatchNorm,
+residual adds and ReLUs of up to 15 earlier blocks while reading them in
+transposed, cache-hostile order (the output of the first block is recomputed
+15 times). That is also why the isolated gain of the matmul vanished: with
+``dot(patches, dy)`` XLA's dot wants the contracted axes of its first operand
+minor, so it copied ``x`` transposed, with the same recomputation inside, and
+these copies took 370-890 ms per step, eating the 2-7x faster matmuls.
+``dot(dy, patches)`` followed by transposing the small ``(O, taps * I)`` result
+makes XLA transpose ``dy`` instead, whose producer is shallow: the copies drop to
+about 40-70 ms and the 1x1 kernel gradients become plain matmuls.
 
-But in whole training steps the matmul path has not been faster here: ResNet-50
-(batch 16, 112x112) 3427 ms against 2846 ms with XLA's gradient (old/new 0.83,
-interleaved in one process, load 6-7), CANDLE NT3 0.74-0.84, one bottleneck
-block's gradient alone equal (353 ms both). Inside a whole program XLA:CPU
-fuses and schedules differently (the dot becomes a YNNPACK fusion there; the
-cause was not isolated), and the isolated win does not carry over. Therefore
-XLA's kernel gradient stays the default; ``RESEARCH_CONV_WGRAD=matmul``
-(or ``set_weight_grad("matmul")``) opts in: it picks the matmul for every 1x1
-kernel (any stride) and for kernels with ``prod(window) * in_channels <= 64``,
-and leaves every other convolution to XLA. The forward pass and the input
-gradient are always XLA's.
+Whole training steps, interleaved in one process (``scripts/bench_compute.py``,
+2 shared cores): ResNet-50 (batch 16, 112x112) 1460 ms with XLA's kernel
+gradient against 1030 ms with this module's (1.42x, load 4-5); VGG-16 (batch 8,
+64x64, all 3x3 but the first) 756 against 789 ms (equal within the noise: only
+the first layer qualifies). So the matmul path is the default;
+``RESEARCH_CONV_WGRAD=xla`` (or ``set_weight_grad("xla")``) restores XLA's. It
+is used for every 1x1 kernel (any stride) and for kernels with
+``prod(window) * in_channels <= 64``; other convolutions are left to XLA. Tried
+and not kept: patches for every kernel (3x3 included) in whole steps, ResNet-50
+1046 against 1030 ms, VGG-16 769 against 789 ms; patches up to 3x3x128
+(``PATCH_LIMIT = 1152``): ResNet-50 992 against 1009-1036 ms, VGG-16 713 against
+725-736 ms (two control columns, 9 steps, load 2), 2-4%, the size of the noise,
+for 9x the activation memory of those layers (3.7 GB for VGG-16's 64-channel
+layers at 224x224, batch 32); 1x1 stride-1 convolutions written as one
+``dot_general`` in the forward pass as well (so that the input gradient is a
+matmul too): ResNet-50 1155 against 1028 ms (slower); an
+``optimization_barrier`` on convolution inputs to make XLA keep the activations:
+XLA:CPU drops it before fusion, and with XLA's kernel gradient the step took 7 s.
+The forward pass and the input gradient are always XLA's.
 
 The weight gradient of ``y = conv(x, w)`` (channels last, stride ``s``, padding
 ``p``) is ``dw[k, i, o] = sum_{n, q} xpad[n, s*q + k, i] * dy[n, q, o]``: for each
@@ -68,9 +90,9 @@ MODES = ("matmul", "xla")
 # 147 (the 7x7x3 stem) loses 1.3-2.9x, 1152 (3x3x128) loses 2x.
 PATCH_LIMIT = 64
 
-# XLA's by default: in whole training steps the matmul path has not yet been
-# measured faster (see the module docstring); ``bench_compute`` compares both.
-_mode = os.environ.get("RESEARCH_CONV_WGRAD", "xla")
+# The matmul path by default: whole ResNet-50 steps are 1.4x faster with it (see
+# the module docstring); ``bench_compute`` compares both in every run.
+_mode = os.environ.get("RESEARCH_CONV_WGRAD", "matmul")
 if _mode not in MODES:
     raise ValueError(f"RESEARCH_CONV_WGRAD must be one of {MODES}, got {_mode!r}")
 
@@ -79,8 +101,8 @@ def set_weight_grad(mode: str) -> str:
     """Selects the kernel-gradient formulation for functions traced from now on.
 
     Args:
-        mode: ``"matmul"`` (this module's, where ``_plan`` says it wins) or
-            ``"xla"`` (XLA's own convolution gradient everywhere; the default).
+        mode: ``"matmul"`` (this module's, where ``_plan`` says it wins; the
+            default) or ``"xla"`` (XLA's own convolution gradient everywhere).
 
     Returns:
         The previous mode.
@@ -253,5 +275,10 @@ def kernel_grad(
     # Patches in (window..., I) order, which is the kernel's own layout.
     patches = slices[0] if len(slices) == 1 else jnp.concatenate(slices, axis=-1)
     axes = tuple(range(nd + 1))
-    dw = lax.dot_general(patches, dy, ((axes, axes), ((), ())), precision=precision)
-    return dw.reshape(kernel_shape)
+    # dy first: XLA:CPU's dot wants its first operand's contracted axes minor and
+    # copies it transposed. The patches come from x, which in a whole step XLA
+    # does not keep but recomputes inside that copy (BatchNorm, the residual add
+    # and ReLU of every earlier block); dy's producer is shallow. Only the small
+    # (O, taps * I) result is transposed here.
+    dwt = lax.dot_general(dy, patches, ((axes, axes), ((), ())), precision=precision)
+    return dwt.T.reshape(kernel_shape)

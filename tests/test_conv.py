@@ -38,7 +38,7 @@ CASES_1D = [
 
 @pytest.fixture(autouse=True)
 def matmul_mode():
-    # The matmul kernel gradient is opt-in (XLA's is the default); test it.
+    # The matmul kernel gradient (the default; RESEARCH_CONV_WGRAD may change it).
     with conv.weight_grad("matmul"):
         yield
 
@@ -149,3 +149,31 @@ def test_bad_mode_and_shapes_raise():
             (1, 1),
             ((0, 0), (0, 0)),
         )
+
+
+@pytest.mark.parametrize("name", ["resnet_tiny", "vgg_tiny"])
+def test_whole_model_gradients_match_xla_mode(name):
+    # Inside a whole network (BatchNorm, residual adds, pooling) the matmul
+    # kernel gradient gives XLA's gradients for every parameter.
+    import models
+
+    model = models.get_model(name)
+    x = jax.random.normal(jax.random.PRNGKey(3), (2, *model.input_shape))
+    variables = model.init(jax.random.PRNGKey(0), x, train=False)
+
+    def loss(params):
+        out, _ = model.apply(
+            {**variables, "params": params}, x, train=True, mutable=["batch_stats"]
+        )
+        return jnp.sum(out * jnp.cos(jnp.arange(out.size).reshape(out.shape)))
+
+    grads = {}
+    for mode in conv.MODES:
+        with conv.weight_grad(mode):
+            # A fresh function per mode: jit caches traces by function.
+            grads[mode] = jax.jit(lambda p: jax.grad(loss)(p))(variables["params"])
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+        grads["matmul"],
+        grads["xla"],
+    )
