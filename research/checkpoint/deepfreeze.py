@@ -38,6 +38,7 @@ next ``save`` or ``wait``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import queue
@@ -366,6 +367,13 @@ class DeepFreeze(Checkpointer):
         if self._local is not None:
             self._local.close()
         self._buf = None
+        if self._proc is not None:
+            # The helper removes the transfer file and drops its mapping of it
+            # (otherwise its memory stays taken until the helper exits).
+            with contextlib.suppress(OSError, RuntimeError, ValueError):
+                self._proc.request(
+                    {"op": "remove", "paths": [str(self._xfer)]}, lambda e: None
+                )
         self._xfer.unlink(missing_ok=True)
 
     def _request(self, req: dict, progress) -> dict[str, Any]:

@@ -19,6 +19,7 @@ the missing package (never as a corrupt file).
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import zlib
@@ -48,6 +49,51 @@ def _crc32(data, crc: int = 0) -> int:
 
 
 _ALGORITHMS = {"crc32": _crc32, "crc32c": _crc32c}
+
+# Reflected polynomials: combining two checksums needs only the polynomial.
+_POLYS = {"crc32": 0xEDB88320, "crc32c": 0x82F63B78}
+
+
+def _multmodp(a: int, b: int, poly: int) -> int:
+    """``a * b`` modulo the CRC polynomial (bit-reflected: x^0 is bit 31)."""
+    m, p = 1 << 31, 0
+    while True:
+        if a & m:
+            p ^= b
+            if not a & (m - 1):
+                return p
+        m >>= 1
+        b = (b >> 1) ^ poly if b & 1 else b >> 1
+
+
+@functools.lru_cache(maxsize=1024)
+def _x8nmodp(n: int, poly: int) -> int:
+    """x^(8n) modulo the polynomial: appending ``n`` bytes shifts a CRC by it.
+
+    Cached: a shard's units have the same sizes at every checkpoint.
+    """
+    p, sq = 1 << 31, 1 << 30  # x^0; x^1
+    for _ in range(3):  # x^8
+        sq = _multmodp(sq, sq, poly)
+    while n:
+        if n & 1:
+            p = _multmodp(sq, p, poly)
+        n >>= 1
+        if n:
+            sq = _multmodp(sq, sq, poly)
+    return p
+
+
+def checksum_combine(algo: str, crc1: int, crc2: int, len2: int) -> int:
+    """The checksum of ``A + B`` from ``crc(A)``, ``crc(B)`` and ``len(B)``.
+
+    No byte is read (the algebra of zlib's ``crc32_combine``): a file checksum
+    follows from the checksums of its parts without a second pass over it.
+    """
+    checksum_fn(algo)  # a clear error for an unknown algorithm
+    if len2 < 0:
+        raise ValueError(f"negative length {len2}")
+    return _multmodp(_x8nmodp(len2, _POLYS[algo]), crc1, _POLYS[algo]) ^ crc2
 
 
 def checksum_fn(algo: str):
