@@ -14,6 +14,7 @@ from research.checkpoint.integrity import (
     array_crc32,
     checksum_combine,
     checksum_fn,
+    copy_verified,
     file_crc32,
     scan_dir,
     verify_dir,
@@ -145,3 +146,24 @@ def test_writer_remaps_a_replaced_transfer_file(tmp_path):
     w.handle({"op": "remove", "paths": [str(xfer)]}, print)
     assert not w._maps and not xfer.exists()
     w.close()
+
+
+@pytest.mark.parametrize("size", [100, (1 << 20) + 4096, (3 << 20) + 123])
+@pytest.mark.parametrize("spare_size", [None, 10, 5 << 20])
+def test_flush_copy_is_exact(tmp_path, size, spare_size):
+    # Large files go with O_DIRECT (whole blocks) plus sendfile (the tail),
+    # over a recycled spare that may be longer or shorter than the file.
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    data = np.random.default_rng(2).bytes(size)
+    (src / DATA).write_bytes(data)
+    spare = tmp_path / "spare"
+    if spare_size is not None:
+        spare.write_bytes(b"\xff" * spare_size)
+    files = scan_dir(src, "crc32c")
+    n = copy_verified(
+        src, dst, files, verify=True, fsync=True, algo="crc32c", reuse={DATA: spare}
+    )
+    assert n == size and (dst / DATA).read_bytes() == data
+    assert not spare.exists()
+    verify_dir(dst, files, "crc32c")

@@ -63,9 +63,12 @@ def write_raw(
     """
     fn = checksum_fn(algo)
     data = as_bytes(buf)
-    crcs = {u["name"]: fn(data[u["offset"] : u["offset"] + u["nbytes"]]) for u in units}
     end = max((u["offset"] + u["nbytes"] for u in units), default=0)
     data = data[:end]
+    tmp = path.with_name(f"{path.name}.raw-tmp")
+    remove_tree(tmp)
+    tmp.mkdir(parents=True)
+    crcs = _write_file(tmp / DATA, data, spare=path.parent / SPARE, units=units, fn=fn)
     data_crc = _file_checksum(data, units, crcs, algo)
     doc = {
         "format": RAW_FORMAT,
@@ -74,10 +77,6 @@ def write_raw(
         "meta": meta,
     }
     text = json.dumps(doc).encode()
-    tmp = path.with_name(f"{path.name}.raw-tmp")
-    remove_tree(tmp)
-    tmp.mkdir(parents=True)
-    _write_file(tmp / DATA, data, spare=path.parent / SPARE)
     _write_file(tmp / META, text)
     os.rename(tmp, path)
     files = {
@@ -120,16 +119,38 @@ def open_reusing(path: Path, spare: Path | None) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
 
 
-def _write_file(path: Path, data, spare: Path | None = None) -> None:
+#: Bytes checksummed then written at a time: the write reads them from the
+#: core's cache (L2) instead of memory, a second pass over the shard saved.
+_CHUNK = 1 << 20
+
+
+def _write_file(
+    path: Path, data, spare: Path | None = None, units=(), fn=None
+) -> dict[str, int]:
+    """Write ``data`` into ``path``; returns the checksum (``fn``) of each unit.
+
+    Chunk by chunk, each unit's part of a chunk is checksummed just before the
+    chunk is written.
+    """
     view = memoryview(data).cast("B")
     n = len(view)
+    spans = sorted((u["offset"], u["offset"] + u["nbytes"], u["name"]) for u in units)
+    crcs = {name: fn(b"") for _, _, name in spans}
     fd = open_reusing(path, spare)
     try:
-        while view:  # write may be short (signals, huge sizes)
-            view = view[os.write(fd, view) :]
+        for c0 in range(0, n, _CHUNK):
+            c1 = min(c0 + _CHUNK, n)
+            for a, b, name in spans:
+                lo, hi = max(a, c0), min(b, c1)
+                if lo < hi:
+                    crcs[name] = fn(data[lo:hi], crcs[name])
+            chunk = view[c0:c1]
+            while chunk:  # write may be short (signals)
+                chunk = chunk[os.write(fd, chunk) :]
         os.ftruncate(fd, n)  # a longer spare's tail
     finally:
         os.close(fd)
+    return crcs
 
 
 def retire(step_dir: Path) -> None:
