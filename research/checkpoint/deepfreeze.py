@@ -17,7 +17,8 @@ returns. A background thread per rank takes the checkpoints in request order:
    to that tier's manifest, last, and every rank waits for it (one more small
    agreement) before it flushes, so a rank that dies while flushing step s
    cannot take step s's commit with it;
-4. has the writer flush the shard to the persistent tier (kernel copy into
+4. has the writer flush the shard to the persistent tier (``O_DIRECT`` from
+   the fast tier's pages, else a kernel copy, into
    ``<step>.flush-tmp``, sizes checked, fsync, renamed), agrees again, rank 0
    updates that manifest;
 5. drops old steps: the newest ``keep`` persistent and ``keep_fast`` fast steps

@@ -13,10 +13,11 @@ on this machine for a 21.7 MB shard of 16 leaves, Orbax's async save cost
 about 38 ms of the writer's CPU (asyncio, TensorStore, OCDBT manifests,
 metadata files, 13-21 files per shard) and the zlib CRCs of every unit and
 then every written file another 19 ms, about 2.7 ms per MB. Here the writer
-checksums each unit once (hardware CRC-32C), derives the file's checksum from
-the units' without reading them again, and hands
-the mapped buffer to one ``write``: the kernel's copy into the page cache is
-the only copy. Any reader needs numpy alone: ``np.fromfile`` of ``data.bin``
+reads the mapped buffer once: 1 MB at a time, it checksums each unit's part
+(hardware CRC-32C) and writes the chunk while it is still in the core's cache,
+then derives the file's checksum from the units' (``checksum_combine``) without
+reading them again; the kernel's copy into the page cache is the only copy.
+Any reader needs numpy alone: ``np.fromfile`` of ``data.bin``
 and the offsets in ``shard.json`` (see :func:`read_raw`).
 
 Written into ``<path>.raw-tmp`` and renamed to ``path`` (the same atomicity as
