@@ -12,11 +12,15 @@ import pytest
 from research.checkpoint.integrity import (
     CorruptShardError,
     array_crc32,
+    checksum_combine,
+    checksum_fn,
+    copy_verified,
     file_crc32,
     scan_dir,
     verify_dir,
 )
 from research.checkpoint.rawshard import DATA, META, read_raw, stage, write_raw
+from research.checkpoint.writer import Writer
 
 
 def _staged(tmp_path):
@@ -99,3 +103,67 @@ def test_writer_process_priority(idle):
         assert os.getpriority(os.PRIO_PROCESS, pid) >= 10 + os.nice(0)
     finally:
         proc.close()
+
+
+@pytest.mark.parametrize("algo", ["crc32", "crc32c"])
+def test_checksum_combine_matches_one_pass(algo):
+    fn = checksum_fn(algo)
+    rng = np.random.default_rng(1)
+    for la, lb in [(0, 0), (0, 9), (9, 0), (1, 1), (63, 1000), (4097, 123457)]:
+        a, b = rng.bytes(la), rng.bytes(lb)
+        assert checksum_combine(algo, fn(a), fn(b), lb) == fn(a + b), (la, lb)
+    with pytest.raises(ValueError, match="unknown checksum"):
+        checksum_combine("md5", 0, 0, 1)
+
+
+def test_file_checksum_covers_stale_padding(tmp_path):
+    # The padding between units holds whatever the transfer file held before:
+    # the combined file checksum must cover those bytes, as a scan does.
+    host, names, units, size, buf = _staged(tmp_path)
+    buf[:] = 0xAB
+    units, size, buf = stage(host, names, buf, tmp_path / "xfer")
+    assert buf[units[0]["nbytes"]] == 0xAB  # padding after the first unit
+    _, files = write_raw(tmp_path / "7", buf, units, {}, "crc32c")
+    assert scan_dir(tmp_path / "7", "crc32c") == files
+
+
+def test_writer_remaps_a_replaced_transfer_file(tmp_path):
+    # The writer keeps its mapping of the transfer file between writes; a file
+    # replaced or grown in between is mapped again, never read stale.
+    w = Writer()
+    xfer, buf = tmp_path / "xfer", None
+    for step, scale in ((1, 1.0), (2, 2.0), (3, 3.0)):
+        host = [np.full((50 * step, 3), scale, np.float32)]
+        if step == 3:
+            xfer.unlink()  # a new file (new inode) of the same name
+        units, size, buf = stage(host, ["w"], None if step == 3 else buf, xfer)
+        req = {"op": "write", "path": str(tmp_path / str(step)), "buffer": str(xfer)}
+        rep = w.handle({**req, "size": size, "units": units, "meta": {}}, print)
+        assert rep["ok"]
+        assert rep["crc32"]["w"] == array_crc32(host[0], "crc32c")
+        assert scan_dir(tmp_path / str(step), "crc32c") == rep["files"]
+    assert len(w._maps) == 1
+    w.handle({"op": "remove", "paths": [str(xfer)]}, print)
+    assert not w._maps and not xfer.exists()
+    w.close()
+
+
+@pytest.mark.parametrize("size", [100, (1 << 20) + 4096, (3 << 20) + 123])
+@pytest.mark.parametrize("spare_size", [None, 10, 5 << 20])
+def test_flush_copy_is_exact(tmp_path, size, spare_size):
+    # Large files go with O_DIRECT (whole blocks) plus sendfile (the tail),
+    # over a recycled spare that may be longer or shorter than the file.
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    data = np.random.default_rng(2).bytes(size)
+    (src / DATA).write_bytes(data)
+    spare = tmp_path / "spare"
+    if spare_size is not None:
+        spare.write_bytes(b"\xff" * spare_size)
+    files = scan_dir(src, "crc32c")
+    n = copy_verified(
+        src, dst, files, verify=True, fsync=True, algo="crc32c", reuse={DATA: spare}
+    )
+    assert n == size and (dst / DATA).read_bytes() == data
+    assert not spare.exists()
+    verify_dir(dst, files, "crc32c")

@@ -17,7 +17,8 @@ returns. A background thread per rank takes the checkpoints in request order:
    to that tier's manifest, last, and every rank waits for it (one more small
    agreement) before it flushes, so a rank that dies while flushing step s
    cannot take step s's commit with it;
-4. has the writer flush the shard to the persistent tier (kernel copy into
+4. has the writer flush the shard to the persistent tier (``O_DIRECT`` from
+   the fast tier's pages, else a kernel copy, into
    ``<step>.flush-tmp``, sizes checked, fsync, renamed), agrees again, rank 0
    updates that manifest;
 5. drops old steps: the newest ``keep`` persistent and ``keep_fast`` fast steps
@@ -38,6 +39,7 @@ next ``save`` or ``wait``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import queue
@@ -366,6 +368,13 @@ class DeepFreeze(Checkpointer):
         if self._local is not None:
             self._local.close()
         self._buf = None
+        if self._proc is not None:
+            # The helper removes the transfer file and drops its mapping of it
+            # (otherwise its memory stays taken until the helper exits).
+            with contextlib.suppress(OSError, RuntimeError, ValueError):
+                self._proc.request(
+                    {"op": "remove", "paths": [str(self._xfer)]}, lambda e: None
+                )
         self._xfer.unlink(missing_ok=True)
 
     def _request(self, req: dict, progress) -> dict[str, Any]:

@@ -70,6 +70,8 @@ class Writer:
         # The writer's own CPU clock: the helper's process clock (Orbax's threads
         # included), or the calling thread's when it serves a rank's thread.
         self._clock = time.process_time if own_process else time.thread_time
+        # Transfer files mapped by earlier writes: {path: ((dev, ino, size), map)}.
+        self._maps: dict[str, tuple[tuple[int, int, int], np.memmap]] = {}
 
     def handle(self, req: dict, progress: Progress) -> dict[str, Any]:
         """Serve ``req``; the reply's ``cpu_s`` is the writer's CPU spent on it."""
@@ -87,14 +89,44 @@ class Writer:
         if op == "remove":
             for p in req["paths"]:
                 remove_tree(Path(p))
+            self._prune()  # a removed transfer file's mapping goes too
             return {"ok": True}
         raise ValueError(f"unknown writer request {op!r}")
 
     def write(self, req: dict, progress: Progress) -> dict[str, Any]:
-        buf = np.memmap(req["buffer"], dtype=np.uint8, mode="r", shape=(req["size"],))
+        buf = self._map(req["buffer"], req["size"])
         if req.get("format", "raw") == "raw":
             return self._write_raw(req, buf, progress)
         return self._write_orbax(req, buf, progress)
+
+    def _map(self, path: str, size: int) -> np.ndarray:
+        """The first ``size`` bytes of the transfer file, mapped once per file.
+
+        A fresh mapping per write faults in every page again (about 0.5 ms of
+        the writer's CPU per 10 MB here); the rank reuses its transfer file, so
+        the writer keeps its mapping while the file is the same (device, inode,
+        size). Mappings of files that are gone are dropped (``_prune``).
+        """
+        self._prune()
+        st = os.stat(path)
+        key = (st.st_dev, st.st_ino, st.st_size)
+        if size > st.st_size:
+            raise ValueError(f"{path} holds {st.st_size} bytes, not {size}")
+        cached = self._maps.get(path)
+        if cached is None or cached[0] != key:
+            self._maps.pop(path, None)
+            mm = np.memmap(path, dtype=np.uint8, mode="r", shape=(st.st_size,))
+            self._maps[path] = cached = (key, mm)
+        return cached[1][:size]
+
+    def _prune(self) -> None:
+        for path, (key, _) in list(self._maps.items()):
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                st = None
+            if st is None or (st.st_dev, st.st_ino, st.st_size) != key:
+                del self._maps[path]  # an unlinked file's memory is freed now
 
     def _write_raw(self, req: dict, buf: np.ndarray, progress: Progress) -> dict:
         """One data file and one JSON file (``rawshard.py``): the cheap default."""
@@ -181,6 +213,7 @@ class Writer:
         return {"ok": True, "bytes": n}
 
     def close(self) -> None:
+        self._maps.clear()
         for c in self._ckptrs.values():
             c.close()
         self._ckptrs.clear()
