@@ -348,6 +348,9 @@ class DeepFreeze(Checkpointer):
         super().close()  # its barrier: every rank's shards are gone
         if fast is not None and self.rank == 0:
             remove_tree(fast.root)
+        # Again at the end: ranks killed just before this run started may
+        # have been alive (dying) when it swept at its start.
+        remove_stale_transfer_files()
 
     # -- background thread -----------------------------------------------------------
     def _run(self) -> None:
