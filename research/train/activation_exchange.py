@@ -31,6 +31,7 @@ import numpy as np
 import optax
 
 from research.comm.handles import Handle
+from research.train.flat import aligned_empty, host_view
 from research.train.stages import Stage, dense_grads
 
 
@@ -46,8 +47,6 @@ class ActivationExchange:
       averager: the ``overlap`` averager (its ``allgather``).
       stages: the tapped stages.
       tx: the run's optax transformation (elementwise, as for the shards).
-      aligned_empty: ``n -> float32 vector`` at an address JAX can alias.
-      host_view: ``numpy vector -> JAX array`` sharing its memory.
     """
 
     def __init__(
@@ -55,12 +54,9 @@ class ActivationExchange:
         averager: Any,
         stages: Sequence[Stage],
         tx: optax.GradientTransformation,
-        aligned_empty,
-        host_view,
     ) -> None:
         self.averager, self.size = averager, averager.size
         self.stages = {s.index: s for s in stages}
-        self._empty, self._view = aligned_empty, host_view
         # Per stage: per-rank shapes of the layers' inputs (known once its
         # forward has run) and reused result buffers (the update reads them before
         # the next step's allgathers write them).
@@ -89,7 +85,7 @@ class ActivationExchange:
     def _out(self, i: int, what: str, n: int) -> np.ndarray:
         buf = self._buffers.get((i, what))
         if buf is None or buf.size != self.size * n:
-            buf = self._buffers[i, what] = self._empty(self.size * n)
+            buf = self._buffers[i, what] = aligned_empty(self.size * n)
         return buf
 
     def start_inputs(self, i: int, inputs: Sequence[jax.Array]) -> tuple[Handle, int]:
@@ -115,7 +111,7 @@ class ActivationExchange:
     ) -> tuple[Any, Any]:
         """Stage ``i``'s new parameters and optimizer state, from the gathered
         inputs and errors (host buffers, read in place)."""
-        xs, dzs = self._view(inputs.reshape(-1)), self._view(errors.reshape(-1))
+        xs, dzs = host_view(inputs.reshape(-1)), host_view(errors.reshape(-1))
         return self._update(params, opt, xs, dzs, self._shapes[i])
 
 

@@ -266,9 +266,7 @@ class OverlapExecutor(_StagedExecutor):
         self._lo = [r * k for k in self._k]
         _, tx = self.ctx.optimizer(1)
         tapped = [self.stages[i] for i in sorted(self.staged.exchange)]
-        self.fcx = ActivationExchange(
-            self.averager, tapped, tx, aligned_empty, host_view
-        )
+        self.fcx = ActivationExchange(self.averager, tapped, tx)
         self._inputs: dict[int, Handle] = {}
 
         def update(p, g, opt):
