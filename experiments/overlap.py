@@ -139,6 +139,12 @@ load 3.5-5.6) gave on the emulated link: VGG-16 overlap 1.33x / 1.42x host at
 2 / 4 ranks, hiding 84% / 78%, with the FC-activation exchange 1.51x / 1.59x;
 ResNet-50 overlap 1.23x / 1.17x host, hiding 88% / 90%, ahead of layerwise at
 both; and the run before that (load 2.7, 5 steps): 1.24-1.37x, 86-96% hidden.
+A later run of the default from a fresh clone (14:32-14:37 UTC, load about 3,
+nothing else running; 5 min 17 s): VGG-16 overlap 1.44x / 1.64x host at 2 / 4
+ranks, hiding 84% / 80% (79.x: printed FAIL); ResNet-50 1.27x / 1.22x, hiding
+88% / 91%, ahead of layerwise at both; the FC-activation exchange 0.96x (2
+ranks: its step was slower than overlap's) and 1.05x on the emulated link,
+1.10x and 1.04x on the real one.
 
 Reading it: on an emulated link the scheme does what the paper says where each
 rank has a core (2 ranks): overlap hides 79-90% of communication (exposed
@@ -147,15 +153,16 @@ rank has a core (2 ranks): overlap hides 79-90% of communication (exposed
 layerwise's best bucket, 1 MiB, stays 19% behind on VGG-16). With the
 FC-activation exchange VGG-16's fc layers hand MPI 0.13 MB instead of 108 MB
 per step (the step's traffic falls from 192.5 to 84.3 MB at 2 ranks), which
-makes the step 1.06-1.18x faster again on the emulated link (1.67x and 1.73x
-host) and 1.01-1.10x on the real one; the price is the fc layers' optimizer
+made the step 1.06-1.18x faster again on the emulated link in this run
+(1.67x and 1.73x host; 0.96-1.05x in the later run below the table) and
+1.01-1.10x on the real one; the price is the fc layers' optimizer
 state, whole on every rank (100 MB against 64 MB per rank at 2 ranks), and
 their weight gradient computed over every rank's rows. At 4 ranks on 2 cores
 the comparison is bent by oversubscription: ranks that wait in a sleeping
 collective give their core to the others, so host's compute at 4 ranks on the
 emulated link (159 ms) is no slower than at 2, while overlap's compute thread
 shares the cores with the collectives' real shared-memory copies (626 ms); so
-ResNet-50 at 4 ranks gains only 1.03-1.17x (target 1.3x: not met) and can
+ResNet-50 at 4 ranks gains only 1.03-1.22x (target 1.3x: not met) and can
 fall behind layerwise, and the hidden fraction sits at 78-79% on VGG-16 in
 this run (target 80%: missed by 1-2 points; 84-90% in earlier runs). On one
 rank overlap's staged step costs more than the monolithic one (VGG-16 1.12x,
