@@ -23,6 +23,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from models.conv import conv_general_dilated
+from models.pool import max_pool
 from models.staging import TappedDense, run_stages
 
 P1B2_FEATURES = 28_204
@@ -172,7 +173,7 @@ class NT3(nn.Module):
                 )(x)
                 x = nn.relu(x)
                 if k == len(layers) - 1:
-                    x = nn.max_pool(x, (self.pool_size,), strides=(self.pool_size,))
+                    x = max_pool(x, (self.pool_size,), strides=(self.pool_size,))
                 return x
 
             return run

@@ -23,6 +23,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from models.conv import conv_general_dilated
+from models.pool import max_pool
 from models.staging import TappedDense, run_stages
 
 ModuleDef = Any
@@ -159,7 +160,7 @@ class ResNet(nn.Module):
                     self.width, (7, 7), (2, 2), padding=[(3, 3), (3, 3)], name="Conv_0"
                 )(x)
                 x = self.act(norm(name="bn_init")(x))
-                return nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+                return max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
             x = conv(self.width, (3, 3), (1, 1), name="Conv_0")(x)
             return self.act(norm(name="bn_init")(x))
 

@@ -26,6 +26,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from models.conv import conv_general_dilated
+from models.pool import max_pool
 from models.staging import TappedDense, run_stages
 
 VGG16_STAGES = ((64, 64), (128, 128), (256, 256, 256), (512, 512, 512), (512,) * 3)
@@ -130,7 +131,7 @@ class VGG(nn.Module):
                         name=f"Conv_{k}",
                     )(x)
                     x = nn.relu(x)
-                return nn.max_pool(x, (2, 2), strides=(2, 2))
+                return max_pool(x, (2, 2), strides=(2, 2))
 
             return run
 
