@@ -22,13 +22,21 @@ candle_nt3         CANDLE NT3 Conv1D x2, dense 200-20            (60483, 1)
 candle_nt3_tiny    NT3 with 16 filters, dense 32-16              (512, 1)
 =================  ===========================================  ===============
 
+Importing the package adds XLA:CPU flags its models train faster with to
+``XLA_FLAGS`` (``models.xla_cpu``: convolutions on Eigen's thread pool instead of
+single-threaded YNNPACK); ``RESEARCH_XLA_DEFAULTS=0`` opts out.
+
 This package imports nothing from ``research`` or ``experiments``.
 """
 
-from models.candle import NT3, P1B2
-from models.registry import count_params, get_model, input_shape, list_models
-from models.resnet import ResNet, ResNet18, ResNet50, ResNetTiny
-from models.vgg import VGG, VGG16
+from models import xla_cpu as _xla_cpu
+
+_xla_cpu.apply()
+
+from models.candle import NT3, P1B2  # noqa: E402 (after the XLA flags)
+from models.registry import count_params, get_model, input_shape, list_models  # noqa: E402
+from models.resnet import ResNet, ResNet18, ResNet50, ResNetTiny  # noqa: E402
+from models.vgg import VGG, VGG16  # noqa: E402
 
 __all__ = [
     "NT3",

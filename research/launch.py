@@ -60,7 +60,10 @@ _STALE_TOKENS = ("intra_op_parallelism_threads",)
 
 def xla_thread_flags(threads: int) -> str:
     """XLA_FLAGS for ``threads`` per rank: the inherited flags, with
-    ``--xla_cpu_multi_thread_eigen=false`` added for one thread (0: untouched)."""
+    ``--xla_cpu_multi_thread_eigen=false`` added for one thread (0: untouched),
+    and the models' XLA:CPU defaults (``models.xla_cpu``) unless opted out."""
+    from models.xla_cpu import with_defaults
+
     flags = [
         f
         for f in os.environ.get("XLA_FLAGS", "").split()
@@ -69,7 +72,7 @@ def xla_thread_flags(threads: int) -> str:
     ]
     if threads == 1:
         flags.append("--xla_cpu_multi_thread_eigen=false")
-    return " ".join(flags)
+    return with_defaults(" ".join(flags))
 
 
 def thread_env(threads: int) -> dict[str, str]:

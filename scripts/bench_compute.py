@@ -76,7 +76,7 @@ import optax
 from jax import lax
 
 import models
-from models import conv
+from models import conv, xla_cpu
 from research.train.state import create_train_state
 from research.train.step import _apply, grad_fn
 
@@ -89,6 +89,12 @@ SIZES: dict[str, dict[str, Any]] = {
 TARGET_RATIO = 1.2
 TARGET_PEAK_FRACTION = 0.40
 TARGETS = ("resnet50", "vgg16")
+# Idle time before each timed step. PyTorch's OpenMP workers spin for a while
+# after a step and XLA's Eigen workers then fight them for the two cores:
+# measured, ResNet-50's JAX step took 967 ms right after PyTorch's and 775 ms
+# without PyTorch in the process; with 0.3 s of idle before each step, 758 ms
+# (and PyTorch's own step 632 ms, as alone).
+SETTLE_S = 0.3
 
 
 def _median_ms(fn: Callable[[], Any], steps: int, warmup: int = 2) -> float:
@@ -102,9 +108,12 @@ def _median_ms(fn: Callable[[], Any], steps: int, warmup: int = 2) -> float:
     return statistics.median(times) * 1e3
 
 
-def _interleaved(steps: dict[str, Callable[[], Any]], reps: int) -> dict[str, float]:
+def _interleaved(
+    steps: dict[str, Callable[[], Any]], reps: int, settle: float = SETTLE_S
+) -> dict[str, float]:
     """Median ms of each step, repetitions interleaved (order rotating) so that
-    load from other processes on a shared machine falls on every column."""
+    load from other processes on a shared machine falls on every column; each
+    timed step starts after ``settle`` seconds idle (see ``SETTLE_S``)."""
     for fn in steps.values():
         for _ in range(2):  # warm-up: compilation, first-touch allocation
             jax.block_until_ready(fn())
@@ -112,6 +121,7 @@ def _interleaved(steps: dict[str, Callable[[], Any]], reps: int) -> dict[str, fl
     times: dict[str, list[float]] = {n: [] for n in names}
     for rep in range(reps):
         for name in names[rep % len(names) :] + names[: rep % len(names)]:
+            time.sleep(settle)
             start = time.perf_counter()
             jax.block_until_ready(steps[name]())
             times[name].append(time.perf_counter() - start)
@@ -296,6 +306,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, help="override every model's batch")
     parser.add_argument("--no-torch", action="store_true", help="skip PyTorch")
     parser.add_argument("--profile", action="store_true", help="per-conv profile")
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=SETTLE_S,
+        help="seconds idle before each timed step (default %(default)s)",
+    )
     args = parser.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
     unknown = sorted(set(names) - set(SIZES))
@@ -305,6 +321,11 @@ def main(argv: list[str] | None = None) -> int:
         for size in SIZES.values():
             size["batch"] = args.batch
     print(f"load average {os.getloadavg()}, jax {jax.__version__}", flush=True)
+    flags = os.environ.get("XLA_FLAGS", "")
+    print(
+        f"XLA_FLAGS={flags!r} (models.xla_cpu's flag "
+        f"{'in effect' if xla_cpu.FLAG in flags.split() else 'NOT in effect'})"
+    )
     torch_ok = not args.no_torch
     if torch_ok:
         try:
@@ -331,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         steps = {"old": old_step, "new": make_jax_step(name, "matmul")[0]}
         if torch_ok:
             steps["torch"] = make_torch_step(name)
-        times = _interleaved(steps, args.steps)
+        times = _interleaved(steps, args.steps, args.settle)
         # The peak again after the model: the better of the two is the machine's.
         peak = max(peak, matmul_peak_gflops())
         old_ms, new_ms = times["old"], times["new"]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from models import xla_cpu
 from research.launch import check_xla_flags, thread_env, xla_thread_flags
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,12 +48,27 @@ def test_jax_starts_with_the_flags_threads_builds(threads, monkeypatch):
 
 def test_threads_zero_leaves_xla_default(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    monkeypatch.setenv(xla_cpu.OPT_OUT, "0")
     env = thread_env(0)
     assert env == {"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"}
     assert xla_thread_flags(1).split() == [
         "--xla_cpu_enable_fast_math=false",
         "--xla_cpu_multi_thread_eigen=false",
     ]
+
+
+def test_thread_flags_carry_the_models_xla_defaults(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    monkeypatch.delenv(xla_cpu.OPT_OUT, raising=False)
+    assert thread_env(0)["XLA_FLAGS"].split() == [
+        "--xla_cpu_enable_fast_math=false",
+        xla_cpu.FLAG,
+    ]
+    assert xla_thread_flags(1).split()[-2:] == [
+        "--xla_cpu_multi_thread_eigen=false",
+        xla_cpu.FLAG,
+    ]
+    assert check_xla_flags(xla_thread_flags(2)) is None
 
 
 def test_a_bare_token_in_xla_flags_is_named():
