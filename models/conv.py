@@ -1,5 +1,9 @@
 """Convolution with a matmul kernel gradient: drop-in ``lax.conv_general_dilated``.
 
+(The figures below were measured with XLA:CPU's default of running convolutions
+on YNNPACK; ``models.xla_cpu`` now sends them to Eigen, and
+``scripts/bench_compute.py`` has the whole-step figures since.)
+
 Why: XLA:CPU computes the kernel (weight) gradient of a convolution as another
 convolution, and for 1x1 kernels and few-input-channel kernels that path is several
 times slower than the same contraction written as one matmul. Measured here

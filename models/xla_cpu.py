@@ -2,21 +2,24 @@
 
 jaxlib 0.10's XLA:CPU hands convolutions, dots and reductions to YNNPACK by
 default, and its YNNPACK convolutions run on one thread: on the 2-core machine a
-3x3 256->256 convolution at 7x7 (batch 16) took 7.5 ms with 2 cores and 7.5 ms
-pinned to one (``taskset``), while XLA's Eigen convolution, which uses the
-intra-op pool, took 3.9 ms. So :data:`FLAG` keeps YNNPACK for reductions and
-single dots, where it is fast, and leaves convolutions to Eigen. Whole training
-steps (``scripts/bench_compute.py --no-torch``, median of 5, load 1.3-2):
+1x1 256->64 convolution at 28x28 (batch 16) took 4.07 ms with both cores and
+4.08 ms pinned to one (``taskset``), a 3x3 64->64 one 6.3 and 6.7 ms, while XLA's
+Eigen convolution, which uses the intra-op pool, took 2.4-2.6 and 3.5-3.8 ms.
+So :data:`FLAG` keeps YNNPACK for reductions and single dots, where it is fast,
+and leaves convolutions to Eigen. Whole training steps
+(``scripts/bench_compute.py --no-torch``, median of 7, back to back, load
+1.1-2.1; ``RESEARCH_XLA_DEFAULTS=0`` for XLA's default):
 
 =========  ===========  ================================  =================
 model      XLA default  reductions + dots to YNNPACK      nothing to YNNPACK
 =========  ===========  ================================  =================
-ResNet-50  1102-1169 ms  758-811 ms                        1743 ms
-VGG-16     818-877 ms    604-672 ms                        840 ms
+ResNet-50  1045 ms      799 ms                            1743 ms
+VGG-16     812 ms       651 ms                            840 ms
 =========  ===========  ================================  =================
 
-With one compute thread per rank (``--threads 1``, as MPI runs on few cores
-use) it helps too: ResNet-50 1684 -> 1412 ms, VGG-16 1956 -> 1644 ms.
+(The last column from an earlier run.) With one compute thread per rank
+(``--threads 1``, as MPI runs on few cores use) it helps too: ResNet-50 1684 ->
+1412 ms, VGG-16 1956 -> 1644 ms.
 
 The flag goes into ``XLA_FLAGS``, which XLA reads once, when JAX makes its CPU
 client; so it is added on import of ``models`` (before any computation), and a
