@@ -13,6 +13,7 @@ import functools
 import os
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 
@@ -23,6 +24,9 @@ mpi4py.rc.finalize = True
 from mpi4py import MPI  # noqa: E402
 
 from research.comm.env import env_rank, env_size, launched_by_mpi  # noqa: E402,F401
+
+#: Seconds an aborting rank waits after printing, so the launcher can forward it.
+ABORT_GRACE_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,11 @@ def abort(code: int = 1) -> None:
         and not MPI.Is_finalized()
         and MPI.COMM_WORLD.Get_size() > 1
     ):
+        # The launcher forwards each rank's output through pipes and kills the
+        # job as soon as it hears of the abort: give it a moment to forward
+        # what this rank just printed (the traceback that says why), which was
+        # otherwise lost now and then on a loaded machine.
+        time.sleep(ABORT_GRACE_S)
         MPI.COMM_WORLD.Abort(code)
     os._exit(code)
 
