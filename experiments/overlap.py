@@ -144,7 +144,14 @@ nothing else running; 5 min 17 s): VGG-16 overlap 1.44x / 1.64x host at 2 / 4
 ranks, hiding 84% / 80% (79.x: printed FAIL); ResNet-50 1.27x / 1.22x, hiding
 88% / 91%, ahead of layerwise at both; the FC-activation exchange 0.96x (2
 ranks: its step was slower than overlap's) and 1.05x on the emulated link,
-1.10x and 1.04x on the real one.
+1.10x and 1.04x on the real one. The first run with convolutions on Eigen's
+thread pool and the new max pool (``models.xla_cpu``, ``models.pool``; fresh
+clone, 16:03-16:10 UTC, load 1.7 at the start and 5.3 at the end, the run's
+own ranks; 7 min 1 s): VGG-16 overlap 1.34x / 1.35x host at 2 / 4 ranks,
+hiding 86% / 78% (FAIL), FC-activation exchange 1.16x / 1.11x overlap's step
+(1.56x / 1.50x host); ResNet-50 1.24x / 1.03x (FAIL), hiding 100% / 61%
+(FAIL), ahead of layerwise at both; on the real link VGG-16's overlap ran
+0.97x / 1.27x host and ResNet-50's 0.97x / 0.78x.
 
 Reading it: on an emulated link the scheme does what the paper says where each
 rank has a core (2 ranks): overlap hides 79-90% of communication (exposed
