@@ -30,13 +30,13 @@ This package imports nothing from ``research`` or ``experiments``.
 """
 
 from models import xla_cpu as _xla_cpu
+from models.candle import NT3, P1B2
+from models.registry import count_params, get_model, input_shape, list_models
+from models.resnet import ResNet, ResNet18, ResNet50, ResNetTiny
+from models.vgg import VGG, VGG16
 
+# Before any computation: importing the modules above does not start JAX.
 _xla_cpu.apply()
-
-from models.candle import NT3, P1B2  # noqa: E402 (after the XLA flags)
-from models.registry import count_params, get_model, input_shape, list_models  # noqa: E402
-from models.resnet import ResNet, ResNet18, ResNet50, ResNetTiny  # noqa: E402
-from models.vgg import VGG, VGG16  # noqa: E402
 
 __all__ = [
     "NT3",

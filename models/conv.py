@@ -236,6 +236,29 @@ def _conv_bwd(strides, pads, names, precision, residuals, dy):
 _conv.defvjp(_conv_fwd, _conv_bwd)
 
 
+def window_slices(
+    xp: jax.Array,
+    window: Sequence[int],
+    strides: Sequence[int],
+    out: Sequence[int],
+) -> list[jax.Array]:
+    """For each window offset (row-major), the strided slice of the padded
+    channels-last input ``xp`` that the offset sees at every output position.
+
+    Each slice has shape ``(N, *out, C)``; shared with ``models.pool``.
+    """
+    slices = []
+    for offset in itertools.product(*(range(k) for k in window)):
+        start = (0, *offset, 0)
+        limit = (
+            xp.shape[0],
+            *(o + s * (n - 1) + 1 for o, s, n in zip(offset, strides, out)),
+            xp.shape[-1],
+        )
+        slices.append(lax.slice(xp, start, limit, (1, *strides, 1)))
+    return slices
+
+
 def kernel_grad(
     x: jax.Array,
     dy: jax.Array,
@@ -264,18 +287,9 @@ def kernel_grad(
             f"shapes disagree: x {x.shape}, kernel {tuple(kernel_shape)}, "
             f"strides {tuple(strides)}, pads {tuple(pads)}"
         )
-    out = dy.shape[1:-1]
     config = [(0, 0, 0), *((lo, hi, 0) for lo, hi in pads), (0, 0, 0)]
     xp = lax.pad(x, jnp.zeros((), x.dtype), config)
-    slices = []
-    for offset in itertools.product(*(range(k) for k in window)):
-        start = (0, *offset, 0)
-        limit = (
-            x.shape[0],
-            *(o + s * (n - 1) + 1 for o, s, n in zip(offset, strides, out)),
-            in_ch,
-        )
-        slices.append(lax.slice(xp, start, limit, (1, *strides, 1)))
+    slices = window_slices(xp, window, strides, dy.shape[1:-1])
     # Patches in (window..., I) order, which is the kernel's own layout.
     patches = slices[0] if len(slices) == 1 else jnp.concatenate(slices, axis=-1)
     axes = tuple(range(nd + 1))

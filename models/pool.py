@@ -30,6 +30,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from models.conv import window_slices
+
 Pads = tuple[tuple[int, int], ...]
 
 
@@ -70,20 +72,6 @@ def max_pool(
     return _max_pool(x, window, strides, pads)
 
 
-def _taps(xp: jax.Array, window, strides, out) -> list[jax.Array]:
-    """The window's strided slices of the padded input, in row-major tap order."""
-    taps = []
-    for offset in itertools.product(*(range(k) for k in window)):
-        start = (0, *offset, 0)
-        limit = (
-            xp.shape[0],
-            *(o + s * (n - 1) + 1 for o, s, n in zip(offset, strides, out)),
-            xp.shape[-1],
-        )
-        taps.append(lax.slice(xp, start, limit, (1, *strides, 1)))
-    return taps
-
-
 def _out_shape(padded: Sequence[int], window, strides) -> tuple[int, ...]:
     out = tuple((p - k) // s + 1 for p, k, s in zip(padded, window, strides))
     if min(out) < 1:
@@ -102,7 +90,7 @@ def _pad(x: jax.Array, pads: Pads, value) -> jax.Array:
 def _max_pool(x, window, strides, pads):
     xp = _pad(x, pads, -jnp.inf)
     out = _out_shape(xp.shape[1:-1], window, strides)
-    return functools.reduce(lax.max, _taps(xp, window, strides, out))
+    return functools.reduce(lax.max, window_slices(xp, window, strides, out))
 
 
 def _max_pool_fwd(x, window, strides, pads):
@@ -118,7 +106,7 @@ def _max_pool_bwd(window, strides, pads, residuals, dy):
     taken = jnp.zeros(y.shape, bool)
     dxp = None
     offsets = itertools.product(*(range(k) for k in window))
-    for offset, tap in zip(offsets, _taps(xp, window, strides, out)):
+    for offset, tap in zip(offsets, window_slices(xp, window, strides, out)):
         # The first tap (row-major) equal to the maximum takes the cotangent.
         hit = (tap == y) & ~taken
         taken = taken | hit
