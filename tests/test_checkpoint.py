@@ -263,6 +263,31 @@ def test_deepfreeze_alone_falls_back_from_a_corrupt_step(tmp_path):
     assert ckpt.summary()["restore_s"] > 0
 
 
+@pytest.mark.parametrize("fast", [True, False])
+def test_deepfreeze_syncs_the_shard_only_where_it_persists(tmp_path, fast):
+    # The writer syncs a shard it writes only into the last tier: with a fast
+    # tier the flush makes the persistent copy durable; without one the
+    # write itself must, before the manifest commits the step.
+    from research.checkpoint.deepfreeze import DeepFreeze
+    from research.comm.world import get_world
+
+    ck = DeepFreeze(
+        get_world(),
+        tmp_path / "p",
+        fast_dir=tmp_path / "f" if fast else None,
+        writer="thread",
+    )
+    sent = []
+    handle = ck._local.handle
+    ck._local.handle = lambda req, progress: sent.append(req) or handle(req, progress)
+    ck.save(1, initial())
+    ck.wait()
+    ck.close()
+    writes = [r for r in sent if r["op"] == "write"]
+    assert [r["fsync"] for r in writes] == [not fast]
+    assert ck.committed_steps("persistent") == [1]
+
+
 def test_config_validation():
     assert CheckpointConfig().validate() is None
     assert "unknown checkpoint strategy" in CheckpointConfig(strategy="x").validate()

@@ -167,3 +167,42 @@ def test_flush_copy_is_exact(tmp_path, size, spare_size):
     assert n == size and (dst / DATA).read_bytes() == data
     assert not spare.exists()
     verify_dir(dst, files, "crc32c")
+
+
+@pytest.mark.parametrize("fmt", ["raw", "orbax"])
+@pytest.mark.parametrize("fsync", [True, False])
+def test_write_straight_to_the_persistent_tier_is_durable(
+    tmp_path, monkeypatch, fmt, fsync
+):
+    # Without a fast tier the shard is written into the persistent tier and
+    # committed next (no flush follows), so its files, its folder and the
+    # folder holding its name must be synced before the writer replies.
+    synced = set()
+    real = os.fsync
+
+    def recording(fd):
+        st = os.fstat(fd)
+        synced.add((st.st_dev, st.st_ino))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    _, _, units, size, _ = _staged(tmp_path)
+    if fmt == "orbax":
+        units = [u for u in units if u["nbytes"]]  # Orbax refuses empty arrays
+    path = tmp_path / "tier" / "rank0" / "7"
+    w = Writer()
+    req = {"op": "write", "path": str(path), "buffer": str(tmp_path / "xfer")}
+    rep = w.handle(
+        {**req, "size": size, "units": units, "meta": {}, "format": fmt}
+        | {"fsync": fsync},
+        print,
+    )
+    w.close()
+    assert rep["ok"], rep
+    wanted = [path / rel for rel in rep["files"]] + [path, path.parent]
+    ids = {(p.stat().st_dev, p.stat().st_ino) for p in wanted}
+    if fsync:
+        missing = [p for p in wanted if (p.stat().st_dev, p.stat().st_ino) not in synced]
+        assert not missing
+    else:
+        assert not ids & synced

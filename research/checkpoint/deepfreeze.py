@@ -543,6 +543,9 @@ class DeepFreeze(Checkpointer):
             "meta": meta,
             "format": "orbax" if self.compress else "raw",  # raw cannot compress
             "compress": self.compress,
+            # Only when this is the last tier: the fast tier is never synced,
+            # and the flush makes the persistent copy durable.
+            "fsync": self.fsync and tier is self.tiers[-1],
             "pause": self._hooked,
         }
         self._hook("write-begin", step)

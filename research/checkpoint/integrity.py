@@ -194,6 +194,22 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def fsync_tree(path: Path) -> None:
+    """Make ``path`` (a file or a directory tree) and its entry durable.
+
+    Every file and directory under it is synced, then its parent directory,
+    which holds the name a rename just gave it.
+    """
+    if path.is_dir():
+        for dirpath, _, names in os.walk(path):
+            for name in names:
+                _fsync_dir(Path(dirpath) / name)  # a read-only fd syncs a file too
+            _fsync_dir(Path(dirpath))
+    else:
+        _fsync_dir(path)
+    _fsync_dir(path.parent)
+
+
 def copy_verified(
     src: Path,
     dst: Path,

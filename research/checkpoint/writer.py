@@ -17,7 +17,9 @@ in ``/dev/shm`` that both processes map (one copy, no pickling):
   unit, the buffer written as one file, tmp + rename; with ``"orbax"``, CRC-32
   of every unit, Orbax async save into ``path`` (tmp + rename), then the
   files' sizes and CRC-32s. Either replies with the checksums, the files and
-  ``tags`` for the manifest's shard entry (format, checksum algorithm);
+  ``tags`` for the manifest's shard entry (format, checksum algorithm); with
+  ``fsync`` (the shard goes straight into the persistent tier) its files and
+  directories are made durable before the reply;
 * ``{"op": "flush", "src", "dst", "files", "checksum", "fsync", "verify",
   "pause"}`` -> copy into ``<dst>.flush-tmp`` (sizes checked; checksums too
   with ``verify``), renamed to ``dst``;
@@ -50,6 +52,7 @@ from research.checkpoint.integrity import (
     LEGACY_CHECKSUM,
     array_crc32,
     copy_verified,
+    fsync_tree,
     remove_tree,
     scan_dir,
 )
@@ -96,8 +99,14 @@ class Writer:
     def write(self, req: dict, progress: Progress) -> dict[str, Any]:
         buf = self._map(req["buffer"], req["size"])
         if req.get("format", "raw") == "raw":
-            return self._write_raw(req, buf, progress)
-        return self._write_orbax(req, buf, progress)
+            rep = self._write_raw(req, buf, progress)
+        else:
+            rep = self._write_orbax(req, buf, progress)
+        if req.get("fsync"):
+            # The shard went straight to the persistent tier: durable before
+            # the rank reports it written, as the manifest commits it next.
+            fsync_tree(Path(req["path"]))
+        return rep
 
     def _map(self, path: str, size: int) -> np.ndarray:
         """The first ``size`` bytes of the transfer file, mapped once per file.
