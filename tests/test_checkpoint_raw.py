@@ -202,7 +202,9 @@ def test_write_straight_to_the_persistent_tier_is_durable(
     wanted = [path / rel for rel in rep["files"]] + [path, path.parent]
     ids = {(p.stat().st_dev, p.stat().st_ino) for p in wanted}
     if fsync:
-        missing = [p for p in wanted if (p.stat().st_dev, p.stat().st_ino) not in synced]
+        missing = [
+            p for p in wanted if (p.stat().st_dev, p.stat().st_ino) not in synced
+        ]
         assert not missing
     else:
         assert not ids & synced
