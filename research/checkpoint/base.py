@@ -180,27 +180,27 @@ class Checkpointer:
         for t in self.tiers:
             clean_rank_dir(t, self.rank, set(self._committed[t.name]))
 
-    def _drop_old(self, tier: Tier, keep: int) -> None:
-        """Forget all but the newest ``keep`` committed steps of ``tier``.
+    def _stale(self, tier: Tier, step: int, keep: int) -> list[int]:
+        """The committed steps of ``tier`` that committing ``step`` pushes out.
 
-        Every rank calls it with the same committed list. Rank 0 drops the
-        manifest entries before deleting its own shards; other ranks may delete
-        first, which is harmless: only steps older than the newest committed
-        one go, and restore tries the newest first.
+        All but the newest ``keep``. Rank 0 removes them from the manifest in
+        the same atomic write that adds ``step`` (one manifest update per commit,
+        not two), then :meth:`_note_committed` deletes their shards. Every rank
+        computes the same list from the same committed steps.
         """
-        steps = sorted(self._committed.get(tier.name, []))
-        drop = steps[:-keep]
-        if not drop:
-            return
-        if self.rank == 0:
-            update_manifest(
-                tier.root,
-                tier=tier.name,
-                remove=drop,
-                fsync=self.fsync and tier.name == "persistent",
-            )
-        self._committed[tier.name] = steps[-keep:]
-        for s in drop:
+        return sorted({*self._committed.get(tier.name, []), step})[:-keep]
+
+    def _note_committed(self, tier: Tier, step: int, dropped: list[int]) -> None:
+        """Record ``step`` as committed in ``tier``; delete this rank's shards of
+        ``dropped``, which the manifest no longer lists (:meth:`_stale`).
+
+        With the rank-0 and Orbax baselines other ranks may delete before rank
+        0 has written the manifest, which is harmless: only steps older than the
+        newest committed one go, and restore tries the newest first.
+        """
+        kept = {*self._committed.get(tier.name, []), step} - set(dropped)
+        self._committed[tier.name] = sorted(kept)
+        for s in dropped:
             self._remove_step(tier, s)
 
     def _remove_step(self, tier: Tier, step: int) -> None:

@@ -124,14 +124,15 @@ class Rank0Sync(_Base):
                 )
                 shard = self._shard(step, extra)
                 rec.bytes_written = rec.shard_bytes = shard["bytes"]
+                drop = self._stale(self.tier, step, self.keep)
                 update_manifest(
                     self.tier.root,
                     tier=self.tier.name,
                     fsync=self.fsync,
+                    remove=drop,
                     add=[self._entry(step, plan(self._flat.specs, 1), [shard])],
                 )
-                self._committed.setdefault(self.tier.name, []).append(step)
-                self._drop_old(self.tier, self.keep)
+                self._note_committed(self.tier, step, drop)
             rec.writer_cpu_s = process_cpu() - cpu0
             rec.committed_s = rec.persisted_s = time.perf_counter() - t0
         rec.blocking_s = time.perf_counter() - t0
@@ -191,15 +192,16 @@ class OrbaxSync(_Base):
                     f"checkpoint of step {step} failed: "
                     + "; ".join(f"rank {r['rank']}: {r['error']}" for r in failed)
                 )
+            drop = self._stale(self.tier, step, self.keep)
             if self.rank == 0:
                 update_manifest(
                     self.tier.root,
                     tier=self.tier.name,
                     fsync=self.fsync,
+                    remove=drop,
                     add=[self._entry(step, self._units, [r["shard"] for r in reports])],
                 )
-            self._committed.setdefault(self.tier.name, []).append(step)
-            self._drop_old(self.tier, self.keep)
+            self._note_committed(self.tier, step, drop)
         rec.blocking_s = rec.committed_s = rec.persisted_s = time.perf_counter() - t0
         self.records[rec.step] = rec
         return rec
@@ -267,15 +269,16 @@ class OrbaxAsyncRank0(_Base):
             rec.writer_cpu_s = cpu.elapsed()
             shard = self._shard(step, extra)
             rec.bytes_written = rec.shard_bytes = shard["bytes"]
+            drop = self._stale(self.tier, step, self.keep)
             with get_tracer().span("commit", "checkpoint-bg", step=step):
                 update_manifest(
                     self.tier.root,
                     tier=self.tier.name,
                     fsync=self.fsync,
+                    remove=drop,
                     add=[self._entry(step, plan(self._flat.specs, 1), [shard])],
                 )
-            self._committed.setdefault(self.tier.name, []).append(step)
-            self._drop_old(self.tier, self.keep)
+            self._note_committed(self.tier, step, drop)
             rec.committed_s = rec.persisted_s = time.perf_counter() - t0
         except BaseException as e:  # noqa: BLE001 - surfaced on the next save/wait
             self._error = e

@@ -16,13 +16,13 @@ returns. A background thread per rank takes the checkpoints in request order:
    communicator, sleeping waits); when all shards are in, rank 0 adds the step
    to that tier's manifest, last, and every rank waits for it (one more small
    agreement) before it flushes, so a rank that dies while flushing step s
-   cannot take step s's commit with it;
+   cannot take step s's commit with it. The same manifest write drops the
+   steps the new one pushes out (the newest ``keep_fast`` fast steps stay),
+   whose shards every rank then deletes;
 4. has the writer flush the shard to the persistent tier (``O_DIRECT`` from
    the fast tier's pages, else a kernel copy, into
    ``<step>.flush-tmp``, sizes checked, fsync, renamed), agrees again, rank 0
-   updates that manifest;
-5. drops old steps: the newest ``keep`` persistent and ``keep_fast`` fast steps
-   stay.
+   updates that manifest (and drops all but the newest ``keep`` steps).
 
 Checkpoints in flight: up to ``max_inflight`` requests may be outstanding (one
 being written, the next queued with its snapshot held). A request beyond that
@@ -436,8 +436,6 @@ class DeepFreeze(Checkpointer):
                     remove_tree(tier.rank_dir(self.rank) / f"{job.step}.flush-tmp")
                     return
             self._hook("flushed", job.step)
-        with tr.span("retention", "checkpoint-bg", step=job.step):
-            self._retention()
 
     def _settle(
         self,
@@ -463,10 +461,12 @@ class DeepFreeze(Checkpointer):
         if any(r["status"] != "ok" for r in reports):
             job.record.skipped = True  # some rank skipped it: nobody commits it
             return False
+        keep = self.keep if tier is self.tiers[-1] else self.keep_fast
+        drop = self._stale(tier, job.step, keep)
         manifest_error = None
         if self.rank == 0:
             try:
-                self._write_manifest(job, tier, reports)
+                self._write_manifest(job, tier, reports, drop)
             except Exception as e:  # noqa: BLE001 - every rank learns of it below
                 manifest_error = _describe(e)
         # The manifest is the commit point: no rank goes on (to flush, or to
@@ -481,14 +481,17 @@ class DeepFreeze(Checkpointer):
                 self._errors.append(err)
             job.record.skipped = True
             return False
-        self._committed.setdefault(tier.name, []).append(job.step)
+        self._note_committed(tier, job.step, drop)  # the dropped shards go
         setattr(job.record, field, time.perf_counter() - job.t_request)
         if tier is self.tiers[-1] and field == "committed_s":
             job.record.persisted_s = job.record.committed_s
         return True
 
-    def _write_manifest(self, job: _Job, tier: Tier, reports: list[dict]) -> None:
-        """Rank 0: the step's entry into ``tier``'s manifest (the commit)."""
+    def _write_manifest(
+        self, job: _Job, tier: Tier, reports: list[dict], drop: list[int]
+    ) -> None:
+        """Rank 0: the step's entry into ``tier``'s manifest (the commit), and
+        the steps it pushes out of the retention window out of it."""
         local = {u["name"] for u in job.units if u["shard"] == LOCAL}
         crcs: dict[str, int] = {}
         shards = []
@@ -513,6 +516,7 @@ class DeepFreeze(Checkpointer):
             tier.root,
             tier=tier.name,
             add=[entry],
+            remove=drop,
             fsync=self.fsync and tier.name == "persistent",
         )
 
@@ -594,10 +598,3 @@ class DeepFreeze(Checkpointer):
 
     def _remove_step(self, tier: Tier, step: int) -> None:
         retire(tier.step_dir(self.rank, step))  # its data file is the next's
-
-    def _retention(self) -> None:
-        """Keep the newest ``keep`` (persistent) / ``keep_fast`` (fast) steps."""
-        for tier in self.tiers:
-            self._drop_old(
-                tier, self.keep if tier is self.tiers[-1] else self.keep_fast
-            )
