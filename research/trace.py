@@ -322,10 +322,12 @@ def merge_traces(run_dir: str | os.PathLike, size: int | None = None) -> Path:
         events.extend(read_rank_trace(path))
     out = run_dir / "trace.json"
     tmp = run_dir / "trace.json.tmp"
+    # dumps, not dump: json.dump streams through the pure-Python encoder.
+    text = json.dumps(
+        {"traceEvents": events, "displayTimeUnit": "ms"}, separators=(",", ":")
+    )
     with open(tmp, "w") as f:
-        json.dump(
-            {"traceEvents": events, "displayTimeUnit": "ms"}, f, separators=(",", ":")
-        )
+        f.write(text)
     os.replace(tmp, out)
     return out
 

@@ -95,3 +95,22 @@ def test_no_clean_steps_is_an_error():
     ]
     with pytest.raises(ValueError, match="no clean steps"):
         period_costs(before, periods)
+
+
+def test_interleaved_run_merges_the_trace_at_the_end_only(tmp_path):
+    # A mid-run merge would stall rank 0's training thread in a measured step.
+    import types
+
+    from research.checkpoint.bench import Interleaved
+    from research.comm.world import get_world
+    from research.trace import Tracer
+
+    tracer = Tracer(tmp_path, 0, 1, flush_every=1, merge_every_s=0.0)
+    trainer = types.SimpleNamespace(world=get_world(), run_dir=tmp_path, tracer=tracer)
+    Interleaved({}, {"none": ("none", 0)}, [], warm_saves_at=1).on_train_start(trainer)
+    tracer.complete("step", "compute", 0.0, 1.0)  # flushed at once: no merge
+    assert (tmp_path / "trace" / "rank0.json").exists()
+    assert not (tmp_path / "trace.json").exists()
+    tracer.close()  # merges
+    assert (tmp_path / "trace.json").exists()
+    assert tracer.merge_every_s == math.inf

@@ -84,8 +84,11 @@ def write_manifest(
     path = manifest_path(root)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{NAME}.tmp{os.getpid()}")
+    # dumps, not dump: json.dump streams through the pure-Python encoder. A
+    # 7 KB manifest's update took 0.85 ms of CPU with it, 0.45 ms with dumps.
+    text = json.dumps(manifest, separators=(",", ":"))
     with open(tmp, "w") as f:
-        json.dump(manifest, f, separators=(",", ":"))
+        f.write(text)
         if fsync:
             f.flush()
             os.fsync(f.fileno())
