@@ -106,6 +106,12 @@ running), deepfreeze +2.0% [+0.7%, +3.4%], orbax-async-rank0 +5.4% [+3.6%,
 +7.2%] (difference [+1.5%, +5.3%]); the default again at load 3.6-4.7, a tie:
 deepfreeze +3.6% [+2.0%, +5.3%], orbax-async-rank0 +3.5% [+1.9%, +5.2%].
 
+Three later default runs (after the manifest and trace-merge changes; 17:29-17:41
+UTC, table in the README): deepfreeze +2.7%, +5.4%, +5.0% against
+orbax-async-rank0 +5.5%, +5.1%, +6.4%; separated in the first only (difference
+[+1.6%, +4.0%]). Blocking and writer CPU are steady from run to run; DeepFreeze's
+cost per checkpoint (34, 67, 62 ms) is not.
+
 Reading it: blocking time is where DeepFreeze wins by two orders of magnitude
 (0.4 ms against 126 ms for the synchronous savers and 22 ms for Orbax's
 asynchronous save on rank 0, whose blocking part copies the whole state). Its
