@@ -296,6 +296,17 @@ def build_parser() -> argparse.ArgumentParser:
         "cores), or only niced; default %(default)s",
     )
     g.add_argument(
+        "--bind",
+        default="core",
+        choices=("core", "none"),
+        help="laptop launches: bind each rank, with its writer and threads, to "
+        "--threads cores (at least one), round robin (MPICH's -bind-to core), "
+        "or let the OS move them (none). Unbound, 4 ranks on 2 cores gave "
+        "2-3x wider placebo intervals and a DeepFreeze cost of 34-67 ms per "
+        "checkpoint from run to run. Under your own mpiexec or srun, bind "
+        "there (e.g. srun --cpu-bind=cores); default %(default)s",
+    )
+    g.add_argument(
         "--sweep-ranks",
         type=int,
         nargs="*",

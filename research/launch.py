@@ -45,6 +45,25 @@ def mpiexec_path() -> str:
     return found
 
 
+def bind_args(mpiexec: str, cores_per_rank: int) -> list[str] | None:
+    """``mpiexec`` arguments that bind each rank to ``cores_per_rank`` cores.
+
+    Ranks are placed round robin over the cores (more ranks than cores share
+    them), and whatever a rank starts (threads, helper processes) inherits its
+    cores. Only MPICH's Hydra is known (``-bind-to core:N``); for any other
+    launcher this returns None and the caller runs unbound.
+    """
+    try:
+        out = subprocess.run(
+            [mpiexec, "--version"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if "HYDRA" not in out.stdout + out.stderr:
+        return None
+    return ["-bind-to", f"core:{max(1, cores_per_rank)}"]
+
+
 #: Environment variables that size XLA:CPU's intra-op thread pool. The PJRT CPU
 #: client makes its Eigen pool with ``PJRT_NPROC`` (else ``NPROC``) threads, else
 #: one per schedulable CPU; XLA has no command-line flag for it. Measured on the

@@ -60,6 +60,8 @@ def test_default_pipeline_at_toy_size(tmp_path):
     assert "in flight (checkpoint every step, policy skip)" in proc.stdout
     main = json.loads((root / "main-np2.json").read_text())
     assert main["ranks"] == 2 and main["strategies"]["deepfreeze"]["restore_s"] > 0
+    # --bind core (the default) with one thread per rank: one core each.
+    assert [len(cores) for cores in main["cpu_affinity"]] == [1, 1]
     for fig in (
         "overhead_vs_interval.png",
         "blocking_vs_ranks.png",

@@ -115,3 +115,15 @@ def test_threads_2_recorded_in_config(tmp_path):
     assert config["compute_threads"]["NPROC"] == "2"
     assert config["compute_threads"]["xla_eigen_threads"] == 2
     assert "intra_op" not in (config["compute_threads"]["XLA_FLAGS"] or "")
+
+
+def test_bind_args_know_hydra_and_nothing_else(tmp_path):
+    from research.launch import bind_args, mpiexec_path
+
+    assert bind_args(mpiexec_path(), 2) == ["-bind-to", "core:2"]  # the mpich wheel's
+    assert bind_args(mpiexec_path(), 0) == ["-bind-to", "core:1"]
+    other = tmp_path / "mpirun"
+    other.write_text("#!/bin/sh\necho 'mpirun (Open MPI) 5.0.5'\n")
+    other.chmod(0o755)
+    assert bind_args(str(other), 1) is None
+    assert bind_args(str(tmp_path / "missing"), 1) is None

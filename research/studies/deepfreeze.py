@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from research.cli import check_writable_dir, config_from_args
-from research.launch import mpiexec_path, thread_env
+from research.launch import bind_args, mpiexec_path, thread_env
 
 STRATEGIES = ("rank0-sync", "orbax-sync", "orbax-async-rank0", "deepfreeze")
 #: Rounds of the extra jobs for the ranks figure (blocking times only).
@@ -120,6 +120,8 @@ def run_job(args: argparse.Namespace, root: Path, prog: str) -> dict[str, Any]:
         seed=args.seed,
     )
     out.update(job=job, interval=args.interval, tiers=args.tiers)
+    # Which cores each rank could run on (--bind core: its own), for the record.
+    out["cpu_affinity"] = world.comm.allgather(sorted(os.sched_getaffinity(0)))
     if world.rank == 0:
         path = root / f"{job}-np{world.size}.json"
         path.write_text(json.dumps(out, indent=1) + "\n")
@@ -334,10 +336,32 @@ def launch_jobs(
 ) -> int:
     """Start the main job and the ranks-sweep jobs under mpiexec, one at a time.
 
-    Each job runs ``python -m module argv --run-dir root --job JOB``.
+    Each job runs ``python -m module argv --run-dir root --job JOB``; with
+    ``args.bind == "core"`` each rank is bound to ``args.threads`` cores (at
+    least one; :func:`research.launch.bind_args`), and so are its writer
+    process and threads.
     """
     env = dict(os.environ, **thread_env(args.threads), PYTHONUNBUFFERED="1")
-    base = [mpiexec_path(), "-n"]
+    mpiexec = mpiexec_path()
+    bind: list[str] = []
+    if args.bind == "core" and args.threads < 1:
+        print(
+            "note: --bind core needs --threads >= 1 (cores per rank); with XLA's "
+            "default threads the ranks run unbound",
+            file=sys.stderr,
+            flush=True,
+        )
+    elif args.bind == "core":
+        bind = bind_args(mpiexec, args.threads) or []
+        if not bind:
+            print(
+                f"warning: {mpiexec} is not MPICH's Hydra, so --bind core is not "
+                "applied: ranks run unbound (bind them with your launcher's own "
+                "option, or pass --bind none to silence this)",
+                file=sys.stderr,
+                flush=True,
+            )
+    base = [mpiexec, *bind, "-n"]
     rest = [
         sys.executable,
         "-m",
