@@ -73,62 +73,56 @@ Commands::
         --model resnet50 --paper-scale --run-dir runs/df --job ranks
     python -m scripts.plot_deepfreeze runs/df
 
-Measured (this machine: 2 CPU cores, no GPU, load average 2.4 at start with
-nothing else running, 4.6 at the end from the run itself; ``python -m
-experiments.deepfreeze --run-dir runs/dfw1``, 4 min 5 s in all; numbers of the
-main 4-rank job, 28 periods per arm, reference step 128 ms)::
+Measured (this machine: 2 CPU cores, no GPU; ``python -m experiments.deepfreeze
+--run-dir runs/dfb1 --no-plots``, 2026-11-23 18:01-18:04 UTC, load 3.0 at the
+start from earlier runs, nothing else running, 3 min 36 s in all; the main
+4-rank job, 28 periods per arm, ranks bound to one core each by ``--bind core``,
+reference step 109 ms)::
 
     strategy           blocking  committed  persisted  overhead@10 [90% CI]
-    none (placebo)            -          -          -   -0.9% [-1.8%, +0.2%]
-    rank0-sync         126.1 ms     0.13 s     0.13 s   +8.9% [+7.1%, +10.7%]
-    orbax-sync         125.8 ms     0.13 s     0.13 s  +10.0% [+8.5%, +11.6%]
-    orbax-async-rank0   22.3 ms     0.22 s     0.22 s   +6.3% [+4.7%, +7.9%]
-    deepfreeze           0.4 ms     0.11 s     0.21 s   +4.1% [+2.5%, +5.7%]
-    the others minus deepfreeze: [+3.2%, +6.4%], [+4.0%, +7.9%], [+0.6%, +3.9%]
-    writer CPU per checkpoint: 67.2, 35.2, 134.8 and 9.1 ms (0.94 ms per MB)
-    target: DeepFreeze blocking 0.4% of rank0-sync's (<= 10%): PASS
-    target: DeepFreeze overhead +4.1% at a checkpoint every 10 steps
-      (<= 5%; upper 90% bound +5.7%): PASS
-    target: DeepFreeze writer CPU 0.94 ms per MB (<= 1.5 ms/MB): PASS
+    none (placebo)            -          -          -   +0.2% [-0.2%, +0.7%]
+    rank0-sync         132.8 ms     0.13 s     0.13 s  +11.4% [+10.2%, +12.8%]
+    orbax-sync         115.4 ms     0.12 s     0.12 s  +10.9% [+10.0%, +11.8%]
+    orbax-async-rank0   33.3 ms     0.20 s     0.20 s   +9.6% [+8.7%, +10.5%]
+    deepfreeze           1.0 ms     0.11 s     0.21 s   +2.9% [+2.2%, +3.6%]
+    the others minus deepfreeze: [+7.3%, +9.9%], [+7.4%, +8.6%], [+5.7%, +7.7%]
+    writer CPU per checkpoint: 60.4, 32.0, 109.6 and 9.0 ms (0.93 ms per MB)
+    target: DeepFreeze blocking 0.8% of rank0-sync's (<= 10%): PASS
+    target: DeepFreeze overhead +2.9% at a checkpoint every 10 steps
+      (<= 5%; upper 90% bound +3.6%): PASS
+    target: DeepFreeze writer CPU 0.93 ms per MB (<= 1.5 ms/MB): PASS
     target: DeepFreeze overhead lowest of all strategies, separated (90% CI of
       each difference above 0): PASS
-    in flight (checkpoint every step, policy wait): 30 requests, 7 waited
-      (max blocking 83 ms), 0 skipped, overhead 39%
+    in flight (checkpoint every step, policy wait): 30 requests, 18 waited
+      (max blocking 36 ms), 0 skipped, overhead 61%
     in flight (checkpoint every step, policy skip): 30 requests, 0 waited
-      (max blocking 8 ms), 4 skipped, overhead 30%
+      (max blocking 2 ms), 10 skipped, overhead 31%
 
-One run; every strategy came out 1.5-3 points higher than in the runs before
-the writer change (writer 14.0 ms, 1.44 ms per MB), which were: the default at
-load 2.9, deepfreeze +2.4% [+0.8%, +4.0%] against orbax-async-rank0 +3.4%
-[+1.9%, +4.9%] (difference [-0.6%, +2.6%], not separated); with
-``--writer-priority idle`` at load 5.6-6.0 (other sessions' test suites
-running), deepfreeze +2.0% [+0.7%, +3.4%], orbax-async-rank0 +5.4% [+3.6%,
-+7.2%] (difference [+1.5%, +5.3%]); the default again at load 3.6-4.7, a tie:
-deepfreeze +3.6% [+2.0%, +5.3%], orbax-async-rank0 +3.5% [+1.9%, +5.2%].
-
-Three later default runs (after the manifest and trace-merge changes; 17:29-17:41
-UTC, table in the README): deepfreeze +2.7%, +5.4%, +5.0% against
-orbax-async-rank0 +5.5%, +5.1%, +6.4%; separated in the first only (difference
-[+1.6%, +4.0%]). Blocking and writer CPU are steady from run to run; DeepFreeze's
-cost per checkpoint (34, 67, 62 ms) is not.
+Three more bound runs (one with this command, two started by hand with
+``mpiexec -bind-to core``) gave DeepFreeze +3.4%, +3.5% and +2.3% against
+orbax-async-rank0's +11.0%, +12.0% and +7.6%: every target passed in all four.
+Unbound (``--bind none``; the default until then) the scheduler moves ranks,
+writers and Orbax's threads between the cores, and the result moved with it:
+in three runs in a row DeepFreeze cost 34, 67 and 62 ms per checkpoint (+2.7%,
++5.4%, +5.0%) against orbax-async-rank0's +5.5%, +5.1%, +6.4%, separated in
+the first run only (the README has these runs and earlier ones).
 
 Reading it: blocking time is where DeepFreeze wins by two orders of magnitude
-(0.4 ms against 126 ms for the synchronous savers and 22 ms for Orbax's
+(1 ms against 115-133 ms for the synchronous savers and 33 ms for Orbax's
 asynchronous save on rank 0, whose blocking part copies the whole state). Its
-end-to-end cost, about 50 ms per checkpoint in this run (30 ms in earlier
-ones), lands in the step right after the checkpoint: 4 ranks on 2 cores leave
-no idle core, so its background work (9 ms of CPU per rank per checkpoint:
-staging copy, CRC-32C and write, flush) is taken from training, and through
-the synchronous allreduce from every rank. Orbax's asynchronous rank-0 save
-does 15x the work on one rank and blocks 50x longer, yet on a quiet machine
-much of it fits in idle time: here it cost 2.2 points more than DeepFreeze,
-and in two of the three earlier runs the two were not separated. The paper's
-setting (training on accelerators, idle host cores) is where the background
-work is free; ``--strategy fused`` (busy-polling allreduce) or more ranks than
-cores make it worse. Requests while one is in flight never overwrite: with a
-checkpoint every step the wait policy makes a quarter to a half of the
-requests wait and the skip policy drops an eighth to a third of them on every
-rank alike.
+end-to-end cost, about 30 ms per checkpoint, lands in the two steps after the
+checkpoint: 4 ranks on 2 cores leave no idle core, so its background work
+(9 ms of writer CPU per rank per checkpoint: staging copy, CRC-32C and write,
+flush; about 6 ms more of the rank's own bookkeeping) is taken from training,
+and through the synchronous allreduce from every rank. Orbax's asynchronous
+rank-0 save does 12x the work on one rank, on that rank's core when bound;
+unbound, much of it ran on the other core, and it cost about as much as
+DeepFreeze. The paper's setting (training on accelerators, idle host cores) is
+where the background work is free; ``--strategy fused`` (busy-polling
+allreduce) or more ranks than cores make it worse. Requests while one is in
+flight never overwrite: with a checkpoint every step the wait policy makes a
+half to two thirds of the requests wait and the skip policy drops a third of
+them on every rank alike.
 """
 
 from __future__ import annotations
