@@ -190,6 +190,24 @@ class Checkpointer:
         """
         return sorted({*self._committed.get(tier.name, []), step})[:-keep]
 
+    def _commit(self, tier: Tier, step: int, keep: int, entry: dict | None) -> None:
+        """Commit ``step`` in ``tier``, keeping the newest ``keep`` steps.
+
+        ``entry`` is the step's manifest entry on the rank that writes the
+        manifest (None elsewhere): it goes in, and the steps it pushes out go
+        out, in one atomic update; then this rank's shards of those go.
+        """
+        drop = self._stale(tier, step, keep)
+        if entry is not None:
+            update_manifest(
+                tier.root,
+                tier=tier.name,
+                add=[entry],
+                remove=drop,
+                fsync=self.fsync and tier.name == "persistent",
+            )
+        self._note_committed(tier, step, drop)
+
     def _note_committed(self, tier: Tier, step: int, dropped: list[int]) -> None:
         """Record ``step`` as committed in ``tier``; delete this rank's shards of
         ``dropped``, which the manifest no longer lists (:meth:`_stale`).

@@ -29,7 +29,7 @@ from research.checkpoint.base import Checkpointer, CheckpointError, SaveRecord
 from research.checkpoint.cpuclock import OffThread, process_cpu
 from research.checkpoint.integrity import remove_tree
 from research.checkpoint.leaves import Flattener, is_key
-from research.checkpoint.manifest import make_entry, update_manifest
+from research.checkpoint.manifest import make_entry
 from research.checkpoint.partition import Unit, plan
 from research.checkpoint.shard import new_checkpointer, shard_args
 from research.checkpoint.snapshot import cut
@@ -124,15 +124,8 @@ class Rank0Sync(_Base):
                 )
                 shard = self._shard(step, extra)
                 rec.bytes_written = rec.shard_bytes = shard["bytes"]
-                drop = self._stale(self.tier, step, self.keep)
-                update_manifest(
-                    self.tier.root,
-                    tier=self.tier.name,
-                    fsync=self.fsync,
-                    remove=drop,
-                    add=[self._entry(step, plan(self._flat.specs, 1), [shard])],
-                )
-                self._note_committed(self.tier, step, drop)
+                entry = self._entry(step, plan(self._flat.specs, 1), [shard])
+                self._commit(self.tier, step, self.keep, entry)
             rec.writer_cpu_s = process_cpu() - cpu0
             rec.committed_s = rec.persisted_s = time.perf_counter() - t0
         rec.blocking_s = time.perf_counter() - t0
@@ -192,16 +185,12 @@ class OrbaxSync(_Base):
                     f"checkpoint of step {step} failed: "
                     + "; ".join(f"rank {r['rank']}: {r['error']}" for r in failed)
                 )
-            drop = self._stale(self.tier, step, self.keep)
-            if self.rank == 0:
-                update_manifest(
-                    self.tier.root,
-                    tier=self.tier.name,
-                    fsync=self.fsync,
-                    remove=drop,
-                    add=[self._entry(step, self._units, [r["shard"] for r in reports])],
-                )
-            self._note_committed(self.tier, step, drop)
+            entry = (
+                self._entry(step, self._units, [r["shard"] for r in reports])
+                if self.rank == 0
+                else None
+            )
+            self._commit(self.tier, step, self.keep, entry)
         rec.blocking_s = rec.committed_s = rec.persisted_s = time.perf_counter() - t0
         self.records[rec.step] = rec
         return rec
@@ -269,16 +258,9 @@ class OrbaxAsyncRank0(_Base):
             rec.writer_cpu_s = cpu.elapsed()
             shard = self._shard(step, extra)
             rec.bytes_written = rec.shard_bytes = shard["bytes"]
-            drop = self._stale(self.tier, step, self.keep)
+            entry = self._entry(step, plan(self._flat.specs, 1), [shard])
             with get_tracer().span("commit", "checkpoint-bg", step=step):
-                update_manifest(
-                    self.tier.root,
-                    tier=self.tier.name,
-                    fsync=self.fsync,
-                    remove=drop,
-                    add=[self._entry(step, plan(self._flat.specs, 1), [shard])],
-                )
-            self._note_committed(self.tier, step, drop)
+                self._commit(self.tier, step, self.keep, entry)
             rec.committed_s = rec.persisted_s = time.perf_counter() - t0
         except BaseException as e:  # noqa: BLE001 - surfaced on the next save/wait
             self._error = e
