@@ -74,6 +74,9 @@ def get_world() -> World:
     """The world of this process; initialises MPI (thread level MULTIPLE) once."""
     if not MPI.Is_initialized():  # pragma: no cover - mpi4py initialises on import
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    from research.malloc import keep_heap
+
+    keep_heap()  # steps reuse their large buffers instead of faulting them in
     comm = MPI.COMM_WORLD.Dup()
     comm.Set_name("research.world")
     started = env_size()
