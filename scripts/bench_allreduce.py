@@ -5,11 +5,14 @@ interleaved repetitions (median of the slowest rank per repetition):
 
 * ``mpi4py-flat`` (the baseline): one ``Allreduce(IN_PLACE)`` of a flat numpy
   buffer as large as the whole gradient (25.6M float32, 102 MB);
-* ``fused``: ``FusedAllreduce.average_in_jit`` inside ``jit`` (its in-place
-  allreduce, ``research/comm/inplace.py``);
-* ``fused-mpi4jax``: the same with mpi4jax's allreduce (``inplace=False``: the
-  copy MPICH makes of every input);
-* ``host``: ``HostAllreduce.reduce`` (numpy buckets, mpi4py);
+* ``fused``: ``FusedAllreduce.average_in_jit`` inside ``jit`` (its
+  ring allreduce, ``research/comm/ring.py``);
+* ``fused-mpi4jax``: the same with mpi4jax's allreduce (``native=False``: the
+  copy MPICH makes of every input, the divide as a pass of its own);
+* ``host``: ``HostAllreduce.reduce`` (numpy buckets, the same ring);
+* ``mpi4py-per-leaf-sum``: one ``Allreduce(IN_PLACE)`` per leaf on warm numpy
+  buffers, a sum without the mean (a second reference: MPICH's own algorithm
+  on messages of our sizes, without the baseline's 51 MB temporary);
 * ``mpi4jax-per-leaf``: one mpi4jax allreduce per leaf inside ``jit``;
 
 each also as a ratio to the baseline, with the minor page faults per call;
@@ -19,7 +22,9 @@ then the target (fused and host within 1.10x of the baseline) with its check.
 mpi4py out of place into a reused result, and into a fresh result with 4 KiB
 pages (what XLA hands mpi4jax); the fused path with one 102 MB bucket and
 without sequencing. ``--unpinned`` leaves XLA's thread pools at their defaults;
-``--glibc-tunables`` changes malloc (huge pages for its mmaps, no heap trimming).
+``--glibc-tunables`` changes malloc (huge pages for its mmaps, no heap trimming);
+``--malloc default`` leaves glibc's malloc at its defaults instead of the heap
+that every rank of ours keeps (``research/malloc.py``).
 
 Run ``python -m scripts.bench_allreduce`` (it starts itself under mpiexec with 2,
 then 4 ranks) or ``mpiexec -n 2 python -m scripts.bench_allreduce``. XLA is
@@ -86,6 +91,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "glibc.malloc.hugetlb=1 (huge pages for malloc's mmaps, glibc >= 2.35) or "
         "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold="
         "4294967296 (keep freed heap memory instead of handing it back)",
+    )
+    p.add_argument(
+        "--malloc",
+        choices=("kept", "default"),
+        default="kept",
+        help="kept (default): malloc keeps freed memory, as in every rank of "
+        "ours (research/malloc.py); default: glibc's own thresholds (diagnosis)",
     )
     p.add_argument(
         "--synthetic",
@@ -169,6 +181,7 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
 
     from research.comm.dense import FusedAllreduce, HostAllreduce
     from research.comm.world import get_world
+    from research.malloc import state as malloc_state
 
     world = get_world()
     comm, rank, size = world.comm, world.rank, world.size
@@ -186,7 +199,7 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
 
     flat = np.ones(n, np.float32)
     fused = FusedAllreduce(world, **opts)
-    fused_copy = jax.jit(FusedAllreduce(world, inplace=False, **opts).average_in_jit)
+    fused_copy = jax.jit(FusedAllreduce(world, native=False, **opts).average_in_jit)
     host = HostAllreduce(world, **opts)
     leaf_comm = world.dup("bench-per-leaf")
     fused_jit = jax.jit(fused.average_in_jit)
@@ -196,8 +209,15 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
         )
     )
 
+    warm_leaves = [np.ones(x.size, np.float32) for x in jax.tree.leaves(tree)]
+
+    def per_leaf_sum() -> None:
+        for buf in warm_leaves:
+            leaf_comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+
     variants = {
         "mpi4py-flat": lambda: comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM),
+        "mpi4py-per-leaf-sum": per_leaf_sum,
         "fused": lambda: jax.block_until_ready(fused_jit(tree)),
         "fused-mpi4jax": lambda: jax.block_until_ready(fused_copy(tree)),
         "host": lambda: host.reduce(tree),
@@ -271,6 +291,7 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
         "reps": args.reps,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
+        "malloc": malloc_state(),
         "loadavg_1min": os.getloadavg()[0],
         "variants": table,
     }
@@ -282,7 +303,8 @@ def format_table(result: dict) -> str:
         f"({result['bytes'] / 1e6:.1f} MB, {result['leaves']} leaves, "
         f"{result['tree']}); "
         f"fused {result['fused_buckets']} buckets, host {result['host_buckets']}; "
-        f"median of {result['reps']}; load {result['loadavg_1min']:.1f}",
+        f"median of {result['reps']}; load {result['loadavg_1min']:.1f}; "
+        f"malloc {result.get('malloc', '?')}",
         f"  {'variant':28s} {'median ms':>10s} {'min ms':>8s} {'ratio':>6s} "
         f"{'faults':>7s}",
     ]
@@ -329,6 +351,8 @@ def relaunch(args: argparse.Namespace, argv: list[str]) -> list[dict]:
         env.update(PINNED)
     if args.glibc_tunables:
         env["GLIBC_TUNABLES"] = args.glibc_tunables
+    if args.malloc == "default":
+        env["RESEARCH_MALLOC"] = "default"
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(ROOT), env.get("PYTHONPATH")])
     )

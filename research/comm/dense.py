@@ -4,13 +4,12 @@ Two strategies, same values (to the last bit or so):
 
 * :class:`FusedAllreduce` (``"fused"``): inside the jitted step. Leaves of
   256 KiB or more are summed one by one, as they are; smaller ones are packed
-  into buckets (:mod:`research.comm.fusion`); mpi4jax's allreduce sums each.
-* :class:`HostAllreduce` (``"host"``): on the host. The tree is copied into
-  recycled numpy buckets below 32 MiB, each is summed in place with mpi4py
-  (``Allreduce(IN_PLACE)``), and the result is views into the buckets.
-
-Both divide floats by the world size *before* the sum, on the way into the
-buffer that MPI reads, so no pass over the data follows the allreduce.
+  into buckets (:mod:`research.comm.fusion`); the ring allreduce of
+  :mod:`research.comm.ring` sums each, the mean folded into its last step
+  (mpi4jax's allreduce where the ring cannot be built).
+* :class:`HostAllreduce` (``"host"``): on the host, the same ring on numpy
+  buckets below 32 MiB (recycled): large leaves are read where they lie,
+  small ones packed first; the result is views into the buckets.
 
 Why one mpi4jax allreduce of 100 MB took ~2x mpi4py's (measured with
 ``python -m scripts.bench_allreduce --diagnose``, 2 ranks, quiet machine, ResNet-50
@@ -44,19 +43,19 @@ reduce-scatter is a fresh mmap (the 12,480 faults, about half its time).
 
 What routes around it here: no buffer of 32 MiB or more on any call. Buckets
 stay below it, so malloc recycles them and MPICH's temporaries; the fused path
-hands large leaves to MPI whole (no packing copy, no temporary; XLA writes the
-result into the output leaf) and orders its work (see :class:`_Chain`); the host
-path reuses its buckets and returns views of them (1 copy in, 0 out). Same run:
-fused 53.2 ms (1.20x; the remaining gap is item 2 plus the divide pass), host
-32.6 ms (0.73x, faster than the baseline). A single 102 MB bucket in the fused
-path costs 166.8 ms (3.76x, 62,397 faults), unordered buckets 159.8 ms (3.60x).
+hands large leaves to its ring whole (no packing copy; the ring reads the leaf
+and writes the result, dividing the chunk it finishes) and orders its work (see
+:class:`_Chain`); the host path reuses its buckets and returns views of them
+(1 copy in, 0 out). And every rank keeps its freed heap
+(:mod:`research.malloc`): XLA's results (161 fresh leaves per call) otherwise
+come from memory that glibc handed back after the previous call.
 
-What is left to the environment: the jitted function's *outputs* (161 fresh
-leaves per call in the benchmark) come from malloc's heap, which glibc trims
-once 64 MiB or so lie free at its top; the next call faults them in again (0 to
-4,700 faults, run to run). ``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=
-33554432:glibc.malloc.trim_threshold=4294967296`` keeps that memory: fused 1.17x,
-host 0.69x, 2 faults per call.
+Measured with ``python -m scripts.bench_allreduce`` (2 ranks, one XLA thread
+each, 2026-11-23 20:11 UTC, nothing else running): raw ``Allreduce`` 40.1 ms;
+fused 32.9 ms (0.82x, 0 faults); the same chain through mpi4jax 55.8 ms (1.39x:
+its copy of every input, and the divide as a pass of its own); host 45.7 ms
+(1.14x). With glibc's malloc defaults (``--malloc default``) fused took 61.6 ms
+(1.56x, 21,132 faults per call: its results faulted in anew).
 """
 
 from __future__ import annotations
@@ -70,6 +69,7 @@ import jax.numpy as jnp
 import numpy as np
 from mpi4py import MPI
 
+from research.comm import ring
 from research.comm.base import Averager, CommInfo
 from research.comm.fusion import DEFAULT_BUCKET_BYTES, FusionPlan, HostBuffers
 from research.comm.link import Link
@@ -126,12 +126,18 @@ class FusedAllreduce(Averager):
         fuse all leaves into buckets of ``bucket_bytes``).
       sequential: start preparing bucket i+1 only when bucket i's allreduce is
         done (see :class:`_Chain`; False only to measure the difference).
-      prescale: divide floats by the world size before the sum, not after
-        (see :class:`_Chain`; False only to measure the difference).
-      inplace: sum each buffer in place (:mod:`research.comm.inplace`: the
-        divide's output is the result; mpi4jax would copy it into a new
-        buffer first). Falls back to mpi4jax when the handler cannot be
-        built. False only to measure the difference.
+      prescale: the mean costs no pass of its own: folded into the ring's last
+        reduction step (``native``), or floats divided on the way into the
+        buffer (mpi4jax). False: divided in a pass after the sum (only to
+        measure the difference).
+      native: sum with the ring allreduce of :mod:`research.comm.ring` (no
+        copy of the input, the mean folded in, no large temporaries). Falls
+        back to mpi4jax when the handler cannot be built. False: mpi4jax's
+        allreduce (only to measure the difference).
+      in_place: sum each buffer in place (the ring's result aliases its
+        operand): saves one gradient-sized buffer where XLA may overwrite the
+        gradient, and costs a copy where it may not (the caller keeps it).
+      segment_bytes: the ring's piece size (see :mod:`research.comm.ring`).
     """
 
     executor = "fused"
@@ -145,12 +151,16 @@ class FusedAllreduce(Averager):
         alone_bytes: int | None = DEFAULT_ALONE_BYTES,
         sequential: bool = True,
         prescale: bool = True,
-        inplace: bool = True,
+        native: bool = True,
+        in_place: bool = False,
+        segment_bytes: int | None = None,
     ) -> None:
         self.world = world
         self.sequential = sequential
         self.prescale = prescale
-        self.inplace = inplace
+        self.native = native
+        self.in_place = in_place
+        self.segment_bytes = segment_bytes
         self.size = world.size
         self._plans = _PlanCache(bucket_bytes, alone_bytes)
         # Size 1 never touches MPI, not even to Dup a communicator.
@@ -165,32 +175,53 @@ class FusedAllreduce(Averager):
         if self.size == 1:
             return grads
         plan = self.plan(grads)
-        allreduce = functools.partial(self._allreduce(), op=MPI.SUM, comm=self.comm)
-        return _Chain(plan, self.size, self.prescale, self.sequential).run(
-            plan.flatten(grads), allreduce
-        )
+        allreduce, fold = self._allreduce()
+        chain = _Chain(plan, self.size, self.prescale, self.sequential, fold)
+        return chain.run(plan.flatten(grads), allreduce)
 
-    def _allreduce(self) -> Any:
-        """The in-place allreduce where available, else mpi4jax's."""
-        if self.inplace:
-            from research.comm import inplace
+    def uses_ring(self) -> bool:
+        """True when the sums go through :mod:`research.comm.ring`."""
+        if not self.native:
+            return False
+        from research.comm import ring
 
-            if inplace.available():
-                return inplace.allreduce
+        return ring.available()
+
+    def _allreduce(self) -> tuple[Any, bool]:
+        """``(allreduce(x, divisor), fold)``: the ring where available (it
+        divides, ``fold``), else mpi4jax's (the chain divides)."""
+        if self.uses_ring():
+            from research.comm import ring
+
+            opts = {"in_place": self.in_place}
+            if self.segment_bytes is not None:
+                opts["segment_bytes"] = self.segment_bytes
+
+            def summed(x: Any, divisor: int) -> Any:
+                return ring.allreduce(
+                    x, op=MPI.SUM, comm=self.comm, divisor=divisor, **opts
+                )
+
+            return summed, True
         import mpi4jax  # deferred: loads its XLA bridge only when used
 
-        return mpi4jax.allreduce
+        def summed_mpi4jax(x: Any, divisor: int) -> Any:
+            assert divisor == 1, "the chain divides on mpi4jax's path"
+            return mpi4jax.allreduce(x, op=MPI.SUM, comm=self.comm)
+
+        return summed_mpi4jax, False
 
 
 class _Chain:
     """The traced program of :meth:`FusedAllreduce.average_in_jit`.
 
     Stage i finishes bucket i-1 (slices its result into leaf pieces, casts,
-    completes the leaves that end in it) and prepares bucket i (packs it, divides
-    floats by the size), then bucket i is summed. With ``sequential``, stage i
-    runs inside a ``cond`` whose predicate reads bucket i-1's result, so the
-    program is one chain, stage, allreduce, stage, allreduce (XLA:CPU's thunk
-    executor reports ``is_sequential=true`` for it). Left to itself, XLA
+    completes the leaves that end in it) and prepares bucket i (packs it; on
+    mpi4jax's path also divides floats by the size), then bucket i is summed.
+    With ``sequential``, stage i runs inside a ``cond`` whose predicate reads
+    bucket i-1's result, so the program is one chain, stage, allreduce, stage,
+    allreduce (XLA:CPU's thunk executor reports ``is_sequential=true`` for it).
+    Left to itself, XLA
 
     * packs every bucket before the first allreduce, all live at once in its
       temp arena (70 MB for ResNet-50 in 8 MiB buckets), which glibc maps
@@ -198,16 +229,27 @@ class _Chain:
     * runs the resulting graph on its worker pool, divides concurrently with
       the next allreduce, competing for the core MPI's progress needs.
 
-    Floats are divided before the sum (exact for power-of-two sizes, a last-bit
-    difference otherwise), so a solo float bucket's allreduce result is the leaf
-    itself and nothing runs after it. ResNet-50, 2 ranks, same run: chained and
-    pre-divided 52.9 ms, unchained with the divide after 67.3 ms.
+    The mean needs no pass after the sum (``prescale``): with ``fold`` the ring
+    divides as it finishes each chunk (``allreduce(x, divisor)``); on mpi4jax's
+    path floats are divided before the sum (exact for power-of-two sizes, a
+    last-bit difference otherwise). Either way a solo float bucket's allreduce
+    result is the leaf itself and nothing runs after it; a solo leaf's stage is
+    then empty, and XLA drops its ``cond`` (harmless: the ring reads its operand
+    and writes a fresh result, so there is nothing to order). ResNet-50, 2
+    ranks, mpi4jax's path, same run: chained and pre-divided 52.9 ms, unchained
+    with the divide after 67.3 ms.
     """
 
     def __init__(
-        self, plan: FusionPlan, size: int, prescale: bool, sequential: bool
+        self,
+        plan: FusionPlan,
+        size: int,
+        prescale: bool,
+        sequential: bool,
+        fold: bool = False,
     ) -> None:
         self.plan, self.size, self.sequential = plan, size, sequential
+        self.fold = fold
         self.pre = [
             prescale and not jnp.issubdtype(b.dtype, jnp.integer) for b in plan.buckets
         ]
@@ -260,7 +302,7 @@ class _Chain:
                 leaves[leaf] = value
             pending.update(new)
             if i < n:
-                total = allreduce(packed)
+                total = allreduce(packed, self.size if self.fold and self.pre[i] else 1)
         assert not pending, "every piece belongs to a finished leaf"
         return plan.treedef.unflatten(leaves)
 
@@ -292,7 +334,7 @@ class _Chain:
         packed = None
         if i < len(plan.buckets):
             packed = plan.pack_bucket(i, inputs)
-            if self.pre[i]:
+            if self.pre[i] and not self.fold:
                 packed = packed / jnp.asarray(self.size, packed.dtype)
         return packed, done, new
 
@@ -311,12 +353,17 @@ def _after(previous: jax.Array, fn: Any, *args: Any) -> Any:
 
 @register_averager("host")
 class HostAllreduce(Averager):
-    """Mean over ranks on the host: numpy buckets and in-place mpi4py Allreduce.
+    """Mean over ranks on the host: numpy buckets summed by the ring allreduce.
 
     ``reduce`` runs on the calling thread; it blocks until every rank has called
-    it (a synchronous collective). Floats are divided by the size while they are
-    packed, summed in place, and returned as views into the buckets (numpy
-    arrays; jax arrays, copied, with ``as_jax=True``). The buckets come from a
+    it (a synchronous collective). Leaves of 256 KiB or more are buckets of
+    their own, which the ring (:func:`research.comm.ring.host_allreduce`) reads
+    straight from the leaf (a jax CPU array's memory, not copied) and writes,
+    summed and divided, into the bucket; smaller leaves are packed into shared
+    buckets first and summed in place. The result is views into the buckets
+    (numpy arrays; jax arrays, copied, with ``as_jax=True``). Where the ring
+    cannot be built, every bucket is packed (floats divided on the way) and
+    summed in place by mpi4py's ``Allreduce``. The buckets come from a
     small pool (:class:`~research.comm.fusion.HostBuffers`): a set is reused only
     after every view of it has been dropped, so a result stays valid for as long
     as the caller keeps it, and a loop that drops it allocates nothing.
@@ -328,6 +375,10 @@ class HostAllreduce(Averager):
       link: an emulated link (``research.comm.link``): each call also sleeps
         until a ring allreduce of its buckets would have crossed that link
         (the calling thread sleeps, leaving the CPU free as a NIC would).
+      alone_bytes: leaves at least this large are buckets of their own (None:
+        pack every leaf).
+      native: use the ring where it can be built (False: mpi4py's
+        ``Allreduce``, only to measure the difference).
     """
 
     executor = "staged"
@@ -340,13 +391,16 @@ class HostAllreduce(Averager):
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         as_jax: bool = False,
         link: str = "real",
+        alone_bytes: int | None = DEFAULT_ALONE_BYTES,
+        native: bool = True,
     ) -> None:
         self.world = world
         self.size = world.size
         self.as_jax = as_jax
         self.link = Link.parse(link)
+        self.native = native
         # Whole leaves per bucket, so that results are views into the buckets.
-        self._buffers = _PlanCache(bucket_bytes, None, split_leaves=False)
+        self._buffers = _PlanCache(bucket_bytes, alone_bytes, split_leaves=False)
         self.comm = world.dup("dense-host") if world.size > 1 else None
         self._round = 0
 
@@ -372,12 +426,24 @@ class HostAllreduce(Averager):
             round=self._round,
         ) as span:
             t0 = time.perf_counter()
-            # Floats are divided while packing (as in the fused path), so the
-            # sum is the mean and the result is the buckets themselves.
-            buffers = host.pack(grads, scale=self.size)
+            if self._uses_ring():
+                buffers, direct = self._ring(grads, host)
+            else:
+                # Floats are divided while packing, so the sum is the mean and
+                # the result is the buckets themselves.
+                buffers, direct = host.pack(grads, scale=self.size), {}
             t1 = time.perf_counter()
-            for buf in buffers:
-                self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+            for i, buf in enumerate(buffers):
+                if self._uses_ring():
+                    floats = not np.issubdtype(buf.dtype, np.integer)
+                    ring.host_allreduce(
+                        direct.get(i, buf),
+                        buf,
+                        comm=self.comm,
+                        divisor=self.size if floats else 1,
+                    )
+                else:
+                    self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
                 if np.issubdtype(buf.dtype, np.integer):
                     np.floor_divide(buf, self.size, out=buf)
             emulated = 0.0
@@ -407,3 +473,19 @@ class HostAllreduce(Averager):
             },
         )
         return out, info
+
+    def _uses_ring(self) -> bool:
+        return self.native and ring.available()
+
+    def _ring(self, grads: Any, host: HostBuffers) -> tuple[list, dict]:
+        """Pack what the ring cannot read in place; the buckets, and for the
+        others the leaf memory the ring reads (bucket index -> flat array)."""
+        plan = host.plan
+        leaves = plan.treedef.flatten_up_to(grads)
+        direct = {}
+        for i in range(len(plan.buckets)):
+            if plan.zero_copy(i):
+                flat = np.asarray(leaves[plan.buckets[i].segments[0].leaf]).reshape(-1)
+                if flat.flags.c_contiguous:
+                    direct[i] = flat
+        return host.pack(grads, skip=direct), direct

@@ -396,18 +396,24 @@ class HostBuffers:
             self._sets.append(buffers)
         return buffers
 
-    def pack(self, tree: Any, scale: float | None = None) -> list[np.ndarray]:
+    def pack(
+        self, tree: Any, scale: float | None = None, skip: Sequence[int] = ()
+    ) -> list[np.ndarray]:
         """Copy ``tree`` into a free bucket set and return its buckets.
 
         Args:
           tree: arrays with the plan's structure, shapes and dtypes.
           scale: divide floating-point leaves by this on the way (one memory
             pass for copy and division); integer leaves are copied as they are.
+          skip: buckets left as they are (the caller fills them itself, e.g. a
+            collective that reads the leaf and writes the bucket).
         """
         plan = self.plan
         self.buffers = self._free_set()
         leaves = plan.treedef.flatten_up_to(tree)
+        skipped = set(skip)
         for i, segs in enumerate(plan.leaf_segments):
+            segs = [s for s in segs if s.bucket not in skipped]
             if not segs:
                 continue
             flat = np.asarray(leaves[i]).reshape(-1)
