@@ -25,12 +25,19 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def parse_options(pairs: Sequence[str] | None, flag: str) -> dict[str, Any]:
-    """``["width=16", "stem=cifar"]`` -> ``{"width": 16, "stem": "cifar"}``."""
+    """``["width=16", "stem=cifar"]`` -> ``{"width": 16, "stem": "cifar"}``.
+
+    Values are Python literals (``16``, ``None``, ``True``); ``true``/``false``
+    (any case) are booleans too, anything else a string.
+    """
     out: dict[str, Any] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"{flag} expects KEY=VALUE, got {pair!r}")
+        if value.lower() in ("true", "false"):
+            out[key] = value.lower() == "true"
+            continue
         try:
             out[key] = ast.literal_eval(value)
         except (ValueError, SyntaxError):

@@ -217,3 +217,22 @@ def test_flags_come_from_the_config_fields():
         {"width": 8},
         True,
     )
+
+
+def test_options_parse_literals_and_lowercase_booleans():
+    from research.cli import parse_options
+
+    got = parse_options(
+        ["a=16", "b=None", "c=True", "d=false", "e=TRUE", "f=cifar", "g=1e-3"], "--x"
+    )
+    assert got == {
+        "a": 16,
+        "b": None,
+        "c": True,
+        "d": False,
+        "e": True,
+        "f": "cifar",
+        "g": 1e-3,
+    }
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_options(["novalue"], "--x")
