@@ -375,9 +375,16 @@ def target_checks(
             (f"step {ratio:.2f}x PyTorch's <= {TARGET_RATIO}x", ratio <= TARGET_RATIO)
         )
     frac = flops / 1e9 / new_ms * 1e3 / peak
+    # PyTorch's own fraction, for context: where it is below the target too,
+    # the model is not compute-bound at this size (VGG-16's fc layer).
+    context = (
+        f" (PyTorch's step: {flops / 1e9 / torch_ms * 1e3 / peak:.0%})"
+        if torch_ok
+        else ""
+    )
     checks.append(
         (
-            f"{frac:.0%} of the JAX matmul peak >= {TARGET_PEAK_FRACTION:.0%}",
+            f"{frac:.0%} of the JAX matmul peak >= {TARGET_PEAK_FRACTION:.0%}{context}",
             frac >= TARGET_PEAK_FRACTION,
         )
     )
