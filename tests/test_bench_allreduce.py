@@ -1,0 +1,56 @@
+"""scripts.bench_allreduce runs under a real mpiexec and prints its targets.
+
+Timings are not judged here (a shared machine); the benchmark itself prints them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("malloc", ["kept", "default"])
+def test_one_quick_run(tmp_path, malloc):
+    out = tmp_path / "bench.json"
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "scripts.bench_allreduce",
+            "--ranks",
+            "2",
+            "--reps",
+            "1",
+            "--warmup",
+            "1",
+            "--synthetic",
+            "--malloc",
+            malloc,
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["ranks"] == 2 and run["params"] == 25_557_032
+    want = "kept" if malloc == "kept" else "default (RESEARCH_MALLOC)"
+    assert run["malloc"] == want
+    names = set(run["variants"])
+    assert {"mpi4py-flat", "fused", "host", "fused-mpi4jax"} <= names
+    assert all(v["median_s"] > 0 for v in run["variants"].values())
+    assert run["variants"]["mpi4py-flat"]["ratio"] == 1.0
+    for name in ("fused", "host"):
+        assert f"target: {name} " in proc.stdout
