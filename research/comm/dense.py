@@ -426,7 +426,8 @@ class HostAllreduce(Averager):
             round=self._round,
         ) as span:
             t0 = time.perf_counter()
-            if self._uses_ring():
+            use_ring = self._uses_ring()
+            if use_ring:
                 buffers, direct = self._ring(grads, host)
             else:
                 # Floats are divided while packing, so the sum is the mean and
@@ -434,7 +435,7 @@ class HostAllreduce(Averager):
                 buffers, direct = host.pack(grads, scale=self.size), {}
             t1 = time.perf_counter()
             for i, buf in enumerate(buffers):
-                if self._uses_ring():
+                if use_ring:
                     floats = not np.issubdtype(buf.dtype, np.integer)
                     ring.host_allreduce(
                         direct.get(i, buf),

@@ -1,7 +1,7 @@
-"""The fused path's allreduce inside ``jit``: a segmented ring, mean folded in.
+"""The dense allreduce of the fused and host paths: a segmented ring, mean folded in.
 
 :func:`allreduce` is an XLA FFI custom call (``native/ring_allreduce.cc``, about
-170 lines) that sums a buffer over a communicator with a ring of
+250 lines) that sums a buffer over a communicator with a ring of
 ``MPI_Sendrecv``: P-1 reduce-scatter steps, then P-1 allgather steps. Compared
 with handing the buffer to ``MPI_Allreduce`` (mpi4jax's ``allreduce``) it
 
@@ -17,9 +17,11 @@ with handing the buffer to ``MPI_Allreduce`` (mpi4jax's ``allreduce``) it
   afresh on every large call (the page faults of ``scripts.bench_allreduce``'s
   baseline).
 
-Other operations and dtypes, and buffers below ``ring_min_bytes``, go to
-``MPI_Allreduce(MPI_IN_PLACE)`` (divided afterwards). A power-of-two divisor is a
-multiplication by its reciprocal, bit-identical to the division.
+:func:`host_allreduce` is the same code for numpy buffers (through ctypes),
+used by the host path. Other operations and dtypes, and buffers below
+``RING_MIN_BYTES``, go to ``MPI_Allreduce(MPI_IN_PLACE)`` (divided
+afterwards). A power-of-two divisor is a multiplication by its reciprocal,
+bit-identical to the division.
 
 It shares mpi4jax's ordered effect and token, so it is ordered with every
 mpi4jax call in the same program exactly as mpi4jax's calls are among
@@ -33,7 +35,7 @@ interpreter (``mpicxx``, from the mpich wheel, so it links the libmpi that
 mpi4py loaded) against jaxlib's FFI headers, into a cache keyed by the source,
 jaxlib and MPI; ranks starting together wait on a file lock, so it is built
 once. :func:`available` is False (with the reason in :func:`unavailable_reason`)
-when the build fails; the fused path then uses mpi4jax.
+when the build fails; the fused path then uses mpi4jax, the host path mpi4py.
 """
 
 from __future__ import annotations
