@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from research.comm.env import env_rank, launched_by_mpi
+from research.malloc import launch_env
 
 USAGE_EXIT = 2
 
@@ -196,7 +197,7 @@ def relaunch(module: str, argv: list[str], np_: int, threads: int = 1) -> int:
 
     Rank output streams straight through. Ctrl-C stops the whole job.
     """
-    env = dict(os.environ)
+    env = launch_env(dict(os.environ))  # huge pages for malloc (research.malloc)
     env.update(thread_env(threads))
     env.setdefault("PYTHONUNBUFFERED", "1")
     cmd = [mpiexec_path(), "-n", str(np_), sys.executable, "-m", module, *argv]

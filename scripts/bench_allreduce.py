@@ -304,7 +304,8 @@ def format_table(result: dict) -> str:
         f"{result['tree']}); "
         f"fused {result['fused_buckets']} buckets, host {result['host_buckets']}; "
         f"median of {result['reps']}; load {result['loadavg_1min']:.1f}; "
-        f"malloc {result.get('malloc', '?')}",
+        f"malloc {result.get('malloc', '?')}; "
+        f"GLIBC_TUNABLES={result.get('glibc_tunables', '')!r}",
         f"  {'variant':28s} {'median ms':>10s} {'min ms':>8s} {'ratio':>6s} "
         f"{'faults':>7s}",
     ]
@@ -353,6 +354,9 @@ def relaunch(args: argparse.Namespace, argv: list[str]) -> list[dict]:
         env["GLIBC_TUNABLES"] = args.glibc_tunables
     if args.malloc == "default":
         env["RESEARCH_MALLOC"] = "default"
+    from research.malloc import launch_env
+
+    env = launch_env(env)  # as research.launch.relaunch starts ranks
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(ROOT), env.get("PYTHONPATH")])
     )

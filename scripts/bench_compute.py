@@ -391,6 +391,22 @@ def target_checks(
     return checks
 
 
+def _with_rank_malloc(argv: list[str]) -> None:
+    """Re-execute with the malloc tunable our launchers give every rank
+    (:func:`research.malloc.launch_env`: huge pages for malloc), unless it is
+    set; PyTorch's worker inherits it, so both sides run alike."""
+    from research.malloc import launch_env
+
+    env = launch_env(dict(os.environ))
+    if env.get("GLIBC_TUNABLES") != os.environ.get("GLIBC_TUNABLES"):
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        sys.stdout.flush()
+        os.execve(
+            sys.executable, [sys.executable, "-m", "scripts.bench_compute", *argv], env
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(SIZES), help="comma-separated")
@@ -406,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds idle before each timed step (default %(default)s)",
     )
     args = parser.parse_args(argv)
+    if not args.torch_worker:
+        _with_rank_malloc(sys.argv[1:] if argv is None else argv)
     if args.torch_worker:
         return torch_worker_main()
     names = [n for n in args.models.split(",") if n]
@@ -416,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         for size in SIZES.values():
             size["batch"] = args.batch
     print(f"load average {os.getloadavg()}, jax {jax.__version__}", flush=True)
+    print(f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}", flush=True)
     flags = os.environ.get("XLA_FLAGS", "")
     print(
         f"XLA_FLAGS={flags!r} (models.xla_cpu's flag "

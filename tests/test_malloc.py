@@ -65,3 +65,42 @@ def test_user_says_default() -> None:
 def test_users_glibc_tunables_win() -> None:
     lines = _probe(GLIBC_TUNABLES="glibc.malloc.trim_threshold=1000000")
     assert lines[1] == "default (GLIBC_TUNABLES)"
+
+
+def test_launch_env_adds_huge_pages_once() -> None:
+    from research.malloc import HUGETLB, launch_env
+
+    assert launch_env({})["GLIBC_TUNABLES"] == HUGETLB
+    got = launch_env({"GLIBC_TUNABLES": "glibc.pthread.rseq=0"})["GLIBC_TUNABLES"]
+    assert got == f"glibc.pthread.rseq=0:{HUGETLB}"
+    mine = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}
+    assert launch_env(mine) == mine  # the user's word wins
+    off = {"RESEARCH_MALLOC": "default"}
+    assert launch_env(off) == off
+    env = {"A": "1"}
+    assert launch_env(env) is not env and env == {"A": "1"}
+
+
+def test_huge_pages_alone_still_keep_the_heap() -> None:
+    lines = _probe(GLIBC_TUNABLES="glibc.malloc.hugetlb=1")
+    assert lines[1] == "kept"
+
+
+def test_relaunched_ranks_get_huge_pages(tmp_path, monkeypatch) -> None:
+    from research.launch import relaunch
+
+    pkg = tmp_path / "probe_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    out = tmp_path / "tunables"
+    (pkg / "show.py").write_text(
+        "import os, sys\n"
+        f"open({str(out)!r} + os.environ.get('PMI_RANK', '0'), 'w')"
+        ".write(os.environ.get('GLIBC_TUNABLES', ''))\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{ROOT}")
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.delenv("RESEARCH_MALLOC", raising=False)
+    assert relaunch("probe_pkg.show", [], 2) == 0
+    for rank in (0, 1):
+        assert (tmp_path / f"tunables{rank}").read_text() == "glibc.malloc.hugetlb=1"

@@ -21,6 +21,7 @@ from typing import Any
 
 from research.cli import check_writable_dir, config_from_args
 from research.launch import bind_args, mpiexec_path, thread_env
+from research.malloc import launch_env
 
 STRATEGIES = ("rank0-sync", "orbax-sync", "orbax-async-rank0", "deepfreeze")
 #: Rounds of the extra jobs for the ranks figure (blocking times only).
@@ -341,7 +342,8 @@ def launch_jobs(
     least one; :func:`research.launch.bind_args`), and so are its writer
     process and threads.
     """
-    env = dict(os.environ, **thread_env(args.threads), PYTHONUNBUFFERED="1")
+    env = dict(launch_env(os.environ), **thread_env(args.threads))
+    env["PYTHONUNBUFFERED"] = "1"
     mpiexec = mpiexec_path()
     bind: list[str] = []
     if args.bind == "core" and args.threads < 1:
