@@ -30,6 +30,10 @@ PyTorch's OpenMP workers spin for a while after its step, and XLA's Eigen
 workers then fight them for the cores (ResNet-50's JAX step measured 967 ms right
 after PyTorch's, 775 ms with no PyTorch in the process).
 
+It re-executes itself with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (as our
+launchers start ranks, :mod:`research.malloc`) unless that tunable is set;
+PyTorch's worker inherits it. The table below predates it (see the README).
+
 PyTorch's steps run in a process of their own (:class:`TorchWorker`), on
 request, never at the same time as ours: in one process with PyTorch, our
 VGG-16 step measured 707-826 ms against 576-616 ms alone.
