@@ -46,6 +46,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+from typing import Any
 
 # mallopt parameters (malloc.h).
 M_TRIM_THRESHOLD = -1
@@ -59,6 +60,11 @@ TRIM_BYTES = 1 << 30
 _state: dict[str, str] = {}
 
 
+def _opted_out(env: Any) -> bool:
+    """``RESEARCH_MALLOC=default``: leave glibc's malloc as it is."""
+    return env.get("RESEARCH_MALLOC", "").lower() == "default"
+
+
 def keep_heap(mmap_bytes: int = MMAP_BYTES, trim_bytes: int = TRIM_BYTES) -> str:
     """Fix malloc's thresholds for this process, once; returns what was done.
 
@@ -68,7 +74,7 @@ def keep_heap(mmap_bytes: int = MMAP_BYTES, trim_bytes: int = TRIM_BYTES) -> str
     """
     if "state" in _state:
         return _state["state"]
-    if os.environ.get("RESEARCH_MALLOC", "").lower() == "default":
+    if _opted_out(os.environ):
         state = "default (RESEARCH_MALLOC)"
     elif any(
         k in os.environ.get("GLIBC_TUNABLES", "")
@@ -103,7 +109,7 @@ def launch_env(env: dict[str, str]) -> dict[str, str]:
     """
     out = dict(env)
     tunables = out.get("GLIBC_TUNABLES", "")
-    if out.get("RESEARCH_MALLOC", "").lower() == "default":
+    if _opted_out(out):
         return out
     if "glibc.malloc.hugetlb" in tunables:
         return out

@@ -199,14 +199,19 @@ class Checkpointer:
         """
         drop = self._stale(tier, step, keep)
         if entry is not None:
-            update_manifest(
-                tier.root,
-                tier=tier.name,
-                add=[entry],
-                remove=drop,
-                fsync=self.fsync and tier.name == "persistent",
-            )
+            self._update_manifest(tier, entry, drop)
         self._note_committed(tier, step, drop)
+
+    def _update_manifest(self, tier: Tier, entry: dict, drop: list[int]) -> None:
+        """Rank 0: ``entry`` into ``tier``'s manifest and ``drop`` out of it, in
+        one atomic update (synced to disk on the persistent tier)."""
+        update_manifest(
+            tier.root,
+            tier=tier.name,
+            add=[entry],
+            remove=drop,
+            fsync=self.fsync and tier.name == "persistent",
+        )
 
     def _note_committed(self, tier: Tier, step: int, dropped: list[int]) -> None:
         """Record ``step`` as committed in ``tier``; delete this rank's shards of

@@ -57,7 +57,7 @@ from research.checkpoint.agreement import allgather_json
 from research.checkpoint.base import Checkpointer, CheckpointError, SaveRecord
 from research.checkpoint.integrity import remove_tree
 from research.checkpoint.leaves import Flattener
-from research.checkpoint.manifest import CheckpointWarning, make_entry, update_manifest
+from research.checkpoint.manifest import CheckpointWarning, make_entry
 from research.checkpoint.partition import LOCAL, Unit, plan
 from research.checkpoint.rawshard import SPARE, retire, stage
 from research.checkpoint.snapshot import Snapshotter
@@ -512,13 +512,7 @@ class DeepFreeze(Checkpointer):
             shards,
             time.time(),
         )
-        update_manifest(
-            tier.root,
-            tier=tier.name,
-            add=[entry],
-            remove=drop,
-            fsync=self.fsync and tier.name == "persistent",
-        )
+        self._update_manifest(tier, entry, drop)
 
     def _write(self, job: _Job, tier: Tier) -> dict[str, Any]:
         """Write this rank's shard of ``job`` into ``tier``; returns its report."""

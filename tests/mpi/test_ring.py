@@ -116,15 +116,20 @@ def test_ordered_with_mpi4jax(world):
     np.testing.assert_allclose(np.asarray(s), world.size * (2 * total + world.size - 1))
 
 
-@pytest.mark.parametrize("in_place", [False, True], ids=["fresh", "in-place"])
-def test_fused_ring_equals_mpi4jax(world, in_place):
-    rng = np.random.default_rng(world.rank)
-    tree = {
+def _mixed_tree(rank, half, count):
+    """A solo float32 leaf, a small one, ``half`` bfloat16s, ``count`` int32s."""
+    rng = np.random.default_rng(rank)
+    return {
         "big": jnp.asarray(rng.standard_normal((300, 300)), jnp.float32),
         "small": jnp.asarray(rng.standard_normal(17), jnp.float32),
-        "half": jnp.asarray(rng.standard_normal(40), jnp.bfloat16),
-        "count": jnp.arange(4, dtype=jnp.int32) * world.rank,
+        "half": jnp.asarray(rng.standard_normal(half), jnp.bfloat16),
+        "count": jnp.arange(count, dtype=jnp.int32) * rank,
     }
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["fresh", "in-place"])
+def test_fused_ring_equals_mpi4jax(world, in_place):
+    tree = _mixed_tree(world.rank, half=40, count=4)
     opts = dict(bucket_bytes=4096, alone_bytes=65536)
     fused = FusedAllreduce(world, in_place=in_place, segment_bytes=8192, **opts)
     assert fused.uses_ring()
@@ -176,13 +181,7 @@ def test_host_ring_rejects_bad_buffers(world):
 def test_host_averager_ring_equals_mpi4py(world):
     from research.comm.dense import HostAllreduce
 
-    rng = np.random.default_rng(world.rank)
-    tree = {
-        "big": jnp.asarray(rng.standard_normal((300, 300)), jnp.float32),
-        "small": jnp.asarray(rng.standard_normal(17), jnp.float32),
-        "half": jnp.asarray(rng.standard_normal(40_000), jnp.bfloat16),
-        "count": jnp.arange(70_000, dtype=jnp.int32) * world.rank,
-    }
+    tree = _mixed_tree(world.rank, half=40_000, count=70_000)
     opts = dict(bucket_bytes=4096, alone_bytes=65536)
     a, _ = HostAllreduce(world, **opts).reduce(tree)
     b, _ = HostAllreduce(world, native=False, **opts).reduce(tree)
