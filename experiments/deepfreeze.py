@@ -68,7 +68,7 @@ Commands::
     # a cluster: the paper's models at full size, one job per rank count into
     # one folder (--job ranks adds a point to the ranks figure), then the table
     sbatch -N 16 --ntasks-per-node=4 scripts/slurm.sbatch experiments.deepfreeze \\
-        --model resnet50 --paper-scale --run-dir runs/df --fast-dir /dev/shm/df
+        --model resnet50 --paper-scale --run-dir runs/df --fast-dir "$TMPDIR/df"
     sbatch -N 4 --ntasks-per-node=4 scripts/slurm.sbatch experiments.deepfreeze \\
         --model resnet50 --paper-scale --run-dir runs/df --job ranks
     python -m scripts.plot_deepfreeze runs/df
@@ -261,7 +261,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--fast-dir",
         default="auto",
-        help="fast tier (node-local); default /dev/shm or $TMPDIR",
+        help="fast tier (node-local): a folder of yours nobody else can write "
+        "in (created 0700); default: /dev/shm/research-<user>/ckpt-<hash>",
     )
     g.add_argument(
         "--snapshot",

@@ -185,6 +185,10 @@ def validate(cfg: TrainConfig) -> str | None:
         return f"--threads must be >= 0 (0: XLA's default), got {cfg.threads}"
     if cfg.checkpoint != "none" and cfg.checkpoint_every < 1:
         return f"--checkpoint-every must be >= 1, got {cfg.checkpoint_every}"
+    if cfg.checkpoint == "deepfreeze" and cfg.fast_dir not in ("auto", "none"):
+        problem = check_private_dir(cfg.fast_dir, "--fast-dir")
+        if problem:
+            return problem
     from research.launch import check_xla_flags, xla_thread_flags
 
     problem = check_xla_flags(xla_thread_flags(cfg.threads))
@@ -193,6 +197,28 @@ def validate(cfg: TrainConfig) -> str | None:
     if cfg.run_dir:
         return check_writable_dir(cfg.run_dir, "--run-dir")
     return None
+
+
+def check_private_dir(path: str | os.PathLike, flag: str) -> str | None:
+    """None when ``path`` is a private folder of ours or can be made one.
+
+    For node-local folders (``--fast-dir``): one that exists must belong to
+    this user and be writable by nobody else (``research/privdir.py``); it is
+    examined before anything is written into it. Else as
+    :func:`check_writable_dir` (created 0700).
+    """
+    from research import privdir
+
+    if os.path.lexists(path):
+        why = privdir.problem(path)
+        if why is not None:
+            return f"{flag} {os.fspath(path)!r} refused: {why}"
+    else:
+        try:
+            privdir.make(path)
+        except OSError as e:
+            return f"{flag} {os.fspath(path)!r} cannot be written: {e.strerror or e}"
+    return check_writable_dir(path, flag)
 
 
 def listing() -> str:

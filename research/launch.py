@@ -18,6 +18,7 @@ from pathlib import Path
 
 from research.comm.env import env_rank, launched_by_mpi
 from research.malloc import launch_env
+from research.privdir import owned
 
 USAGE_EXIT = 2
 
@@ -169,10 +170,12 @@ def _mapped_shm_files() -> set[str]:
 
 
 def remove_orphaned_shm() -> list[str]:
-    """Remove MPICH's shared-memory files that no live process maps any more.
+    """Remove this user's MPICH shared-memory files that no live process maps.
 
     A rank that aborts or is killed cannot remove them, and /dev/shm is memory.
-    Called around every launched job, and by the test suite. Returns the names.
+    Other users' files are never touched (run as root, this would otherwise
+    delete them too). Called around every launched job, and by the test
+    suite. Returns the names.
     """
     try:
         names = [n for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIXES)]
@@ -183,7 +186,7 @@ def remove_orphaned_shm() -> list[str]:
     mapped = _mapped_shm_files()
     removed = []
     for name in names:
-        if name not in mapped:
+        if name not in mapped and owned(os.path.join(SHM_DIR, name)):
             try:
                 os.unlink(os.path.join(SHM_DIR, name))
                 removed.append(name)

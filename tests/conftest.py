@@ -12,11 +12,24 @@ programs and compiling is most of this suite's time.
 
 import os
 
+from research import privdir
+
+
+def _compile_cache() -> str:
+    """A folder of ours for compiled programs. They are loaded and run, so a
+    predictable name in /tmp that another user made first is refused
+    (``research/privdir.py``) for one in this user's private folder."""
+    path = f"/tmp/research-jax-cache-{os.getuid()}"
+    try:
+        return str(privdir.make(path))
+    except OSError:
+        return str(privdir.base() / "jax-cache")
+
+
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
 os.environ.setdefault("NPROC", "1")  # XLA:CPU's intra-op pool: one thread
-os.environ.setdefault(
-    "JAX_COMPILATION_CACHE_DIR", f"/tmp/research-jax-cache-{os.getuid()}"
-)
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _compile_cache()
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 

@@ -19,7 +19,12 @@ from mpi4py import MPI
 from research.checkpoint.integrity import remove_tree
 from research.checkpoint.manifest import committed_steps, read_manifest, update_manifest
 from research.checkpoint.restore import Restored, restore_latest
-from research.checkpoint.tiers import Tier, clean_rank_dir, default_fast_root
+from research.checkpoint.tiers import (
+    Tier,
+    agree_private,
+    clean_rank_dir,
+    open_fast_tier,
+)
 from research.comm.world import World
 
 
@@ -68,7 +73,10 @@ class Checkpointer:
       world: the job's world; construction is collective.
       directory: persistent tier root (shared file system on a cluster).
       fast_dir: fast tier root; ``"auto"`` picks a node-local folder (see
-        ``tiers.default_fast_root``), None uses the persistent tier only.
+        ``tiers.default_fast_root``), None uses the persistent tier only. It
+        is created 0700, and refused (``CheckpointError`` on every rank, one
+        line naming it) when it belongs to another user or others may write
+        in it (``research/privdir.py``).
       fsync: make the persistent tier's files and manifests durable.
     """
 
@@ -89,11 +97,11 @@ class Checkpointer:
         self.comm: MPI.Intracomm = world.dup("checkpoint").Dup()
         # Absolute once, here: Orbax refuses relative paths, users type them.
         persistent = Tier("persistent", Path(directory).absolute())
-        if fast_dir == "auto":
-            fast_dir = default_fast_root(persistent.root)
-        self.tiers = ([Tier("fast", Path(fast_dir).absolute())] if fast_dir else []) + [
-            persistent
-        ]
+        fast, problem = open_fast_tier(fast_dir, persistent.root)
+        self.tiers = ([fast] if fast else []) + [persistent]
+        # Agreed before anything reads or cleans a tier: a refused fast tier
+        # on any node stops every rank, none is left in the next collective.
+        self._check_private(problem)
         self.fsync = fsync
         self.records: dict[int, SaveRecord] = {}
         self.restore_s: float | None = None
@@ -101,6 +109,16 @@ class Checkpointer:
         self._load_committed_and_clean()
 
     # -- bookkeeping shared with subclasses ---------------------------------------
+    def _check_private(self, problem: str | None = None) -> None:
+        """Every rank checks its private (fast) tier; all raise if any fails.
+
+        Collective; called before every collective use of the tiers
+        (construction, restore, forgetting).
+        """
+        problem = agree_private(self.comm, self.tiers, problem)
+        if problem is not None:
+            raise CheckpointError(f"node-local checkpoint folder refused: {problem}")
+
     def _load_committed_and_clean(self) -> None:
         """Read what each tier has committed (rank 0) and drop every rank's leftovers.
 
@@ -148,6 +166,7 @@ class Checkpointer:
         Collective. Returns the steps forgotten.
         """
         self.wait()
+        self._check_private()
         steps = self.committed_steps()
         if steps:
             self._forget_after(-1)
@@ -161,6 +180,7 @@ class Checkpointer:
         entries and shards), so the resumed run writes them afresh.
         """
         self.wait()
+        self._check_private()  # a tier is read only once it passed the check
         t0 = time.perf_counter()
         out = restore_latest(self.comm, self.tiers, target, step=step)
         self.restore_s = time.perf_counter() - t0
@@ -174,7 +194,13 @@ class Checkpointer:
             if not newer:
                 continue
             if self.rank == 0:
-                update_manifest(t.root, tier=t.name, remove=newer, fsync=self.fsync)
+                update_manifest(
+                    t.root,
+                    tier=t.name,
+                    remove=newer,
+                    fsync=self.fsync,
+                    private=t.private,
+                )
             self._committed[t.name] = [s for s in self._committed[t.name] if s <= step]
         self.comm.Barrier()
         for t in self.tiers:
@@ -211,6 +237,7 @@ class Checkpointer:
             add=[entry],
             remove=drop,
             fsync=self.fsync and tier.name == "persistent",
+            private=tier.private,
         )
 
     def _note_committed(self, tier: Tier, step: int, dropped: list[int]) -> None:

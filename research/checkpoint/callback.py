@@ -48,13 +48,15 @@ class CheckpointCallback(Callback):
     @classmethod
     def for_run(cls, config: Any) -> CheckpointCallback:
         """The callback a ``TrainConfig`` asks for (``checkpoint``, its interval,
-        ``resume``), checkpointing after the last step too."""
+        ``resume``, ``fast_dir``), checkpointing after the last step too."""
+        fast = getattr(config, "fast_dir", "auto")
         return cls(
             CheckpointConfig(
                 strategy=config.checkpoint,
                 every=config.checkpoint_every,
                 resume=config.resume,
                 final=True,
+                fast_dir=None if fast == "none" else fast,
             )
         )
 

@@ -4,8 +4,10 @@
 rank's shard (``snapshot.py``: zero-copy views on CPU, leaf by leaf), then
 returns. A background thread per rank takes the checkpoints in request order:
 
-1. copies the snapshot into a transfer file in ``/dev/shm`` (one memcpy, no
-   GIL) and releases it, so the next step can reuse the buffers;
+1. copies the snapshot into a transfer file in this user's private folder
+   (``privdir.base()``: ``/dev/shm/research-<user>``, 0700; the file 0600,
+   never opened through a link) (one memcpy, no GIL) and releases it, so the
+   next step can reuse the buffers;
 2. has the writer (``writer.py``; by default a niced helper process per rank,
    so its work competes neither for the GIL nor for priority with the
    training) compute each unit's CRC-32C and write the buffer as one file into
@@ -32,9 +34,10 @@ timeline and warned about once) or is dropped (``on_busy="skip"``: recorded as
 skipped and reported by every rank's commit round, so no rank commits it). A
 new checkpoint never replaces or interleaves with one being written.
 
-Failures (a full disk, a permission error, a corrupt fast-tier file) are
-reported in the commit round, so every rank raises ``CheckpointError`` on its
-next ``save`` or ``wait``.
+Failures (a full disk, a permission error, a corrupt fast-tier file, a fast
+tier or private folder that fails its check, made before every write and
+flush) are reported in the commit round, so every rank raises
+``CheckpointError`` on its next ``save`` or ``wait``.
 """
 
 from __future__ import annotations
@@ -53,11 +56,16 @@ from typing import Any
 
 import numpy as np
 
+from research import privdir
 from research.checkpoint.agreement import allgather_json
 from research.checkpoint.base import Checkpointer, CheckpointError, SaveRecord
 from research.checkpoint.integrity import remove_tree
 from research.checkpoint.leaves import Flattener
-from research.checkpoint.manifest import CheckpointWarning, make_entry
+from research.checkpoint.manifest import (
+    CheckpointWarning,
+    make_entry,
+    manifest_path,
+)
 from research.checkpoint.partition import LOCAL, Unit, plan
 from research.checkpoint.rawshard import SPARE, retire, stage
 from research.checkpoint.snapshot import Snapshotter
@@ -77,25 +85,36 @@ def _describe(e: BaseException) -> str:
     return str(e) if isinstance(e, WriterError) else f"{type(e).__name__}: {e}"
 
 
-def _transfer_dir() -> Path:
-    base = Path("/dev/shm")
-    if not (base.is_dir() and os.access(base, os.W_OK)):
-        base = Path(tempfile.gettempdir())
-    return base
+#: Transfer files: ``xfer-<pid>-<id>-r<rank>`` in ``privdir.base()``; before
+#: that, ``research-xfer-...`` right in ``/dev/shm`` or ``$TMPDIR`` (still swept).
+_XFER, _LEGACY_XFER = "xfer-", "research-xfer-"
 
 
-def remove_stale_transfer_files() -> None:
-    """Remove transfer files of ranks that died (a killed rank cannot)."""
-    for old in _transfer_dir().glob("research-xfer-*"):
-        pid = old.name.split("-")[2]
-        if pid.isdigit() and not _alive(int(pid)):
-            old.unlink(missing_ok=True)
+def _legacy_transfer_dirs() -> list[Path]:
+    return [d for d in (privdir.SHM, Path(tempfile.gettempdir())) if d.is_dir()]
 
 
-def _transfer_path(first: Tier, rank: int) -> Path:
-    """Where snapshots go for the writer: memory (``/dev/shm``) when there is one."""
+def remove_stale_transfer_files() -> list[Path]:
+    """Remove this user's transfer files of ranks that died (a killed rank
+    cannot); other users' files are never touched. Returns those removed."""
+    removed = []
+    places = [(d, _XFER) for d in privdir.existing_bases()]
+    places += [(d, _LEGACY_XFER) for d in _legacy_transfer_dirs()]
+    for folder, prefix in places:
+        for old in folder.glob(f"{prefix}*"):
+            pid = old.name[len(prefix) :].split("-")[0]
+            if pid.isdigit() and not _alive(int(pid)) and privdir.owned(old):
+                old.unlink(missing_ok=True)
+                removed.append(old)
+    return removed
+
+
+def _transfer_path(rank: int, key: object) -> Path:
+    """Where snapshots go for the writer: this user's private folder (memory,
+    ``/dev/shm``, where there is one), created and checked now."""
+    folder = privdir.base()
     remove_stale_transfer_files()  # whoever comes next cleans up after the killed
-    return _transfer_dir() / f"research-xfer-{os.getpid()}-{id(first):x}-r{rank}"
+    return folder / f"{_XFER}{os.getpid()}-{id(key):x}-r{rank}"
 
 
 def _alive(pid: int) -> bool:
@@ -127,7 +146,9 @@ class DeepFreeze(Checkpointer):
     Args:
       world: the job's world; construction, ``restore`` and ``close`` are collective.
       directory: persistent tier root.
-      fast_dir: fast tier root (``"auto"``: ``/dev/shm`` or ``$TMPDIR``; None: none).
+      fast_dir: fast tier root (``"auto"``: ``ckpt-<hash>`` in this user's
+        private folder, ``/dev/shm/research-<user>``; None: none). Created
+        0700; refused when another user owns it or others may write in it.
       keep: committed steps kept in the persistent tier.
       keep_fast: committed steps kept in the fast tier.
       max_inflight: checkpoints that may be outstanding at once (>= 1).
@@ -148,7 +169,9 @@ class DeepFreeze(Checkpointer):
         more read of the shard; restore verifies the flushed files anyway).
       keep_fast_tier: keep the fast tier after a normal ``close`` (e.g. for a
         next job on the same nodes); by default it is removed, as every
-        committed step is in the persistent tier and ``/dev/shm`` is memory.
+        committed step is in the persistent tier and ``/dev/shm`` is memory
+        (of a folder given as ``fast_dir``, only what DeepFreeze put there:
+        the folder itself goes when nothing else is in it).
       fault_hook: ``hook(event, step)`` called by the background thread at
         ``write-begin``, ``write-started``, ``written``, ``committed``,
         ``flush-file`` and ``flushed`` (fault-injection tests).
@@ -184,6 +207,7 @@ class DeepFreeze(Checkpointer):
         if writer not in ("process", "thread"):
             raise ValueError(f"writer must be 'process' or 'thread', got {writer!r}")
         super().__init__(world, directory, fast_dir=fast_dir, fsync=fsync)
+        self._fast_auto = fast_dir == "auto"
         self.keep, self.keep_fast = keep, keep_fast
         self.keep_fast_tier = keep_fast_tier
         self.max_inflight, self.on_busy = max_inflight, on_busy
@@ -196,7 +220,12 @@ class DeepFreeze(Checkpointer):
         # Started now, so its imports (jax, Orbax) overlap the training's start.
         self._proc = WriterProcess.shared(nice, idle) if writer == "process" else None
         self._local = Writer() if writer == "thread" else None
-        self._xfer = _transfer_path(self.tiers[0], self.rank)
+        try:
+            self._xfer = _transfer_path(self.rank, self)
+            problem = None
+        except OSError as e:  # no private folder can be had on this node
+            problem = str(e)
+        self._check_private(problem)  # collective: all ranks raise, or none
         self._buf: np.memmap | None = None
         self._snap = Snapshotter(snapshot)
         self._flat = Flattener()
@@ -347,7 +376,12 @@ class DeepFreeze(Checkpointer):
             remove_tree(fast.rank_dir(self.rank))
         super().close()  # its barrier: every rank's shards are gone
         if fast is not None and self.rank == 0:
-            remove_tree(fast.root)
+            if self._fast_auto:  # a folder of ours, named by us: all of it
+                remove_tree(fast.root)
+            else:  # the user's folder may hold more than this: only ours goes
+                manifest_path(fast.root).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    fast.root.rmdir()  # when nothing else is in it
         # Again at the end: ranks killed just before this run started may
         # have been alive (dying) when it swept at its start.
         remove_stale_transfer_files()
@@ -517,6 +551,8 @@ class DeepFreeze(Checkpointer):
     def _write(self, job: _Job, tier: Tier) -> dict[str, Any]:
         """Write this rank's shard of ``job`` into ``tier``; returns its report."""
         tr, step = get_tracer(), job.step
+        tier.check()  # still ours and private, before anything goes into it
+        privdir.check(self._xfer.parent)
         cpu0 = time.thread_time()  # this thread's copy counts as writer CPU
         with tr.span("device-to-host", "checkpoint-bg", step=step) as span:
             host = self._snap.materialize(job.taken)
@@ -544,6 +580,7 @@ class DeepFreeze(Checkpointer):
             # Only when this is the last tier: the fast tier is never synced,
             # and the flush makes the persistent copy durable.
             "fsync": self.fsync and tier is self.tiers[-1],
+            "private": tier.private,
             "pause": self._hooked,
         }
         self._hook("write-begin", step)
@@ -575,6 +612,8 @@ class DeepFreeze(Checkpointer):
 
     def _flush(self, step: int, shard: dict, src: Tier, dst: Tier) -> int:
         """Verified copy of this rank's shard from ``src`` to ``dst`` (tmp, rename)."""
+        src.check()  # read only from a tier that is still ours and private
+        dst.check()
         req = {
             "op": "flush",
             "src": str(src.step_dir(self.rank, step)),

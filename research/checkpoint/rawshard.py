@@ -21,7 +21,9 @@ Any reader needs numpy alone: ``np.fromfile`` of ``data.bin``
 and the offsets in ``shard.json`` (see :func:`read_raw`).
 
 Written into ``<path>.raw-tmp`` and renamed to ``path`` (the same atomicity as
-Orbax's tmp directory and rename).
+Orbax's tmp directory and rename). Files are created with ``O_EXCL |
+O_NOFOLLOW`` (a link at the name is never followed); in a private tier (the
+node-local fast tier) files are ``0600`` and folders ``0700``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from research import privdir
 from research.checkpoint.integrity import (
     as_bytes,
     checksum_combine,
@@ -48,7 +51,12 @@ SPARE = ".spare-data.bin"
 
 
 def write_raw(
-    path: Path, buf: np.ndarray, units: list[dict], meta: dict, algo: str = "crc32c"
+    path: Path,
+    buf: np.ndarray,
+    units: list[dict],
+    meta: dict,
+    algo: str = "crc32c",
+    private: bool = False,
 ) -> tuple[dict[str, int], dict[str, list[int]]]:
     """Write one shard from the staged buffer ``buf`` (uint8) into ``path``.
 
@@ -58,6 +66,7 @@ def write_raw(
       units: ``{"name", "shape", "dtype", "offset", "nbytes"}`` per array.
       meta: JSON metadata stored with the units (step, rank, extra, ...).
       algo: checksum algorithm of units and files.
+      private: a private tier's shard: folders 0700, files 0600.
 
     Returns:
       ``({unit name: checksum}, {file name: [size, checksum]})``.
@@ -68,8 +77,11 @@ def write_raw(
     data = data[:end]
     tmp = path.with_name(f"{path.name}.raw-tmp")
     remove_tree(tmp)
-    tmp.mkdir(parents=True)
-    crcs = _write_file(tmp / DATA, data, spare=path.parent / SPARE, units=units, fn=fn)
+    make_dirs(tmp, private)
+    mode = 0o600 if private else 0o644
+    crcs = _write_file(
+        tmp / DATA, data, spare=path.parent / SPARE, units=units, fn=fn, mode=mode
+    )
     data_crc = _file_checksum(data, units, crcs, algo)
     doc = {
         "format": RAW_FORMAT,
@@ -78,7 +90,7 @@ def write_raw(
         "meta": meta,
     }
     text = json.dumps(doc).encode()
-    _write_file(tmp / META, text)
+    _write_file(tmp / META, text, mode=mode)
     os.rename(tmp, path)
     files = {
         DATA: [int(data.size), data_crc],
@@ -106,18 +118,26 @@ def _file_checksum(data: np.ndarray, units: list[dict], crcs: dict, algo: str) -
     return fn(data[pos:], crc)
 
 
-def open_reusing(path: Path, spare: Path | None) -> int:
+def make_dirs(path: Path, private: bool) -> None:
+    """Create the folder ``path`` (absent) and its parent; ``0700`` if private."""
+    mode = 0o700 if private else 0o777
+    path.parent.mkdir(mode=mode, parents=True, exist_ok=True)
+    path.mkdir(mode=mode)
+
+
+def open_reusing(path: Path, spare: Path | None, mode: int = 0o644) -> int:
     """A new file at ``path`` for writing: ``spare`` renamed there when it exists.
 
-    The caller overwrites it from offset 0 and truncates it to its new size.
+    Created ``mode`` with ``O_EXCL | O_NOFOLLOW`` otherwise. The caller
+    overwrites it from offset 0 and truncates it to its new size.
     """
     if spare is not None:
         try:
             os.replace(spare, path)
-            return os.open(path, os.O_WRONLY)
+            return os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             pass
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    return privdir.create_file(path, mode)
 
 
 #: Bytes checksummed then written at a time: the write reads them from the
@@ -126,9 +146,10 @@ _CHUNK = 1 << 20
 
 
 def _write_file(
-    path: Path, data, spare: Path | None = None, units=(), fn=None
+    path: Path, data, spare: Path | None = None, units=(), fn=None, mode=0o644
 ) -> dict[str, int]:
-    """Write ``data`` into ``path``; returns the checksum (``fn``) of each unit.
+    """Write ``data`` into ``path`` (new; created ``mode``); returns the checksum
+    (``fn``) of each unit.
 
     Chunk by chunk, each unit's part of a chunk is checksummed just before the
     chunk is written.
@@ -137,7 +158,7 @@ def _write_file(
     n = len(view)
     spans = sorted((u["offset"], u["offset"] + u["nbytes"], u["name"]) for u in units)
     crcs = {name: fn(b"") for _, _, name in spans}
-    fd = open_reusing(path, spare)
+    fd = open_reusing(path, spare, mode)
     try:
         for c0 in range(0, n, _CHUNK):
             c1 = min(c0 + _CHUNK, n)
@@ -198,7 +219,8 @@ def stage(
       names: their unit names.
       buf: the current mapping of ``xfer`` (None: not mapped yet); reused when
         large enough, so steady-state checkpoints fault in no new pages.
-      xfer: the transfer file (in ``/dev/shm`` where it exists).
+      xfer: the transfer file, in a private folder (``privdir.base()``),
+        checked before the file is made; created 0600, never through a link.
 
     Returns:
       ``(units, size, buf)``: where each array lies, the bytes used, the mapping.
@@ -218,8 +240,13 @@ def stage(
     size = max(off, 64)
     if buf is None or buf.size < size:
         buf = None
-        with open(xfer, "wb") as f:
-            f.truncate(size)
+        privdir.check(xfer.parent)
+        xfer.unlink(missing_ok=True)  # a new file: whatever was at the name goes
+        fd = privdir.create_file(xfer)
+        try:
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
         buf = np.memmap(xfer, dtype=np.uint8, mode="r+", shape=(size,))
     for u, a in zip(units, host, strict=True):
         dst = buf[u["offset"] : u["offset"] + u["nbytes"]]

@@ -6,27 +6,51 @@
 ``<step>.flush-tmp`` and renames it. Names that are not plain integers are
 never read, so a crash's leftovers are harmless, and :func:`clean_rank_dir`
 removes them.
+
+The fast tier is node-local, so on a shared node it sits where other users
+could plant a folder or a link first: it is a *private* tier
+(``research/privdir.py``). Its root is created ``0700`` and checked (ours, a
+real folder, writable by nobody else) before every use: when opened
+(:func:`open_fast_tier`), before each write and flush, and before a restore
+reads it (:func:`agree_private`); its files are created ``0600``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import getpass
 import hashlib
 import os
-import tempfile
 from pathlib import Path
 
+from research import privdir
 from research.checkpoint.integrity import remove_tree
 
 
 @dataclasses.dataclass(frozen=True)
 class Tier:
-    """One storage level: ``name`` ("fast" or "persistent") and its root folder."""
+    """One storage level: ``name`` ("fast" or "persistent") and its root folder.
+
+    ``private``: the root must pass ``privdir.check`` before every use, and
+    files in it are created ``0600`` (the node-local fast tier).
+    """
 
     name: str
     root: Path
+    private: bool = False
+
+    def problem(self) -> str | None:
+        """Why this private tier must not be used now (one line), or None."""
+        if not self.private:
+            return None
+        why = privdir.problem(self.root)
+        return None if why is None else f"refusing {self.root}: {why}"
+
+    def check(self) -> None:
+        """Raise ``privdir.NotPrivateError`` when :meth:`problem` finds one."""
+        why = self.problem()
+        if why is not None:
+            raise privdir.NotPrivateError(why)
 
     def rank_dir(self, rank: int) -> Path:
         return self.root / f"rank{rank}"
@@ -41,22 +65,60 @@ class Tier:
 
 
 def default_fast_root(persistent_root: str | os.PathLike) -> Path:
-    """A node-local folder for the fast tier, the same on every rank of a job.
+    """A node-local folder for the fast tier, the same on every rank of a node.
 
-    ``/dev/shm`` (memory) when writable, else ``$TMPDIR``; the subfolder is
-    derived from the persistent path so a resumed job finds its fast tier.
+    ``ckpt-<hash>`` in this user's private folder (``privdir.base()``:
+    ``/dev/shm/research-<user>``, 0700, where it can be had), the hash derived
+    from the persistent path so a resumed job finds its fast tier.
     """
-    base = Path("/dev/shm")
-    if not (base.is_dir() and os.access(base, os.W_OK)):
-        base = Path(os.environ.get("TMPDIR") or tempfile.gettempdir())
-    digest = hashlib.sha1(str(Path(persistent_root).resolve()).encode()).hexdigest()[
-        :12
-    ]
+    digest = hashlib.sha1(str(Path(persistent_root).resolve()).encode()).hexdigest()
+    return privdir.base() / f"ckpt-{digest[:12]}"
+
+
+def open_fast_tier(
+    fast_dir: str | os.PathLike | None, persistent_root: str | os.PathLike
+) -> tuple[Tier | None, str | None]:
+    """The fast tier for ``fast_dir`` (``"auto"``, a folder, or None: none).
+
+    The folder is created ``0700`` when absent and checked private (an
+    existing one must be ours and writable by nobody else). Local to this rank:
+    returns ``(tier, None)``, or ``(None, problem)`` with the problem in one
+    line for the caller to agree on with the other ranks (``agree_private``).
+    """
+    if not fast_dir:
+        return None, None
     try:
-        user = getpass.getuser()
-    except Exception:  # noqa: BLE001 - no passwd entry in some containers
-        user = str(os.getuid())
-    return base / f"research-ckpt-{user}-{digest}"
+        if fast_dir == "auto":
+            root = default_fast_root(persistent_root)
+        else:
+            root = Path(fast_dir).absolute()
+        return Tier("fast", privdir.make(root), private=True), None
+    except privdir.NotPrivateError as e:
+        return None, f"{e}; remove it or choose another folder with --fast-dir"
+    except OSError as e:
+        return None, f"cannot create the fast tier {fast_dir}: {e}"
+
+
+def agree_private(comm, tiers: list[Tier], problem: str | None = None) -> str | None:
+    """Every rank checks its private tiers; all learn every rank's problem.
+
+    Collective over ``comm`` (an mpi4py communicator). Returns None when every
+    rank's tiers are usable, else one line (``rank r: refusing <folder>: ...``)
+    that every rank raises, so no rank reads or writes a refused tier and no
+    rank is left waiting in a collective another never joins.
+    """
+    if problem is None:
+        problem = next((p for t in tiers if (p := t.problem())), None)
+    by_problem: dict[str, list[int]] = {}
+    for r, p in enumerate(comm.allgather(problem)):
+        if p:
+            by_problem.setdefault(p, []).append(r)
+    if not by_problem:
+        return None
+    return "; ".join(
+        f"rank{'s' * (len(rs) > 1)} {', '.join(map(str, rs))}: {p}"
+        for p, rs in by_problem.items()
+    )
 
 
 def local_steps(tier: Tier, rank: int) -> list[int]:

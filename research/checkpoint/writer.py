@@ -19,7 +19,8 @@ in ``/dev/shm`` that both processes map (one copy, no pickling):
   files' sizes and CRC-32s. Either replies with the checksums, the files and
   ``tags`` for the manifest's shard entry (format, checksum algorithm); with
   ``fsync`` (the shard goes straight into the persistent tier) its files and
-  directories are made durable before the reply;
+  directories are made durable before the reply; with ``private`` (the
+  node-local fast tier) folders are made 0700 and raw files 0600;
 * ``{"op": "flush", "src", "dst", "files", "checksum", "fsync", "verify",
   "pause"}`` -> copy into ``<dst>.flush-tmp`` (sizes checked; checksums too
   with ``verify``), renamed to ``dst``;
@@ -56,7 +57,7 @@ from research.checkpoint.integrity import (
     remove_tree,
     scan_dir,
 )
-from research.checkpoint.rawshard import DATA, RAW_FORMAT, SPARE, write_raw
+from research.checkpoint.rawshard import DATA, RAW_FORMAT, SPARE, make_dirs, write_raw
 from research.launch import thread_env
 
 Progress = Callable[[str], None]
@@ -142,10 +143,13 @@ class Writer:
         meta = dict(req["meta"])
         path = Path(req["path"])
         remove_tree(path)  # a stale shard of an uncommitted earlier attempt
+        private = bool(req.get("private"))
         if req.get("pause"):
-            (path.parent / f"{path.name}.raw-tmp").mkdir(parents=True, exist_ok=True)
+            tmp = path.parent / f"{path.name}.raw-tmp"
+            remove_tree(tmp)
+            make_dirs(tmp, private)
             progress("write-started")  # the step's tmp directory is on disk
-        crcs, files = write_raw(path, buf, req["units"], meta, RAW_CHECKSUM)
+        crcs, files = write_raw(path, buf, req["units"], meta, RAW_CHECKSUM, private)
         del buf
         return {
             "ok": True,
@@ -169,7 +173,8 @@ class Writer:
         path = Path(req["path"])
         remove_tree(path)  # a stale shard of an uncommitted earlier attempt
         remove_tree(path.with_name(f"{path.name}.orbax-checkpoint-tmp"))
-        path.parent.mkdir(parents=True, exist_ok=True)
+        mode = 0o700 if req.get("private") else 0o777
+        path.parent.mkdir(mode=mode, parents=True, exist_ok=True)
         compress = bool(req.get("compress"))
         if compress not in self._ckptrs:
             self._ckptrs[compress] = new_checkpointer(use_async=True, compress=compress)

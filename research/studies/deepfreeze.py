@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from research.cli import check_writable_dir, config_from_args
+from research.cli import check_private_dir, config_from_args
 from research.launch import bind_args, mpiexec_path, thread_env
 from research.malloc import launch_env
 
@@ -39,7 +39,7 @@ def check_flags(args: argparse.Namespace) -> str | None:
     if args.minor_rounds < 1:
         return "--minor-rounds must be >= 1"
     if args.tiers != "persistent" and args.fast_dir != "auto":
-        return check_writable_dir(args.fast_dir, "--fast-dir")
+        return check_private_dir(args.fast_dir, "--fast-dir")
     return None
 
 

@@ -166,3 +166,11 @@ class TrainConfig:
         "(default: resume from the newest one)",
         CKPT,
     )
+    fast_dir: str = flag(
+        "auto",
+        "deepfreeze's node-local fast tier: a folder of yours that nobody else "
+        "can write in (created 0700), 'none' (persistent tier only), or 'auto': "
+        "/dev/shm/research-<user>/ckpt-<hash> (0700); default %(default)s",
+        CKPT,
+        metavar="DIR",
+    )

@@ -6,10 +6,16 @@
 #
 # Needs Debian's slurm-wlm and munge (`make test-cluster` installs them where it
 # can). Everything lives in $SLURM_LOCAL_DIR (default /tmp/research-slurm-$UID):
-# the configuration, spool and state, and the daemons' logs. Exits 3 with one
-# line when Slurm cannot start here (no packages, not root, no munge key).
+# the configuration, spool and state, and the daemons' logs. That folder is
+# created 0700 and must be ours and writable by nobody else (research/privdir.py:
+# a slurm.conf someone else could edit names programs the daemons run as root).
+# Exits 3 with one line when Slurm cannot start here (no packages, not root, no
+# munge key, a refused folder).
 set -euo pipefail
 DIR="${SLURM_LOCAL_DIR:-/tmp/research-slurm-$(id -u)}"
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+PY="${PYTHON:-$REPO/.venv/bin/python}"
+[ -x "$PY" ] || PY=python3
 CONF="$DIR/slurm.conf"
 NODE="$(hostname -s)"
 
@@ -21,6 +27,8 @@ start() {
       cannot "$exe not found (apt-get install slurm-wlm munge)"
   done
   [ "$(id -u)" = 0 ] || cannot "the daemons need root"
+  why="$(PYTHONPATH="$REPO" "$PY" -m research.privdir "$DIR" 2>&1)" ||
+    cannot "${why#privdir: }"
   mkdir -p "$DIR/spool" "$DIR/state" "$DIR/log"
   cpus="$(nproc)"
   mem="$(awk '/MemTotal/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)"
@@ -69,6 +77,10 @@ CONF
 }
 
 stop_daemons() {
+  [ -d "$DIR" ] || return 0
+  # Pid files someone else could write would name the processes to kill.
+  why="$(PYTHONPATH="$REPO" "$PY" -m research.privdir "$DIR" 2>&1)" ||
+    { echo "slurm_localhost: not stopping: ${why#privdir: }" >&2; exit 3; }
   for pidfile in "$DIR/slurmd.pid" "$DIR/slurmctld.pid"; do
     if [ -f "$pidfile" ]; then
       kill "$(cat "$pidfile")" 2>/dev/null || true
