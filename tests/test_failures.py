@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from research import privdir
 from research.checkpoint.deepfreeze import remove_stale_transfer_files
 from research.checkpoint.integrity import remove_tree
 from research.checkpoint.tiers import default_fast_root
@@ -46,7 +47,7 @@ def test_one_failing_rank_ends_the_job(phase, np_, tmp_path):
     remove_tree(default_fast_root(tmp_path / "run" / "checkpoints"))
     for _ in range(20):  # killed ranks' transfer files, once the ranks are gone
         remove_stale_transfer_files()
-        if not list(Path("/dev/shm").glob("research-xfer-*")):
+        if not [p for b in privdir.existing_bases() for p in b.glob("xfer-*")]:
             break
         time.sleep(0.1)
     out = proc.stdout + proc.stderr

@@ -80,6 +80,18 @@ def _private_tree(entries: list[dict], uid: int) -> None:
         assert (e["uid"], e["mode"]) == (uid, want), e
 
 
+def node_local_entries() -> set[str]:
+    """What of this user's is in the node's shared places: the entries of its
+    private folders, and names earlier versions put right into /dev/shm (for
+    tests that check a run removes what it put there)."""
+    out = {str(p) for b in privdir.existing_bases() for p in b.iterdir()}
+    bases = set(privdir.candidates())
+    shm = Path("/dev/shm")
+    if shm.is_dir():
+        out |= {str(p) for p in shm.glob("research-*") if p not in bases}
+    return out
+
+
 @pytest.fixture
 def shared_tmp():
     """A folder both users may write in (pytest's tmp_path is root's, 0700)."""
@@ -286,10 +298,17 @@ def test_sweeps_leave_other_users_files(tmp_path):
 def test_a_normal_runs_node_local_files_are_private(tmp_path):
     from research.comm.world import get_world
 
+    # A killed run of an earlier version left its fast tier right in /dev/shm.
+    digest = hashlib.sha1(str((tmp_path / "checkpoints").resolve()).encode())
+    user = privdir.user_name()
+    legacy = Path("/dev/shm") / f"research-ckpt-{user}-{digest.hexdigest()[:12]}"
+    if Path("/dev/shm").is_dir():
+        (legacy / "rank0" / "3").mkdir(parents=True)
     ckpt = CheckpointConfig(strategy="deepfreeze", every=1, fsync=False).create(
         get_world(), tmp_path
     )
     fast = ckpt.tiers[0]
+    assert not legacy.exists()  # ours: memory given back
     try:
         assert fast.private and fast.root.parent == privdir.base()
         ckpt.save(1, initial())

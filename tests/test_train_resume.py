@@ -72,8 +72,9 @@ def _committed(run: Path) -> list[int]:
 
 
 def _shm() -> set[str]:
-    shm = Path("/dev/shm")
-    return {p.name for p in shm.glob("research-*")} if shm.is_dir() else set()
+    from tests.test_shared_node import node_local_entries
+
+    return node_local_entries()
 
 
 def test_kill_9_then_same_command_resumes_bit_identically(tmp_path):

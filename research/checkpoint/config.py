@@ -22,8 +22,10 @@ class CheckpointConfig:
       strategy: one of ``STRATEGIES``.
       every: checkpoint after every ``every`` steps (0: never).
       directory: persistent tier (default ``<run_dir>/checkpoints``).
-      fast_dir: DeepFreeze's fast tier: ``"auto"`` (``/dev/shm`` or ``$TMPDIR``),
-        a path, or None for the persistent tier only.
+      fast_dir: DeepFreeze's fast tier: ``"auto"`` (``ckpt-<hash>`` in this
+        user's private folder, ``/dev/shm/research-<user>``, 0700), a folder
+        of yours that nobody else may write in, or None for the persistent
+        tier only (``research/privdir.py``).
       keep: committed steps kept in the persistent tier.
       keep_fast: committed steps kept in the fast tier.
       max_inflight: DeepFreeze checkpoints outstanding at once.

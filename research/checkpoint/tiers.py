@@ -72,6 +72,11 @@ def default_fast_root(persistent_root: str | os.PathLike) -> Path:
     from the persistent path so a resumed job finds its fast tier.
     """
     digest = hashlib.sha1(str(Path(persistent_root).resolve()).encode()).hexdigest()
+    # Where versions before the private folder kept it (a killed run's is
+    # memory nobody else frees): removed when it is ours, never followed.
+    legacy = privdir.SHM / f"research-ckpt-{privdir.user_name()}-{digest[:12]}"
+    if privdir.problem(legacy) is None:
+        remove_tree(legacy)
     return privdir.base() / f"ckpt-{digest[:12]}"
 
 
