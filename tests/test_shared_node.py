@@ -124,7 +124,12 @@ def test_planted_fast_tier_folders_get_nothing_and_ours_is_private(shared_tmp):
         proc = run_under_mpiexec(
             3,
             ["-m", "tests.shared_node_driver", str(run_dir)],
-            env_extra={"RESEARCH_SHM_DIR": str(shm), "TMPDIR": str(tmp)},
+            # No runtime folder: the fallback is the stand-in $TMPDIR's.
+            env_extra={
+                "RESEARCH_SHM_DIR": str(shm),
+                "TMPDIR": str(tmp),
+                "XDG_RUNTIME_DIR": "",
+            },
         )
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, out[-6000:]
@@ -355,3 +360,31 @@ def test_a_tier_is_checked_again_before_restore_and_each_save(tmp_path):
         os.chown(fast, _user(INTRUDER), -1)
         with pytest.raises(CheckpointError, match=f"{fast}: it belongs to {INTRUDER}"):
             config.create(get_world(), tmp_path)
+
+
+def test_the_private_folder_falls_back_past_refused_ones(tmp_path, monkeypatch):
+    shm, xdg, tmp = tmp_path / "shm", tmp_path / "xdg", tmp_path / "tmp"
+    for d, mode in ((shm, 0o1777), (xdg, 0o700), (tmp, 0o1777)):
+        d.mkdir()
+        d.chmod(mode)
+    me = privdir.user_name()
+    monkeypatch.setenv("RESEARCH_SHM_DIR", str(shm))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    assert privdir.base() == shm / f"research-{me}"
+    st = os.lstat(shm / f"research-{me}")
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (os.geteuid(), 0o700)
+    (shm / f"research-{me}").chmod(0o770)  # a group may write: refused
+    with pytest.warns(privdir.PrivateDirWarning, match="others may write in it"):
+        assert privdir.base() == xdg / "research"
+    (xdg / "research").rmdir()
+    xdg.chmod(0o777)  # a runtime folder that is not private is not used at all
+    assert xdg / "research" not in privdir.candidates()
+    os.symlink(tmp / "elsewhere", tmp / f"research-{me}")
+    with (
+        pytest.raises(privdir.NotPrivateError) as e,
+        pytest.warns(privdir.PrivateDirWarning),
+    ):
+        privdir.base()
+    assert "\n" not in str(e.value) and "is a symbolic link" in str(e.value)
+    assert not (tmp / "elsewhere").exists()
