@@ -1,0 +1,109 @@
+"""Where a result came from: ``RUN_ROOT/run.json``, written as each job starts.
+
+Every ``python -m experiments.NAME`` job appends one record to its run root's
+``run.json``: the command as typed (``python -m experiments.NAME ARGS``), the
+UTC time, the machine (host, CPU model, cores, memory), the load average when
+it started, the git commit of the code (with ``+dirty`` when the tree had
+changes) and the world size. An experiment that runs several MPI jobs into one
+root (DeepFreeze's 1/2/4-rank jobs) gets one record per job. ``python -m
+scripts.results`` renders ``docs/results/NAME.md`` from it and the experiment's
+``table.md``, so every table in the docs says what produced it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+FILE = "run.json"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gib() -> float | None:
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+    return round(pages * size / 2**30, 1)
+
+
+def _git_commit(where: Path) -> str | None:
+    """``<sha>`` of the code's checkout, ``+dirty`` when it had changes; None
+    outside a git checkout (an installed copy)."""
+    try:
+        sha = subprocess.run(
+            ["git", "-C", str(where), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        if sha.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def job_record(experiment: str, world_size: int) -> dict[str, Any]:
+    """This job's record: command, time, machine, load, code version, world size."""
+    return {
+        "experiment": experiment,
+        "command": shlex.join(
+            ["python", "-m", f"experiments.{experiment}", *sys.argv[1:]]
+        ),
+        "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "host": platform.node(),
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "memory_gib": _memory_gib(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "commit": _git_commit(Path(__file__).resolve().parent),
+        "world_size": world_size,
+    }
+
+
+def record_job(root: str | Path, experiment: str, world_size: int) -> dict[str, Any]:
+    """Append this job's record to ``root/run.json`` (call on one rank only)."""
+    path = Path(root) / FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        jobs = json.loads(path.read_text())["jobs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        jobs = []  # none yet, or unreadable: start the record anew
+    record = job_record(experiment, world_size)
+    jobs.append(record)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"jobs": jobs}, indent=1) + "\n")
+    os.replace(tmp, path)
+    return record
+
+
+def read_jobs(root: str | Path) -> list[dict[str, Any]]:
+    """The job records of ``root/run.json`` (empty when there is none)."""
+    try:
+        return list(json.loads((Path(root) / FILE).read_text())["jobs"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
