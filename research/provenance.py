@@ -3,15 +3,17 @@
 Every ``python -m experiments.NAME`` job appends one record to its run root's
 ``run.json``: the command as typed (``python -m experiments.NAME ARGS``), the
 UTC time, the machine (host, CPU model, cores, memory), the load average when
-it started, the git commit of the code (with ``+dirty`` when the tree had
-changes) and the world size. An experiment that runs several MPI jobs into one
-root (DeepFreeze's 1/2/4-rank jobs) gets one record per job. ``python -m
-scripts.results`` renders ``docs/results/NAME.md`` from it and the experiment's
-``table.md``, so every table in the docs says what produced it.
+it started and when it ended, the git commit of the code (with ``+dirty`` when
+the tree had changes) and the world size. An experiment that runs several MPI
+jobs into one root (DeepFreeze's 1/2/4-rank jobs) gets one record per job.
+``python -m scripts.results`` renders ``docs/results/NAME.md`` from it and the
+experiment's ``table.md``, so every table in the docs says what produced it.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
 import platform
@@ -85,20 +87,37 @@ def job_record(experiment: str, world_size: int) -> dict[str, Any]:
     }
 
 
-def record_job(root: str | Path, experiment: str, world_size: int) -> dict[str, Any]:
-    """Append this job's record to ``root/run.json`` (call on one rank only)."""
-    path = Path(root) / FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        jobs = json.loads(path.read_text())["jobs"]
-    except (OSError, ValueError, KeyError, TypeError):
-        jobs = []  # none yet, or unreadable: start the record anew
-    record = job_record(experiment, world_size)
-    jobs.append(record)
+def _write(path: Path, jobs: list[dict[str, Any]]) -> None:
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"jobs": jobs}, indent=1) + "\n")
     os.replace(tmp, path)
+
+
+def record_job(root: str | Path, experiment: str, world_size: int) -> dict[str, Any]:
+    """Append this job's record to ``root/run.json`` (call on one rank only).
+
+    When the process ends normally the record gains ``ended_utc`` and
+    ``load_average_end`` (the load the job itself and anything else running
+    made); a job that was killed or aborted keeps only its start.
+    """
+    path = Path(root) / FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    jobs = read_jobs(root)
+    record = job_record(experiment, world_size)
+    jobs.append(record)
+    _write(path, jobs)
+    atexit.register(_record_end, path, len(jobs) - 1)
     return record
+
+
+def _record_end(path: Path, index: int) -> None:
+    jobs = read_jobs(path.parent)
+    if index >= len(jobs):  # the file was replaced meanwhile: leave it
+        return
+    jobs[index]["ended_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    jobs[index]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    with contextlib.suppress(OSError):  # the run folder is gone: nothing to do
+        _write(path, jobs)
 
 
 def read_jobs(root: str | Path) -> list[dict[str, Any]]:

@@ -60,19 +60,31 @@ def _provenance(root: Path, jobs: list[dict]) -> str:
     sizes = sorted({int(j.get("world_size", 0)) for j in jobs})
     ranks = "/".join(str(s) for s in sizes)
     loads = [j["load_average"][0] for j in jobs if j.get("load_average")]
+    loads += [j["load_average_end"][0] for j in jobs if j.get("load_average_end")]
     load = f"{min(loads):.1f}-{max(loads):.1f}" if len(loads) > 1 else f"{loads[0]:.1f}"
     mem = first.get("memory_gib")
     machine = (
         f"{first.get('host', '?')}: {first.get('cpu', '?')}, "
         f"{first.get('cores', '?')} cores" + (f", {mem} GiB" if mem else "")
     )
+    code = first.get("commit") or "not a git checkout"
     return (
         f"`{first['command']}` ({ranks} ranks, {len(jobs)} MPI job"
         f"{'s' if len(jobs) > 1 else ''}), {first['started_utc']} to {ended} UTC, "
-        f"on {machine}; load average {load} as the job{'s' if len(jobs) > 1 else ''} "
-        f"started; code {first.get('commit') or 'not a git checkout'}. "
+        f"on {machine}; 1-minute load average {load} at the jobs' starts and ends "
+        f"(the run's own ranks count); code {code}. "
         f"Run folder `{root.name}`."
     )
+
+
+def _as_markdown(table: str) -> list[str]:
+    """``table.md`` as the page shows it: tables and headings as written, each
+    other line (a check, a note) as a list item so lines do not run together."""
+    out = []
+    for line in table.rstrip().splitlines():
+        plain = line.strip() and not line.startswith(("|", "#", "!", "-", "*", " "))
+        out.append(f"- {line}" if plain else line)
+    return out
 
 
 def render(roots: list[Path], out: Path) -> list[Path]:
@@ -109,7 +121,7 @@ def render(roots: list[Path], out: Path) -> list[Path]:
             if len(runs) > 1:
                 lines += ["", f"## Run {i}"]
             lines += ["", _provenance(root, jobs), ""]
-            lines.append((root / "table.md").read_text().rstrip())
+            lines += _as_markdown((root / "table.md").read_text())
             pngs = sorted(root.glob("*.png"))
             if pngs:
                 dest = figures if len(runs) == 1 else figures / f"run{i}"
