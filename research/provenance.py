@@ -69,13 +69,29 @@ def _git_commit(where: Path) -> str | None:
     return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
+def _user_args(argv: list[str]) -> tuple[list[str], str | None]:
+    """``argv`` without the ``--job NAME`` an experiment adds to its own
+    sub-jobs (DeepFreeze), and that name: the command is what the user typed."""
+    args, job, i = [], None, 0
+    while i < len(argv):
+        if argv[i] == "--job" and i + 1 < len(argv):
+            job, i = argv[i + 1], i + 2
+            continue
+        if argv[i].startswith("--job="):
+            job = argv[i].split("=", 1)[1]
+        else:
+            args.append(argv[i])
+        i += 1
+    return args, job
+
+
 def job_record(experiment: str, world_size: int) -> dict[str, Any]:
     """This job's record: command, time, machine, load, code version, world size."""
+    args, job = _user_args(sys.argv[1:])
     return {
         "experiment": experiment,
-        "command": shlex.join(
-            ["python", "-m", f"experiments.{experiment}", *sys.argv[1:]]
-        ),
+        "command": shlex.join(["python", "-m", f"experiments.{experiment}", *args]),
+        "job": job,
         "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         "host": platform.node(),
         "cpu": _cpu_model(),

@@ -1,6 +1,6 @@
 """Render the docs' results pages from run folders: ``docs/results/NAME.md``.
 
-    python -m scripts.results RUN_ROOT [RUN_ROOT ...] [--out docs/results]
+    python -m scripts.results RUN_ROOT [RUN_ROOT ...] [--out docs/results] [--note TEXT]
 
 Each ``RUN_ROOT`` is the folder one ``python -m experiments.NAME`` wrote. The
 page says what produced the table: the command, the UTC time it ran, the
@@ -16,6 +16,7 @@ hand, and the previous ones stay in git history and the journal
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 import time
@@ -53,27 +54,37 @@ def _experiment_of(root: Path, jobs: list[dict]) -> str:
 
 def _provenance(root: Path, jobs: list[dict]) -> str:
     table = root / "table.md"
-    ended = time.strftime("%Y-%m-%d %H:%M", time.gmtime(table.stat().st_mtime))
+    written = time.strftime("%Y-%m-%d %H:%M", time.gmtime(table.stat().st_mtime))
     if not jobs:
-        return f"Run folder `{root.name}`, table written {ended} UTC (no run.json)."
+        return f"Run folder `{root.name}`, table written {written} UTC (no run.json)."
     first = jobs[0]
     sizes = sorted({int(j.get("world_size", 0)) for j in jobs})
     ranks = "/".join(str(s) for s in sizes)
-    loads = [j["load_average"][0] for j in jobs if j.get("load_average")]
-    loads += [j["load_average_end"][0] for j in jobs if j.get("load_average_end")]
-    load = f"{min(loads):.1f}-{max(loads):.1f}" if len(loads) > 1 else f"{loads[0]:.1f}"
+    ended = jobs[-1].get("ended_utc", written)
+    if ended[:10] == first["started_utc"][:10]:
+        ended = ended[11:16]
+    starts = [j["load_average"][0] for j in jobs if j.get("load_average")]
+    ends = [j["load_average_end"][0] for j in jobs if j.get("load_average_end")]
+
+    def span(xs: list[float]) -> str:
+        return f"{min(xs):.1f}-{max(xs):.1f}" if len(xs) > 1 else f"{xs[0]:.1f}"
+
+    load = f"{span(starts)} as the job{'s' if len(jobs) > 1 else ''} started"
+    if ends:
+        load += f", {span(ends)} as {'they' if len(jobs) > 1 else 'it'} ended"
     mem = first.get("memory_gib")
     machine = (
         f"{first.get('host', '?')}: {first.get('cpu', '?')}, "
         f"{first.get('cores', '?')} cores" + (f", {mem} GiB" if mem else "")
     )
     code = first.get("commit") or "not a git checkout"
+    # Runs recorded before sub-jobs' --job was split off: the typed command.
+    command = re.sub(r" --job[ =]\S+", "", first["command"])
     return (
-        f"`{first['command']}` ({ranks} ranks, {len(jobs)} MPI job"
-        f"{'s' if len(jobs) > 1 else ''}), {first['started_utc']} to {ended} UTC, "
-        f"on {machine}; 1-minute load average {load} at the jobs' starts and ends "
-        f"(the run's own ranks count); code {code}. "
-        f"Run folder `{root.name}`."
+        f"`{command}` ({ranks} ranks, {len(jobs)} MPI job"
+        f"{'s' if len(jobs) > 1 else ''}), {first['started_utc'][:16]} to {ended} "
+        f"UTC, on {machine}; 1-minute load average {load} (the run's own ranks "
+        f"count); code {code}. Run folder `{root.name}`."
     )
 
 
@@ -87,8 +98,12 @@ def _as_markdown(table: str) -> list[str]:
     return out
 
 
-def render(roots: list[Path], out: Path) -> list[Path]:
-    """Write one page per experiment found in ``roots``; returns the pages."""
+def render(roots: list[Path], out: Path, note: str | None = None) -> list[Path]:
+    """Write one page per experiment found in ``roots``; returns the pages.
+
+    ``note``: a line added under each run's provenance (what else was running,
+    anything the records cannot say).
+    """
     by_experiment: dict[str, list[tuple[Path, list[dict]]]] = defaultdict(list)
     for root in roots:
         if not root.is_dir():
@@ -121,6 +136,8 @@ def render(roots: list[Path], out: Path) -> list[Path]:
             if len(runs) > 1:
                 lines += ["", f"## Run {i}"]
             lines += ["", _provenance(root, jobs), ""]
+            if note:
+                lines += [note, ""]
             lines += _as_markdown((root / "table.md").read_text())
             pngs = sorted(root.glob("*.png"))
             if pngs:
@@ -150,9 +167,13 @@ def main(argv: list[str] | None = None) -> int:
         default=Path("docs/results"),
         help="where the pages go (default %(default)s)",
     )
+    p.add_argument(
+        "--note",
+        help="a line under each run's provenance, e.g. what else was running",
+    )
     args = p.parse_args(argv)
     try:
-        pages = render(args.roots, args.out)
+        pages = render(args.roots, args.out, args.note)
     except ResultsError as e:
         print(f"python -m scripts.results: error: {e}", file=sys.stderr)
         return 2
