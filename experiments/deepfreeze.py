@@ -49,7 +49,7 @@ time); then the targets with PASS/FAIL (DeepFreeze blocking <= 10% of
 rank0-sync, overhead <= 5% at interval 10, lowest of all strategies with every
 difference's 90% interval above zero, writer CPU <= 1.5 ms per MB) and what
 happens to requests while one is in flight (interval 1, wait and skip
-policies). Figures (``scripts/plot_deepfreeze.py``): overhead against the
+policies). Figures (``research/studies/deepfreeze_plots.py``): overhead against the
 interval, blocking time against the number of ranks (extra jobs with
 ``--sweep-ranks``), and a timeline excerpt of one DeepFreeze period.
 
@@ -333,7 +333,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def _plot(root: Path) -> list[Path]:
-    from scripts.plot_deepfreeze import plot_all
+    from research.studies.deepfreeze_plots import plot_all
 
     return plot_all(root)
 

@@ -25,7 +25,7 @@ It prints one table (samples/s, median step time, time to ``--target-acc``, fina
 test accuracy, mean fresh contributors per round, mean age in rounds of the
 gradients applied; mean +- std over ``--seeds``),
 and writes a folder per arm and seed, ``table.md``, ``results.json`` and figures
-(``scripts/plot_eager_sgd.py``): throughput and test accuracy against training
+(``research/studies/eager_sgd_plots.py``): throughput and test accuracy against training
 time, the contributor histogram and the timeline.
 
 Commands (every figure of a run comes from its one folder)::
@@ -472,14 +472,14 @@ def summarise_sweep(root: Path, args: argparse.Namespace) -> None:
     rows = write_sweep(root, args.target_acc, link)
     print(format_sweep(rows, args.target_acc, link), flush=True)
     if not args.no_plots:
-        from scripts.plot_eager_sgd import plot_sweep
+        from research.studies.eager_sgd_plots import plot_sweep
 
         print(f"figure {plot_sweep(root, args.target_acc)}", flush=True)
     print(f"sweep results in {root} (sweep.md, sweep.json)", flush=True)
 
 
 def _plot(root: Path, target_acc: float) -> list[Path]:
-    from scripts.plot_eager_sgd import plot_all
+    from research.studies.eager_sgd_plots import plot_all
 
     return plot_all(root, target_acc)
 

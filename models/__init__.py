@@ -22,21 +22,20 @@ candle_nt3         CANDLE NT3 Conv1D x2, dense 200-20            (60483, 1)
 candle_nt3_tiny    NT3 with 16 filters, dense 32-16              (512, 1)
 =================  ===========================================  ===============
 
-Importing the package adds XLA:CPU flags its models train faster with to
-``XLA_FLAGS`` (``models.xla_cpu``: convolutions on Eigen's thread pool instead of
-single-threaded YNNPACK); ``RESEARCH_XLA_DEFAULTS=0`` opts out.
+Importing the package changes nothing in the process. The XLA:CPU flag its
+models train faster with (``models.xla_cpu``: convolutions on Eigen's thread
+pool instead of single-threaded YNNPACK) is set by the project's launchers and
+experiments for their own ranks; in your own program call
+``models.xla_cpu.apply()`` before the first JAX computation to get it.
 
 This package imports nothing from ``research`` or ``experiments``.
 """
 
-from models import xla_cpu as _xla_cpu
+from models import xla_cpu  # noqa: F401 - models.xla_cpu.apply() for users
 from models.candle import NT3, P1B2
 from models.registry import count_params, get_model, input_shape, list_models
 from models.resnet import ResNet, ResNet18, ResNet50, ResNetTiny
 from models.vgg import VGG, VGG16
-
-# Before any computation: importing the modules above does not start JAX.
-_xla_cpu.apply()
 
 __all__ = [
     "NT3",

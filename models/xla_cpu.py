@@ -1,4 +1,4 @@
-"""XLA:CPU settings the models train fast with, applied when ``models`` is imported.
+"""XLA:CPU settings the models train fast with, applied by the project's entry points.
 
 jaxlib 0.10's XLA:CPU hands convolutions, dots and reductions to YNNPACK by
 default, and its YNNPACK convolutions run on one thread: on the 2-core machine a
@@ -22,8 +22,11 @@ VGG-16     812 ms       651 ms                            840 ms
 1412 ms, VGG-16 1956 -> 1644 ms.
 
 The flag goes into ``XLA_FLAGS``, which XLA reads once, when JAX makes its CPU
-client; so it is added on import of ``models`` (before any computation), and a
-warning says so if JAX was already running. It is left out where the user's
+client. Importing ``models`` does not touch the environment (a library must not
+change its caller's numerics): the launchers put it into their ranks'
+environment (``research.launch.thread_env``) and the experiments and benchmarks
+call :func:`apply` before any computation; a warning says so if JAX was
+already running. It is left out where the user's
 ``XLA_FLAGS`` already sets ``--xla_cpu_experimental_ynn_fusion_type`` (their
 choice wins), where ``RESEARCH_XLA_DEFAULTS=0``, and for a jaxlib outside the
 series it was measured on (an unknown flag makes XLA abort at start-up).

@@ -79,12 +79,12 @@ _BLAS_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _STALE_TOKENS = ("intra_op_parallelism_threads",)
 
 
-def xla_thread_flags(threads: int) -> str:
+def xla_thread_flags(threads: int, model_flags: bool = True) -> str:
     """XLA_FLAGS for ``threads`` per rank: the inherited flags, with
     ``--xla_cpu_multi_thread_eigen=false`` added for one thread (0: untouched),
-    and the models' XLA:CPU defaults (``models.xla_cpu``) unless opted out."""
-    from models.xla_cpu import with_defaults
-
+    and the models' XLA:CPU defaults (``models.xla_cpu``) unless opted out or
+    ``model_flags`` is False (a process that runs no model: nothing of
+    ``models`` is imported then)."""
     flags = [
         f
         for f in os.environ.get("XLA_FLAGS", "").split()
@@ -93,16 +93,21 @@ def xla_thread_flags(threads: int) -> str:
     ]
     if threads == 1:
         flags.append("--xla_cpu_multi_thread_eigen=false")
+    if not model_flags:
+        return " ".join(flags)
+    from models.xla_cpu import with_defaults
+
     return with_defaults(" ".join(flags))
 
 
-def thread_env(threads: int) -> dict[str, str]:
+def thread_env(threads: int, model_flags: bool = True) -> dict[str, str]:
     """Environment that gives each rank ``threads`` compute threads (0: XLA's default).
 
     XLA:CPU's intra-op pool is sized by ``PJRT_NPROC``/``NPROC`` (see
     :data:`THREAD_ENV_VARS`); BLAS and OpenMP pools by their own variables.
+    ``model_flags``: as in :func:`xla_thread_flags`.
     """
-    env = {"XLA_FLAGS": xla_thread_flags(threads)}
+    env = {"XLA_FLAGS": xla_thread_flags(threads, model_flags)}
     if threads > 0:
         for var in (*THREAD_ENV_VARS, *_BLAS_VARS):
             env[var] = str(threads)

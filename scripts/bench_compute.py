@@ -430,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         _with_rank_malloc(sys.argv[1:] if argv is None else argv)
     if args.torch_worker:
         return torch_worker_main()
+    xla_cpu.apply()  # before any computation, as the experiments' ranks get it
     names = [n for n in args.models.split(",") if n]
     unknown = sorted(set(names) - set(SIZES))
     if unknown or args.steps < 5:

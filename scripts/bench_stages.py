@@ -69,6 +69,9 @@ def _setup(args: argparse.Namespace) -> None:
     if args.single_thread:
         flags = os.environ.get("XLA_FLAGS", "")
         os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false"
+    from models import xla_cpu
+
+    xla_cpu.apply()  # the models' XLA:CPU flag, as the experiments' ranks get it
 
 
 def _state(model, batch: int):

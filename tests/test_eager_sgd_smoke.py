@@ -87,6 +87,30 @@ def test_tiny_run_writes_folders_table_and_figures(tmp_path):
     trace = json.loads((out / "solo-s0" / "trace.json").read_text())
     assert any(e.get("cat") == "delay" for e in trace["traceEvents"])
     assert any(e.get("name") == "solo round" for e in trace["traceEvents"])
+    # Provenance, and the docs page rendered from this run folder alone.
+    from research.provenance import read_jobs
+    from scripts.results import render
+
+    (job,) = read_jobs(out)
+    assert job["experiment"] == "eager_sgd" and job["world_size"] == 2
+    assert job["command"].startswith("python -m experiments.eager_sgd --np 2")
+    assert job["cores"] == os.cpu_count() and len(job["load_average"]) == 3
+    (page,) = render([out], tmp_path / "docs")
+    text = page.read_text()
+    assert page.name == "eager_sgd.md" and text.startswith("# eager-SGD")
+    assert job["command"] in text and "(2 ranks, 1 MPI job)" in text
+    table = [line for line in (out / "table.md").read_text().splitlines() if line]
+    assert all(line in text for line in table)
+    assert "ended_utc" in job and len(job["load_average_end"]) == 3
+    assert "![accuracy](eager_sgd/accuracy.png)" in text
+    assert (tmp_path / "docs" / "eager_sgd" / "accuracy.png").is_file()
+
+
+def test_results_refuses_a_folder_without_a_table(tmp_path):
+    from scripts.results import main
+
+    assert main([str(tmp_path), "--out", str(tmp_path / "docs")]) == 2
+    assert not (tmp_path / "docs").exists()
 
 
 @pytest.mark.parametrize(

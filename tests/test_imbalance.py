@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import resource
+import os
+import sys
 import threading
 import time
 
@@ -95,27 +96,40 @@ def test_spec_round_trips():
     assert parse_imbalance("fixed:ranks=0:seconds=1:how=sleep", size=2).how == "sleep"
 
 
-def _cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+def _runnable_s() -> float:
+    """Seconds this process's threads ran or waited to run (schedstat).
+
+    A thread that keeps a core busy accumulates it at the wall-clock rate however
+    loaded the machine is (time it is denied the CPU it spends queued); a thread
+    that sleeps accumulates none. CPU time alone would read low on a loaded
+    machine and fail a correct spin.
+    """
+    total = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/schedstat") as f:
+                run_ns, queued_ns = f.read().split()[:2]
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+        total += int(run_ns) + int(queued_ns)
+    return total / 1e9
 
 
 def test_spin_keeps_a_core_busy_and_sleep_does_not():
     imb = parse_imbalance("fixed:ranks=0:seconds=0.2:how=spin", size=2)
     hold(0.0, "spin")  # compile and calibrate outside the measurement
     for how, seconds in (("spin", 0.2), ("sleep", 0.2)):
-        c0, t0 = _cpu_s(), time.perf_counter()
+        b0, t0 = _runnable_s(), time.perf_counter()
         if how == "spin":
             imb.hold(seconds)
         else:
             hold(seconds)
-        wall, cpu = time.perf_counter() - t0, _cpu_s() - c0
+        wall, busy = time.perf_counter() - t0, _runnable_s() - b0
         assert wall >= seconds
         if how == "spin":
-            # Busy for the whole delay (loose: other jobs may share the core).
-            assert cpu > 0.1 * seconds, (how, wall, cpu)
+            assert busy > 0.8 * wall, (how, wall, busy)
         else:
-            assert cpu < 0.05 * seconds, (how, wall, cpu)
+            assert busy < 0.1 * wall, (how, wall, busy)
 
 
 def test_spin_leaves_the_gil_to_other_threads():
@@ -124,23 +138,29 @@ def test_spin_leaves_the_gil_to_other_threads():
     stop = threading.Event()
 
     def other():
+        # Needs the GIL for every tick and gives it back only while asleep.
         while not stop.is_set():
             ticks.append(time.perf_counter())
-            time.sleep(1e-4)
+            time.sleep(1e-5)
 
+    # With a 100 s switch interval the interpreter never takes the GIL from a
+    # thread that holds it: the other thread can tick during the spin only if the
+    # spin gives the GIL up itself (inside each XLA chunk). No rate is assumed,
+    # so a loaded machine cannot fail it.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(100.0)
     th = threading.Thread(target=other)
-    th.start()
     try:
+        th.start()
         t0 = time.perf_counter()
-        hold(0.3, "spin")
+        hold(0.5, "spin")
         t1 = time.perf_counter()
     finally:
         stop.set()
         th.join()
+        sys.setswitchinterval(interval)
     during = [t for t in ticks if t0 <= t <= t1]
-    # A spin that held the GIL would let the thread in only every 5 ms
-    # (sys.getswitchinterval): at most ~60 ticks in 0.3 s.
-    assert len(during) > 120, len(during)
+    assert len(during) >= 2, len(during)
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,8 @@ def test_plot_modules_import_from_any_folder(tmp_path):
         [
             sys.executable,
             "-c",
-            "import scripts.plot_deepfreeze, scripts.plot_eager_sgd, experiments, "
+            "import scripts.plot_deepfreeze, scripts.plot_eager_sgd, scripts.results, "
+            "research.studies.deepfreeze_plots, experiments, "
             "research, models",
         ],
         cwd=tmp_path,
@@ -27,3 +28,19 @@ def test_plot_modules_import_from_any_folder(tmp_path):
         text=True,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_nothing_imports_the_entry_points():
+    """scripts/ holds entry points: the library, models and experiments never
+    import them (plots live next to their studies in research/studies/)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    offenders = [
+        f"{path.relative_to(root)}:{n}"
+        for pkg in ("research", "models", "experiments")
+        for path in sorted((root / pkg).rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), start=1)
+        if line.strip().startswith(("from scripts", "import scripts"))
+    ]
+    assert not offenders, offenders

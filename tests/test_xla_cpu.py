@@ -1,4 +1,5 @@
-"""``models.xla_cpu``: the XLA:CPU flag the models train faster with, and when set.
+"""``models.xla_cpu``: the XLA:CPU flag the models train faster with, and when set
+(by the entry points: importing ``models`` sets nothing).
 
 The effect is checked on XLA's own compiled program: with the flag a convolution
 is a plain ``convolution`` (Eigen, on the intra-op pool); without it XLA wraps it
@@ -27,6 +28,8 @@ if sys.argv[1] == "jax-first":
     jnp.ones(3).block_until_ready()
 with warnings.catch_warnings(record=True) as caught:
     import models
+    if sys.argv[1] != "import-only":
+        models.xla_cpu.apply()
 import jax, jax.numpy as jnp
 from jax import lax
 x, w = jnp.ones((4, 16, 16, 32)), jnp.ones((3, 3, 32, 32))
@@ -69,7 +72,14 @@ def test_flag_is_added_once_and_the_users_choice_wins():
     assert xla_cpu.with_defaults("", {xla_cpu.OPT_OUT: "0"}) == ""
 
 
-def test_importing_models_takes_convolutions_off_ynnpack():
+def test_importing_models_leaves_the_environment_alone():
+    out = _probe("import-only")
+    assert out["FLAGS"] == ""
+    assert out["YNN_CONV"] == "True"
+    assert out["WARNED"] == "False"
+
+
+def test_apply_takes_convolutions_off_ynnpack():
     out = _probe("models-first")
     assert xla_cpu.FLAG in out["FLAGS"].split()
     assert out["YNN_CONV"] == "False"

@@ -7,7 +7,10 @@
     ckpt.save(step, state, extra={"data": loader.position})   # returns quickly
     ckpt.wait(); ckpt.close()
 
+    state = load(run_dir)   # in any single process later: no mpiexec, no template
+
 Modules: ``deepfreeze`` (the checkpointer), ``baselines``, ``restore``,
+``offline`` (``load``: one process, no MPI), ``read`` (shards without MPI),
 ``snapshot`` (donation-proof capture), ``partition`` (size-balanced shards),
 ``agreement`` (MPI commit rounds), ``manifest``, ``tiers``, ``shard`` (Orbax
 items), ``writer`` (the helper process that writes and flushes shards),
@@ -29,6 +32,8 @@ _EXPORTS = {
     "CheckpointWarning": "manifest",
     "Restored": "restore",
     "restore_latest": "restore",
+    "load": "offline",
+    "NoCheckpointError": "offline",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -29,17 +29,13 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from research.checkpoint.integrity import (
-    LEGACY_CHECKSUM,
-    CorruptShardError,
-    array_crc32,
-    verify_dir,
-)
+from research.checkpoint.integrity import CorruptShardError
 from research.checkpoint.leaves import Flattener, check_compatible, rebuild
 from research.checkpoint.manifest import CheckpointWarning, read_manifest
 from research.checkpoint.partition import LOCAL
-from research.checkpoint.rawshard import RAW_FORMAT, read_raw
-from research.checkpoint.shard import read_shard
+from research.checkpoint.read import assemble as _assemble
+from research.checkpoint.read import load_shard as _load
+from research.checkpoint.read import unit_nbytes as _nbytes
 from research.checkpoint.tiers import Tier
 
 
@@ -70,37 +66,6 @@ class Restored:
         return self.extras[0] if self.extras else {}
 
 
-def _load(path, shard: dict, units: list[dict], verify: bool) -> dict[str, np.ndarray]:
-    """Read and check one shard's units; ``CorruptShardError`` says what is wrong."""
-    # Entries written before the keys existed: Orbax items checksummed with CRC-32.
-    algo = shard.get("checksum") or LEGACY_CHECKSUM
-    raw = shard.get("format") == RAW_FORMAT
-    if verify and shard.get("files"):
-        verify_dir(path, shard["files"], algo)
-    try:
-        names = [u["name"] for u in units]
-        arrays, _ = read_raw(path, names) if raw else read_shard(path, names)
-    except Exception as e:  # noqa: BLE001 - any reader failure means "unusable"
-        who = "the raw reader" if raw else "Orbax"
-        raise CorruptShardError(
-            path, f"{who} cannot read it: {type(e).__name__}: {str(e)[:300]}"
-        ) from e
-    for u in units:
-        a = arrays.get(u["name"])
-        if a is None:
-            raise CorruptShardError(path, f"{u['name']} is missing")
-        if list(a.shape) != list(u["shape"]) or np.dtype(a.dtype).name != u["dtype"]:
-            raise CorruptShardError(
-                path,
-                f"{u['name']} is {a.dtype}{list(a.shape)}, expected "
-                f"{u['dtype']}{u['shape']}",
-            )
-        crc = u.get("crc32")
-        if verify and crc is not None and array_crc32(a, algo) != crc:
-            raise CorruptShardError(path, f"{u['name']}: crc32 mismatch")
-    return arrays
-
-
 def _candidates(comm: MPI.Intracomm, tiers: list[Tier]) -> list[tuple[int, dict]]:
     """``[(step, {tier name: entry})]``, newest first, identical on every rank."""
     cands: dict[int, dict[str, dict]] = {}
@@ -109,10 +74,6 @@ def _candidates(comm: MPI.Intracomm, tiers: list[Tier]) -> list[tuple[int, dict]
             for s, entry in read_manifest(tier.root).get("steps", {}).items():
                 cands.setdefault(int(s), {})[tier.name] = entry
     return comm.bcast(sorted(cands.items(), reverse=True), root=0)
-
-
-def _nbytes(u: dict) -> int:
-    return int(np.prod(u["shape"], dtype=np.int64)) * np.dtype(u["dtype"]).itemsize
 
 
 def _exchange(
@@ -141,24 +102,6 @@ def _exchange(
                 buf[off : off + n].view(np.dtype(u["dtype"])).reshape(u["shape"])
             )
             off += n
-    return out
-
-
-def _assemble(entry: dict, units: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Whole leaves from their units (row blocks concatenated in order)."""
-    pieces: dict[str, list[tuple[int, np.ndarray]]] = {}
-    for u in entry["units"]:
-        if u["name"] in units:
-            start = u["rows"][0] if u.get("rows") else 0
-            pieces.setdefault(u["leaf"], []).append((start, units[u["name"]]))
-    out = {}
-    for leaf, parts in pieces.items():
-        parts.sort(key=lambda p: p[0])
-        out[leaf] = (
-            parts[0][1]
-            if len(parts) == 1
-            else np.concatenate([p for _, p in parts], axis=0)
-        )
     return out
 
 

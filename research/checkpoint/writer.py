@@ -268,7 +268,8 @@ class WriterProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_PASSED)}
         env.update(
             JAX_PLATFORMS="cpu",  # never take an accelerator from the training
-            **thread_env(1),  # one compute thread: the writer only copies
+            # One compute thread, and no model flags: the writer only copies.
+            **thread_env(1, model_flags=False),
             RESEARCH_WRITER_NICE=str(nice),
             RESEARCH_WRITER_IDLE="1" if idle else "0",
             PYTHONPATH=os.pathsep.join(p for p in sys.path if p),

@@ -172,6 +172,7 @@ class ProgressThread:
         self._closed = False
         self._halted = False
         self._min_sleep, self._long_sleep = min_sleep, long_sleep
+        self._rounds = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -202,6 +203,15 @@ class ProgressThread:
     @property
     def thread(self) -> threading.Thread:
         return self._thread
+
+    @property
+    def rounds(self) -> int:
+        """Rounds of polls run so far: each wake-up counts one, none while idle.
+
+        A measure of how often the thread woke, independent of how much CPU a
+        loaded machine gave it (tests check waiting by it, not by CPU time).
+        """
+        return self._rounds
 
     def close(self, timeout: float | None = None) -> None:
         """Finish queued and active tasks, then stop. Idempotent."""
@@ -242,6 +252,7 @@ class ProgressThread:
                 incoming, self._incoming, self._woken = self._incoming, [], False
                 if self._halted:
                     return
+            self._rounds += 1
             progressed = bool(incoming)
             for item in incoming:
                 if item is _STOP:

@@ -69,9 +69,21 @@ class World:
             print(f"r{self.rank} |", *msg, flush=True)
 
 
+#: ``RESEARCH_ABORT_ON_ERROR=0`` keeps :func:`get_world` from installing the
+#: abort hook (for a program that handles every rank's failures itself).
+ABORT_ENV = "RESEARCH_ABORT_ON_ERROR"
+
+
 @functools.lru_cache(maxsize=1)
 def get_world() -> World:
-    """The world of this process; initialises MPI (thread level MULTIPLE) once."""
+    """The world of this process; initialises MPI (thread level MULTIPLE) once.
+
+    In a world of more than one rank it also installs
+    :func:`install_abort_on_error`, so an uncaught exception on any rank ends the
+    job instead of leaving the other ranks inside a collective forever (unless
+    ``RESEARCH_ABORT_ON_ERROR=0``). A world of one is left alone: nothing can
+    wait for it.
+    """
     if not MPI.Is_initialized():  # pragma: no cover - mpi4py initialises on import
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
     from research.malloc import keep_heap
@@ -91,7 +103,10 @@ def get_world() -> World:
             flush=True,
         )
         os._exit(2)
-    return World(comm=comm, rank=comm.Get_rank(), size=comm.Get_size())
+    world = World(comm=comm, rank=comm.Get_rank(), size=comm.Get_size())
+    if world.size > 1 and os.environ.get(ABORT_ENV, "1") != "0":
+        install_abort_on_error()
+    return world
 
 
 def abort(code: int = 1) -> None:

@@ -84,6 +84,8 @@ def start_job(args: argparse.Namespace, experiment: str, *, compile_cache: bool 
 
     Threads per rank first (XLA reads them when it starts), the compile cache,
     MPI, then the abort hook at once, so a failure anywhere after ends the job.
+    Rank 0 appends the job's provenance to ``root/run.json``
+    (:mod:`research.provenance`).
     """
     from research.comm.world import get_world, install_abort_on_error
     from research.launch import set_threads
@@ -93,7 +95,12 @@ def start_job(args: argparse.Namespace, experiment: str, *, compile_cache: bool 
         enable_compile_cache()
     world = get_world()
     install_abort_on_error()
-    return world, run_root(args.run_dir, world, experiment)
+    root = run_root(args.run_dir, world, experiment)
+    if world.rank == 0:
+        from research.provenance import record_job
+
+        record_job(root, experiment, world.size)  # what docs/results cites
+    return world, root
 
 
 def enable_compile_cache() -> None:

@@ -51,20 +51,32 @@ def test_every_push_is_applied_once(world):
 def test_workers_do_not_wait_for_each_other(world):
     if world.size < 2:
         pytest.skip("needs two ranks")
+    # The last rank pushes once, then waits until every other worker has made all
+    # its pushes, and only then makes its own. If a push waited for the other
+    # workers, the fast ones could never finish and the straggler's deadline
+    # would fail the test: an ordering enforced by messages, not by sleeps.
     init = {"w": np.zeros(4, np.float32)}
-    steps, slow = 10, 0.05
+    steps, straggler = 10, world.size - 1
+    side = world.comm.Dup()  # the test's own messages, apart from the server's
     with ParameterServer(world.comm) as ps:
         ps.bind(init, sgd(0.1))
-        world.barrier()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            if world.rank == world.size - 1:
-                time.sleep(slow)  # one straggler
+        ps.push_pull({"w": np.ones(4, np.float32)})
+        if world.rank == straggler:
+            pending = [side.irecv(source=r, tag=7) for r in range(straggler)]
+            deadline = time.monotonic() + 120
+            while not all(req.Test() for req in pending):
+                assert time.monotonic() < deadline, "fast workers were held back"
+                time.sleep(1e-3)
+        else:
+            for _ in range(steps - 1):
+                _, info = ps.push_pull({"w": np.ones(4, np.float32)})
+            side.send(info.round, dest=straggler, tag=7)
+        for _ in range(steps - 1 if world.rank == straggler else 0):
             ps.push_pull({"w": np.ones(4, np.float32)})
-        elapsed = time.perf_counter() - t0
-        ps.finish()
-    if world.rank != world.size - 1:
-        assert elapsed < steps * slow / 2, f"a fast worker took {elapsed:.3f} s"
+        final, finfo = ps.finish()
+    side.Free()
+    assert finfo.round == steps * world.size
+    np.testing.assert_allclose(final["w"], -0.1 * steps * world.size, rtol=1e-6)
 
 
 def test_optimizer_update_and_averager(world):
