@@ -61,6 +61,7 @@ its copy of every input, and the divide as a pass of its own); host 45.7 ms
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from typing import Any
 
@@ -91,6 +92,24 @@ def _plan_key(tree: Any) -> tuple:
         tuple(tuple(x.shape) for x in leaves),
         tuple(np.dtype(x.dtype).str for x in leaves),
     )
+
+
+#: Dtypes whose mean the ring folds into its last step; other inexact dtypes
+#: (complex) are summed by MPI and divided after.
+_RING_DIVIDES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _agree_on_ring(comm: Any, native: bool, world: Any) -> tuple[bool, str]:
+    """``(use_ring, choice)``: the ranks' common choice between the ring and
+    MPI's own allreduce (:func:`research.comm.ring.agree`), and which one runs
+    and why (the averager's ``allreduce_choice``, recorded with the run).
+    Rank 0 says so once when MPI's is used because a rank could not load it."""
+    if comm is None:  # a world of one: nothing to sum
+        return False, "none: a world of one rank"
+    use, why = ring.agree(comm, native)
+    if not use and native and world.rank == 0:
+        print(f"r0 | {why}; using MPI's own allreduce", file=sys.stderr, flush=True)
+    return use, why
 
 
 class _PlanCache:
@@ -155,6 +174,8 @@ class FusedAllreduce(Averager):
         in_place: bool = False,
         segment_bytes: int | None = None,
     ) -> None:
+        if segment_bytes is not None:
+            ring.check_segment_bytes(segment_bytes)
         self.world = world
         self.sequential = sequential
         self.prescale = prescale
@@ -165,6 +186,7 @@ class FusedAllreduce(Averager):
         self._plans = _PlanCache(bucket_bytes, alone_bytes)
         # Size 1 never touches MPI, not even to Dup a communicator.
         self.comm = world.dup("dense-fused") if world.size > 1 else None
+        self._use_ring, self.allreduce_choice = _agree_on_ring(self.comm, native, world)
 
     def plan(self, grads: Any) -> FusionPlan:
         """The bucket plan used for trees shaped like ``grads``."""
@@ -180,12 +202,9 @@ class FusedAllreduce(Averager):
         return chain.run(plan.flatten(grads), allreduce)
 
     def uses_ring(self) -> bool:
-        """True when the sums go through :mod:`research.comm.ring`."""
-        if not self.native:
-            return False
-        from research.comm import ring
-
-        return ring.available()
+        """True when the sums go through :mod:`research.comm.ring` (decided by
+        every rank together when the averager was built; see ``allreduce``)."""
+        return self._use_ring
 
     def _allreduce(self) -> tuple[Any, bool]:
         """``(allreduce(x, divisor), fold)``: the ring where available (it
@@ -198,6 +217,11 @@ class FusedAllreduce(Averager):
                 opts["segment_bytes"] = self.segment_bytes
 
             def summed(x: Any, divisor: int) -> Any:
+                if divisor > 1 and np.dtype(x.dtype) not in _RING_DIVIDES:
+                    # complex: MPI's sum in place (the ring takes real floats
+                    # and ints), then the mean as a pass of its own.
+                    total = ring.allreduce(x, op=MPI.SUM, comm=self.comm, **opts)
+                    return (total / divisor).astype(x.dtype)
                 return ring.allreduce(
                     x, op=MPI.SUM, comm=self.comm, divisor=divisor, **opts
                 )
@@ -402,6 +426,7 @@ class HostAllreduce(Averager):
         # Whole leaves per bucket, so that results are views into the buckets.
         self._buffers = _PlanCache(bucket_bytes, alone_bytes, split_leaves=False)
         self.comm = world.dup("dense-host") if world.size > 1 else None
+        self._use_ring, self.allreduce_choice = _agree_on_ring(self.comm, native, world)
         self._round = 0
 
     def plan(self, grads: Any) -> FusionPlan:
@@ -426,7 +451,7 @@ class HostAllreduce(Averager):
             round=self._round,
         ) as span:
             t0 = time.perf_counter()
-            use_ring = self._uses_ring()
+            use_ring = self.uses_ring()
             if use_ring:
                 buffers, direct = self._ring(grads, host)
             else:
@@ -435,18 +460,20 @@ class HostAllreduce(Averager):
                 buffers, direct = host.pack(grads, scale=self.size), {}
             t1 = time.perf_counter()
             for i, buf in enumerate(buffers):
+                folded = buf.dtype in _RING_DIVIDES
                 if use_ring:
-                    floats = not np.issubdtype(buf.dtype, np.integer)
                     ring.host_allreduce(
                         direct.get(i, buf),
                         buf,
                         comm=self.comm,
-                        divisor=self.size if floats else 1,
+                        divisor=self.size if folded else 1,
                     )
                 else:
                     self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
                 if np.issubdtype(buf.dtype, np.integer):
                     np.floor_divide(buf, self.size, out=buf)
+                elif use_ring and not folded:  # complex: summed, not yet divided
+                    np.divide(buf, self.size, out=buf)
             emulated = 0.0
             if self.link.emulated:
                 model = sum(self.link.allreduce(b.nbytes, self.size) for b in buffers)
@@ -475,8 +502,10 @@ class HostAllreduce(Averager):
         )
         return out, info
 
-    def _uses_ring(self) -> bool:
-        return self.native and ring.available()
+    def uses_ring(self) -> bool:
+        """True when the sums go through :mod:`research.comm.ring` (decided by
+        every rank together when the averager was built)."""
+        return self._use_ring
 
     def _ring(self, grads: Any, host: HostBuffers) -> tuple[list, dict]:
         """Pack what the ring cannot read in place; the buckets, and for the
@@ -487,6 +516,8 @@ class HostAllreduce(Averager):
         for i in range(len(plan.buckets)):
             if plan.zero_copy(i):
                 flat = np.asarray(leaves[plan.buckets[i].segments[0].leaf]).reshape(-1)
-                if flat.flags.c_contiguous:
+                # A numpy float64 leaf without jax_enable_x64 travels (and comes
+                # back) as float32, as in jax: packed, cast, not read in place.
+                if flat.flags.c_contiguous and flat.dtype == plan.buckets[i].dtype:
                     direct[i] = flat
         return host.pack(grads, skip=direct), direct

@@ -72,21 +72,95 @@ def _cache_dir() -> Path:
 
 
 def _mpicxx() -> str:
+    """The C++ wrapper of the MPI mpi4py was built with (its ``mpicc``'s
+    sibling, for an mpi4py built from source against a site MPI), else the
+    environment's (the mpich wheel's), else the PATH's."""
+    try:
+        import mpi4py
+
+        mpicc = mpi4py.get_config().get("mpicc")
+    except Exception:  # noqa: BLE001 - an mpi4py without its build config
+        mpicc = None
+    if mpicc:
+        sibling = Path(mpicc).with_name(Path(mpicc).name.replace("mpicc", "mpicxx"))
+        if sibling.exists():
+            return str(sibling)
     local = Path(sys.executable).parent / "mpicxx"
     return str(local) if local.exists() else "mpicxx"
 
 
+def _compiler_id(cxx: str) -> str:
+    try:
+        out = subprocess.run(
+            [cxx, "--version"], capture_output=True, text=True, timeout=30
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
 def library_path() -> Path:
-    """Where the compiled handler for this source, jaxlib and MPI lives."""
+    """Where the compiled handler for this source, jaxlib, MPI, compiler and
+    machine lives (a cache shared by nodes of different kinds keeps apart)."""
+    import platform
+
     import jaxlib
     from mpi4py import MPI
 
+    cxx = _mpicxx()
     key = hashlib.sha256()
-    key.update(SOURCE.read_bytes())
-    key.update(jaxlib.__version__.encode())
-    key.update(MPI.Get_library_version().encode())
-    key.update(_mpicxx().encode())
+    for part in (
+        SOURCE.read_text(),
+        jaxlib.__version__,
+        MPI.Get_library_version(),
+        cxx,
+        _compiler_id(cxx),
+        platform.machine(),
+        platform.libc_ver()[1],
+    ):
+        key.update(part.encode() + b"\0")
     return _cache_dir() / f"ring_allreduce-{key.hexdigest()[:16]}.so"
+
+
+def _not_private(path: Path) -> str | None:
+    """Why ``path`` must not be trusted: not owned by us (or root), or
+    writable by group or others (anyone who can write there could make every
+    rank run their code). The same rule as :mod:`research.privdir`, kept here
+    because research/comm imports nothing of the project but the trace."""
+    try:
+        st = path.lstat()
+    except OSError as e:
+        return f"{path}: {e.strerror or e}"
+    if st.st_uid not in (os.getuid(), 0):
+        return f"{path} belongs to uid {st.st_uid}, not to us"
+    if st.st_mode & 0o022:
+        return f"{path} is writable by others (mode {st.st_mode & 0o777:o})"
+    return None
+
+
+#: Largest ``segment_bytes``: one MPI message's element count must fit an int.
+MAX_SEGMENT_BYTES = 2**31 - 1
+
+
+def check_segment_bytes(segment_bytes: Any) -> int:
+    """``segment_bytes`` as an int, or ``ValueError`` naming the allowed range
+    (checked before any communication, on every rank alike)."""
+    if isinstance(segment_bytes, bool) or not isinstance(segment_bytes, int):
+        raise ValueError(f"segment_bytes must be an int, got {segment_bytes!r}")
+    if not 1 <= segment_bytes <= MAX_SEGMENT_BYTES:
+        raise ValueError(
+            f"segment_bytes must be in 1..{MAX_SEGMENT_BYTES} (2**31 - 1), "
+            f"got {segment_bytes}"
+        )
+    return segment_bytes
+
+
+def _mpi_family(text: str) -> str:
+    if "Open MPI" in text:
+        return "Open MPI"
+    if any(s in text for s in ("MPICH", "Intel(R) MPI", "MVAPICH")):
+        return "MPICH"
+    return "unknown"
 
 
 def build() -> Path:
@@ -98,13 +172,18 @@ def build() -> Path:
     import jax.ffi
 
     lib = library_path()
+    failed = lib.with_suffix(".failed")
     if lib.exists():
         return lib
-    lib.parent.mkdir(parents=True, exist_ok=True)
+    if failed.exists():  # remembered: no rank retries a build that failed
+        raise RuntimeError(f"an earlier build failed ({failed}): {failed.read_text()}")
+    lib.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with open(lib.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another rank may be building it
         if lib.exists():
             return lib
+        if failed.exists():
+            raise RuntimeError(f"an earlier build failed: {failed.read_text()}")
         tmp = lib.with_suffix(f".{os.getpid()}.tmp")
         cmd = [
             _mpicxx(),
@@ -118,12 +197,15 @@ def build() -> Path:
             "-o",
             str(tmp),
         ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            why = f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr[-2000:]}"
+        except OSError as e:  # no compiler at all
+            proc, why = None, f"{cmd[0]}: {e.strerror or e}"
+        if proc is None or proc.returncode != 0:
             tmp.unlink(missing_ok=True)
-            raise RuntimeError(
-                f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr[-2000:]}"
-            )
+            failed.write_text(why)
+            raise RuntimeError(why)
         os.replace(tmp, lib)
     return lib
 
@@ -134,8 +216,26 @@ def _load() -> Any:
         return _state["primitive"]
     try:
         import jax.ffi
+        from mpi4py import MPI
 
-        lib = ctypes.CDLL(str(build()))
+        path = build()
+        for item in (path.parent, path):
+            unsafe = _not_private(item)
+            if unsafe:
+                raise RuntimeError(f"not loading the native library: {unsafe}")
+        lib = ctypes.CDLL(str(path))
+        lib.research_ring_mpi_headers.restype = ctypes.c_char_p
+        headers = lib.research_ring_mpi_headers().decode()
+        runtime = _mpi_family(MPI.Get_library_version())
+        if "unknown" not in (headers, runtime) and headers != runtime:
+            raise RuntimeError(
+                f"built against {headers}'s mpi.h but this process runs {runtime} "
+                f"({MPI.Get_library_version().splitlines()[0].strip()}): rebuild "
+                "with that MPI's mpicxx on PATH, or install mpi4py against the "
+                "same MPI"
+            )
+        lib.research_ring_calls.restype = ctypes.c_int64
+        _state["calls"] = lib.research_ring_calls
         host = lib.research_ring_allreduce_host
         host.argtypes = (
             ctypes.c_void_p,
@@ -165,6 +265,38 @@ def unavailable_reason() -> str | None:
     """Why :func:`available` is False (None when it is True)."""
     _load()
     return _state.get("reason")
+
+
+def ring_calls() -> int:
+    """Reductions the ring itself ran in this process (its fallback to
+    ``MPI_Allreduce`` for small buffers and other dtypes not counted)."""
+    return int(_state["calls"]()) if _load() is not None else 0
+
+
+def agree(comm: Any, native: bool = True) -> tuple[bool, str]:
+    """Whether every rank of ``comm`` uses the ring, decided together.
+
+    Collective (one allgather): each rank says whether it can load the ring
+    (a rank that cannot build it, a library not ours, an MPI mismatch), and
+    the ring is used only if every rank can; otherwise every rank uses MPI's
+    own allreduce. Ranks never decide alone between two collectives: one
+    rank in the ring's ``MPI_Sendrecv`` and another in ``MPI_Allreduce``
+    would wait for each other forever.
+
+    Returns:
+      ``(use_ring, why)``: ``why`` names the allreduce chosen and, when it is
+      MPI's, each rank's reason.
+    """
+    mine = None if native else "native=False"
+    if mine is None:
+        mine = unavailable_reason()
+    reasons = comm.allgather(mine)
+    if all(r is None for r in reasons):
+        return True, "ring: every rank loaded research/comm/native/ring_allreduce.cc"
+    if not native:
+        return False, "MPI_Allreduce: native=False"
+    bad = "; ".join(f"rank {r}: {why}" for r, why in enumerate(reasons) if why)
+    return False, f"MPI_Allreduce: the ring could not be used on every rank ({bad})"
 
 
 def _make_primitive() -> Any:
@@ -272,7 +404,7 @@ def allreduce(
         comm=_hashable(comm),
         divisor=divisor,
         in_place=bool(in_place),
-        segment_bytes=int(segment_bytes),
+        segment_bytes=check_segment_bytes(segment_bytes),
     )
 
 
@@ -322,6 +454,7 @@ def host_allreduce(
         raise ValueError(
             f"src {src.dtype}[{src.size}] and dst {dst.dtype}[{dst.size}] differ"
         )
+    check_segment_bytes(segment_bytes)
     msg = ctypes.create_string_buffer(512)
     rc = _state["host"](
         src.ctypes.data,

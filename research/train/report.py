@@ -43,7 +43,12 @@ def config_record(t: Trainer) -> dict[str, Any]:
     return {
         "config": t.config,
         "world_size": t.world.size,
-        "strategy": {"name": t.averager.name, "executor": t.averager.executor},
+        "strategy": {
+            "name": t.averager.name,
+            "executor": t.averager.executor,
+            # Which dense allreduce runs and why (research.comm.ring.agree).
+            "allreduce": getattr(t.averager, "allreduce_choice", None),
+        },
         "link": link_label(t.config.link),
         "imbalance": getattr(t.imbalance, "describe", lambda: t.imbalance.name)(),
         "model_params": param_count(t.state.params),
@@ -77,6 +82,7 @@ def summary_record(t: Trainer) -> dict[str, Any]:
         "steps": t.step,
         "world_size": t.world.size,
         "strategy": t.averager.name,
+        "allreduce": getattr(t.averager, "allreduce_choice", None),
         "model": t.config.model,
         "dataset": t.config.dataset,
         "link": link_label(t.config.link),

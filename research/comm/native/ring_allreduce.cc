@@ -23,6 +23,7 @@
 // buffers (below `ring_min_bytes`, where 2(P-1) latencies would dominate) go to
 // MPI_Allreduce in place, divided afterwards.
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 #include <cstring>
@@ -37,6 +38,10 @@
 namespace ffi = xla::ffi;
 
 namespace {
+
+// Reductions the ring itself ran (not the MPI_Allreduce fallback); read by
+// research_ring_calls(), so tests can tell the ring from its fallback.
+std::atomic<int64_t> ring_calls{0};
 
 // MPI handles travel as int64 attributes: ints in MPICH, pointers elsewhere.
 template <typename H>
@@ -173,6 +178,7 @@ int Allreduce(const char* src, char* dst, size_t nbytes, MPI_Datatype t, MPI_Op 
   if (kind != nullptr && op == MPI_SUM && size > 1 &&
       nbytes >= static_cast<size_t>(ring_min_bytes) &&
       count >= static_cast<size_t>(size)) {
+    ring_calls.fetch_add(1, std::memory_order_relaxed);
     return Ring(src, dst, count, t, *kind, comm, divisor,
                 static_cast<size_t>(segment_bytes));
   }
@@ -242,4 +248,20 @@ extern "C" int research_ring_allreduce_host(const void* src, void* dst,
     msg[n] = '\0';
   }
   return rc == MPI_SUCCESS ? 0 : (rc == -1 ? 2 : 1);
+}
+
+// How many reductions the ring ran in this process (its fallback not counted).
+extern "C" int64_t research_ring_calls() { return ring_calls.load(); }
+
+// Whose mpi.h this library was compiled against: its handle types and
+// constants are that MPI's, so research/comm/ring.py refuses to load it into a
+// process whose libmpi is another family's (mpi4jax makes the same check).
+extern "C" const char* research_ring_mpi_headers() {
+#if defined(OPEN_MPI)
+  return "Open MPI";
+#elif defined(MPICH_VERSION)
+  return "MPICH";
+#else
+  return "unknown";
+#endif
 }
