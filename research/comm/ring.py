@@ -218,6 +218,11 @@ def _load() -> Any:
         import jax.ffi
         from mpi4py import MPI
 
+        folder = library_path().parent
+        if folder.exists():  # refused before anything is compiled into it
+            unsafe = _not_private(folder)
+            if unsafe:
+                raise RuntimeError(f"not building or loading the ring: {unsafe}")
         path = build()
         for item in (path.parent, path):
             unsafe = _not_private(item)
