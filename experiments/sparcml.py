@@ -110,7 +110,13 @@ from typing import Any
 from research.cli import config_from_args
 from research.launch import UsageError, fail_usage, maybe_relaunch
 from research.studies.presets import experiment_parser, start_job
-from research.studies.sparcml import ARMS, DENSITIES, RESNET50_DIM, run_experiment
+from research.studies.sparcml import (
+    ARMS,
+    COMM_BOUND,
+    DENSITIES,
+    RESNET50_DIM,
+    run_experiment,
+)
 from research.train.config import TrainConfig
 
 PROG = "python -m experiments.sparcml"
@@ -163,6 +169,30 @@ def build_parser():
         help="training seeds, every arm each (mean +- std); default %(default)s",
     )
     g.add_argument("--target-acc", type=float, default=0.8)
+    c = p.add_argument_group("communication-bound comparison (--comm-bound)")
+    c.add_argument(
+        "--comm-bound",
+        action="store_true",
+        help="also train dense / top-k + EF / top-k 4-bit on big models",
+    )
+    c.add_argument(
+        "--cb-models",
+        nargs="+",
+        default=["candle_p1b2", "resnet50"],
+        choices=sorted(COMM_BOUND),
+        help="default %(default)s",
+    )
+    c.add_argument(
+        "--cb-links", nargs="+", default=["10gbps", "real"], help="default %(default)s"
+    )
+    c.add_argument("--cb-steps", type=int, default=60)
+    c.add_argument("--cb-eval-every", type=int, default=10)
+    c.add_argument(
+        "--cb-target",
+        type=float,
+        default=None,
+        help="test accuracy to reach (default: per model, 0.3 for P1B2, 0.2 else)",
+    )
     g.add_argument("--no-plots", action="store_true", help="skip the figures")
     return p
 
@@ -177,10 +207,15 @@ def parse(argv: list[str]):
         fail_usage(PROG, "--densities must lie in (0, 1]")
     if not 0 < args.train_density <= 1:
         fail_usage(PROG, "--train-density must lie in (0, 1]")
-    try:
-        Link.parse(args.bench_link)
-    except ValueError as e:
-        fail_usage(PROG, f"--bench-link: {e}")
+    for name, spec in [("--bench-link", args.bench_link)] + [
+        ("--cb-links", x) for x in args.cb_links
+    ]:
+        try:
+            Link.parse(spec)
+        except ValueError as e:
+            fail_usage(PROG, f"{name}: {e}")
+    if args.cb_steps < 1:
+        fail_usage(PROG, "--cb-steps must be >= 1")
     return args
 
 
