@@ -183,7 +183,10 @@ def build_parser():
         help="default %(default)s",
     )
     c.add_argument(
-        "--cb-links", nargs="+", default=["10gbps", "real"], help="default %(default)s"
+        "--cb-links",
+        nargs="+",
+        default=["1gbps", "10gbps", "real"],
+        help="default %(default)s",
     )
     c.add_argument("--cb-steps", type=int, default=60)
     c.add_argument("--cb-eval-every", type=int, default=10)

@@ -367,7 +367,7 @@ def train_checks(results: list[dict[str, Any]]) -> list[str]:
 # -- the communication-bound comparison ----------------------------------------
 #: Models of the comparison: what each trains on (full sizes; tiny ones for tests).
 COMM_BOUND: dict[str, dict[str, Any]] = {
-    "candle_p1b2": {"dataset": "synthetic_tabular", "batch_size": 32, "target": 0.3},
+    "candle_p1b2": {"dataset": "synthetic_tabular", "batch_size": 32, "target": 0.25},
     "resnet50": {
         "dataset": "synthetic_images",
         "data_options": {"image_size": 32},

@@ -41,9 +41,10 @@ shows.
 Segments smaller than ``EXACT_BELOW`` entries, or where the sample would cover
 half the segment, skip the sample and select exactly after the pass.
 
-Measured (this 2-core machine, shared, ``scripts/bench_select.py``): see that
-script's docstring for the current figures; the jitted ``jax.lax.top_k`` of the
-same ResNet-50-sized gradient took 599 ms quiet and 2.3 s loaded.
+Measured with ``python -m scripts.bench_select`` (the current figures are in
+``experiments/sparcml.py``'s docstring; what was tried first is in
+``docs/journal.md``): at ResNet-50 size it costs about 2.3 memory passes and
+1/30 of the jitted ``jax.lax.top_k``.
 """
 
 from __future__ import annotations
