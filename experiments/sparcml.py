@@ -33,7 +33,7 @@ What runs (one MPI job, ``research/studies/sparcml.py``):
   of ``research/studies/sparcml_comm.py``: dense, top-k 1% + EF
   and top-k 1% + EF with 4-bit values on CANDLE P1B2 (29.5M parameters, an MLP
   with little compute per byte) and ResNet-50 at 32x32, on emulated 1 and 10
-  Gb/s links and the real one (labelled), one seed, 50 steps by default: step
+  Gb/s links and the real one (labelled), one seed, 60 steps by default: step
   time, time to a target accuracy, final accuracy, and a check that top-k is
   faster to the target than dense on each emulated link.
 
@@ -90,7 +90,7 @@ part alone measured select 433 ms, one pass 128 ms, the dense allreduce 1583
 ms, too loaded to decide anything. (That first run pooled step times across
 rounds and printed 0.794; the script now compares round by round.)
 
-Communication-bound training (``--comm-bound``, 4 ranks on the 2 cores, top-k
+Communication-bound training (``--comm-bound --cb-steps 50``, 4 ranks on the 2 cores, top-k
 1%, 50 steps, seed 0; 16:08-16:39 UTC, load rising from 4 to 21 during the
 ResNet-50 arms, so those are not comparable among themselves)::
 
