@@ -90,8 +90,8 @@ part alone measured select 433 ms, one pass 128 ms, the dense allreduce 1583
 ms, too loaded to decide anything. (That first run pooled step times across
 rounds and printed 0.794; the script now compares round by round.)
 
-Communication-bound training (``--comm-bound --cb-steps 50``, 4 ranks on the 2 cores, top-k
-1%, 50 steps, seed 0; 16:08-16:39 UTC, load rising from 4 to 21 during the
+Communication-bound training (``--comm-bound --cb-steps 50``, 4 ranks on the
+2 cores, top-k 1%, seed 0; 16:08-16:39 UTC, load rising from 4 to 21 during the
 ResNet-50 arms, so those are not comparable among themselves)::
 
     model       link    arm        ms/step  target  reached  final acc  MB/step/rank
