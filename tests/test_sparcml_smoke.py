@@ -39,7 +39,7 @@ def test_tiny_run_prints_both_tables_and_checks(tmp_path):
     assert "training: cnn_small, 2 ranks" in out
     assert "measured bytes / model within 1.05x" in out
     assert "top-k 1% + error feedback within 0.5 points" in out
-    assert "(2 seeds: mean +- std)" in out and "std over 2 seeds" in out
+    assert "(2 seeds: mean +- std)" in out and "(2 s.e., 2 seeds)" in out
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     # 2 densities x (4 algorithms + auto) at P = 2.
     assert len(results["bench"]) == 10
@@ -53,3 +53,41 @@ def test_tiny_run_prints_both_tables_and_checks(tmp_path):
     assert arms["topk_ef"]["bytes_per_step"] < 0.2 * arms["dense"]["bytes_per_step"]
     for name in ("time_vs_density.png", "accuracy.png", "table.md"):
         assert (tmp_path / "run" / name).exists()
+
+
+def test_tiny_communication_bound_comparison(tmp_path):
+    """``--comm-bound`` alone, tiny models: the table, the check, the rows."""
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        PYTHONUNBUFFERED="1",
+        RESEARCH_SPARSE_COST=str(tmp_path / "cost.json"),
+    )
+    for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI"):
+        env.pop(var, None)
+    args = ["--np", "2", "--skip-bench", "--arms", "--comm-bound"]
+    args += ["--cb-models", "candle_p1b2_tiny", "--cb-links", "10gbps", "real"]
+    args += ["--cb-steps", "3", "--cb-eval-every", "3", "--cb-target", "0.05"]
+    args += ["--no-progress", "--no-plots", "--run-dir", str(tmp_path / "run")]
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.sparcml", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "communication-bound training, 2 ranks" in proc.stdout
+    assert "candle_p1b2_tiny, 10gbps: top-k + EF faster to 0.05" in proc.stdout
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    rows = results["comm_bound"]
+    assert {(r["link"], r["arm"]) for r in rows} == {
+        (link, arm)
+        for link in ("10gbps", "real")
+        for arm in ("dense", "topk_ef", "topk_4bit")
+    }
+    by = {(r["link"], r["arm"]): r for r in rows}
+    assert (
+        by["real", "topk_ef"]["bytes_per_step"] < by["real", "dense"]["bytes_per_step"]
+    )

@@ -5,7 +5,8 @@ from __future__ import annotations
 from research.comm.link import Link
 from research.comm.sparse.cost import DEFAULTS, choose
 from research.comm.sparse.strategy import link_model
-from research.studies.sparcml import bench_checks, crossover
+from research.studies.sparcml import bench_checks, crossover, train_checks, verdict
+from research.studies.sparcml_comm import comm_bound_checks
 
 DIM = 1_000_000
 
@@ -60,3 +61,55 @@ def test_checks_pass_and_fail_on_the_numbers():
     assert any("sparse (auto) / dense" in c for c in fails)
     assert any("auto / best fixed" in c for c in fails)
     assert any("measured bytes / model" in c for c in fails)
+
+
+def _arm(name, accs):
+    import statistics
+
+    return {
+        "arm": name,
+        "seeds": list(range(len(accs))),
+        "final_accs": accs,
+        "final_test_acc": statistics.fmean(accs),
+        "final_acc_std": statistics.stdev(accs) if len(accs) > 1 else 0.0,
+    }
+
+
+def test_accuracy_checks_say_undecided_when_the_interval_straddles():
+    assert verdict(0.1, 0.4, 0.5) == "PASS"
+    assert verdict(0.6, 0.9, 0.5) == "FAIL"
+    assert verdict(0.2, 0.9, 0.5) == "UNDECIDED"
+    assert verdict(1.5, 2.0, 1.0, above=True) == "PASS"
+    # Tight seeds: a 0.2-point gap passes; noisy seeds with a 0.8 gap: undecided.
+    tight = train_checks(
+        [_arm("dense", [0.90, 0.901]), _arm("topk_ef", [0.898, 0.899])]
+    )
+    assert tight[0].startswith("PASS"), tight
+    noisy = train_checks([_arm("dense", [0.90, 0.92]), _arm("topk_ef", [0.89, 0.914])])
+    assert noisy[0].startswith("UNDECIDED") and "+-" in noisy[0], noisy
+    one = train_checks([_arm("dense", [0.9]), _arm("topk_ef", [0.8])])
+    assert one[0].startswith("UNDECIDED") and "one seed" in one[0]
+
+
+def test_comm_bound_check_compares_time_to_target_on_emulated_links_only():
+    def row(link, arm, t, step):
+        return {
+            "model": "candle_p1b2",
+            "link": link,
+            "arm": arm,
+            "time_to_target_s": t,
+            "mean_step_s": step,
+            "final_test_acc": 0.5,
+            "target": 0.3,
+        }
+
+    rows = [
+        row("10gbps", "dense", 20.0, 0.4),
+        row("10gbps", "topk_ef", 12.0, 0.25),
+        row("real", "dense", 5.0, 0.1),
+        row("real", "topk_ef", 9.0, 0.2),
+    ]
+    checks = comm_bound_checks(rows)
+    assert len(checks) == 1 and checks[0].startswith("PASS"), checks
+    rows[1]["time_to_target_s"] = None
+    assert comm_bound_checks(rows)[0].startswith("FAIL  candle_p1b2, 10gbps")

@@ -3,16 +3,28 @@
 One step on each rank::
 
     grads = grad_step(state, x, y)                          # jitted
-    g   = flat(grads) + wd * flat(params)                   # jitted, local decay
+    g   = flat(grads) + wd * flat(params)                   # local decay
     acc = residual + g            (error feedback; else g)
     idx, vals = top-k |acc|       (global, or each parameter array on its own)
     residual' = acc with idx zeroed   (error feedback; else no residual)
     mean = sparse_allreduce(idx, vals) / P                  # host (SparCML)
     state = apply_step(state, unflat(mean))                 # jitted, no decay
 
-Selection and residual run in one jitted program; only the selected pairs go to
-the host. Dense warm-up steps allreduce ``g`` whole and leave the residual as it
-is. The residual is a flat float32 vector in ``state.strategy["residual"]``: it
+``select="threshold"`` (default): the four middle lines are one pass on the
+host over zero-copy views of the gradient's leaves, into a residual buffer the
+executor keeps (:class:`research.comm.sparse.select.TopKSelector`: the exact
+top-k set, exactly k entries); the mean is decoded into a reused buffer
+(:class:`research.comm.sparse.strategy.MeanBuffer`) whose views are the
+update's gradient. No gradient-sized buffer is allocated per step.
+``select="exact"``: selection and residual in one jitted program with
+``jax.lax.top_k`` (for comparison; a sort of the whole gradient).
+
+Dense warm-up steps allreduce ``g`` whole and leave the residual as it is. The
+residual is a flat float32 vector in ``state.strategy["residual"]``. With
+``threshold`` the executor's buffer is the live residual and the state's entry
+is a copy made by ``drain`` (the loop drains before every evaluation,
+checkpoint snapshot and at the end), so read it after a drain; a state given
+back by a restore is taken into the buffer at the next step. It
 is checkpointed with the state, and DeepFreeze saves and restores it per rank
 (``"strategy"`` is rank-local by default, ``research.checkpoint.config``). The
 single-copy baselines (rank0-sync and the like) save rank 0's residual and give
@@ -27,12 +39,15 @@ and selection; the loop builds this strategy's optimizer without it
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from research.comm.sparse.select import TopKSelector
+from research.comm.sparse.strategy import MeanBuffer
 from research.trace import get_tracer
 from research.train import step as steps
 from research.train.executors import (
@@ -89,7 +104,7 @@ def _flat_decayed(wd: float):
 
 @register_executor("sparse")
 class SparseExecutor(Executor):
-    """Jitted gradient and top-k selection, host sparse allreduce, jitted update."""
+    """Top-k selection with error feedback, host sparse allreduce, jitted update."""
 
     def start(self, state: TrainState) -> TrainState:
         avg = self.averager
@@ -102,13 +117,32 @@ class SparseExecutor(Executor):
             raise ValueError(f"sparse strategy needs float32 parameters: {flat.dtype}")
         if self.dim >= 2**31:
             raise ValueError("sparse strategy: more than 2**31 - 1 parameters")
+        leaves = jax.tree.leaves(state.params)
+        self._shapes = [tuple(x.shape) for x in leaves]
+        leaf_sizes = [int(x.size) for x in leaves]
         if avg.scope == "global":
-            sizes = [self.dim]
+            sizes, segments = [self.dim], None
         else:
-            sizes = [int(x.size) for x in jax.tree.leaves(state.params)]
+            sizes = leaf_sizes
+            segments = [(i, i + 1) for i in range(len(leaf_sizes))]
         ks = [avg.k_for(n) for n in sizes]
         self.k = sum(ks)
-        self._select = make_select(sizes, ks, wd, avg.error_feedback)
+        self.threshold = getattr(avg, "select", "exact") == "threshold"
+        if self.threshold:
+            self._selector = TopKSelector(
+                leaf_sizes,
+                ks,
+                segments=segments,
+                wd=wd,
+                error_feedback=avg.error_feedback,
+                seed=avg.seed,
+            )
+            self._residual = np.zeros(self.dim, np.float32)
+            self._adopted: Any = None  # the state's residual the buffer holds
+            self._mean = MeanBuffer(self.dim, avg.size)
+            self._treedef = jax.tree.structure(state.params)
+        else:
+            self._select = make_select(sizes, ks, wd, avg.error_feedback)
         self._flat = _flat_decayed(wd)
         self._unravel = jax.jit(self._unravel_fn)
         if not avg.error_feedback:
@@ -120,14 +154,40 @@ class SparseExecutor(Executor):
             state = state.replace(strategy=strategy)
         return state
 
+    def _views(self, flat: np.ndarray) -> Any:
+        """The tree of ``flat``'s pieces shaped like the parameters (no copy)."""
+        out, off = [], 0
+        for shape in self._shapes:
+            n = int(np.prod(shape, dtype=np.int64))
+            out.append(flat[off : off + n].reshape(shape))
+            off += n
+        return jax.tree.unflatten(self._treedef, out)
+
+    def _select_host(self, state: TrainState, grads: Any, step: int):
+        """Threshold selection on the host; the executor's buffer is the residual."""
+        if self.averager.error_feedback:
+            held = state.strategy.get("residual")
+            if held is not self._adopted:  # first step, or a restored state
+                np.copyto(self._residual, np.asarray(held, np.float32))
+                self._adopted = held
+        grads_l = [np.asarray(g).reshape(-1) for g in jax.tree.leaves(grads)]
+        params_l = None
+        if self._selector.wd:
+            leaves = jax.tree.leaves(state.params)
+            params_l = [np.asarray(p).reshape(-1) for p in leaves]
+        return self._selector.select(self._residual, grads_l, params_l, step)
+
     def step(self, state, x, y, *, step, hold) -> StepOut:
         avg = self.averager
         grads, batch_stats, m, compute_s = _timed_grad(state, x, y, step)
         hold()
+        dense = avg.is_dense_step(step)
         t0 = time.perf_counter()
         with get_tracer().span("top-k", "compute", step=step):
-            if avg.is_dense_step(step):
+            if dense:
                 flat = np.asarray(self._flat(state.params, grads))
+            elif self.threshold:
+                idx, vals = self._select_host(state, grads, step)
             else:
                 residual = state.strategy.get("residual") if state.strategy else None
                 if residual is None:
@@ -138,17 +198,32 @@ class SparseExecutor(Executor):
                     state = state.replace(
                         strategy={**state.strategy, "residual": residual}
                     )
+        del grads
         t1 = time.perf_counter()
         with get_tracer().span("average", "comm", step=step, strategy=avg.name) as sp:
-            if avg.is_dense_step(step):
+            if dense:
                 mean, info = avg.reduce_dense(flat, step)
+            elif self.threshold:
+                total, info = avg.reduce_sparse_sum(idx, vals, self.dim, step)
+                mean = self._mean.set(total)
             else:
                 mean, info = avg.reduce_sparse(idx, vals, self.dim, step)
             sp.set(bytes=info.bytes, contributors=info.contributors)
         t2 = time.perf_counter()
         with get_tracer().span("update", "update", step=step):
-            state = steps.apply_step(state, self._unravel(mean), batch_stats)
-            jax.block_until_ready(state.params)
+            if self.threshold:
+                # The residual stays out of the donated state: it is the
+                # executor's buffer (published by drain), not a jax array.
+                keep = state.strategy
+                bare = state.replace(
+                    strategy={k: v for k, v in keep.items() if k != "residual"}
+                )
+                bare = steps.apply_step(bare, self._views(mean), batch_stats)
+                jax.block_until_ready(bare.params)
+                state = bare.replace(strategy={**bare.strategy, **keep})
+            else:
+                state = steps.apply_step(state, self._unravel(mean), batch_stats)
+                jax.block_until_ready(state.params)
         phases = {
             "compute_s": compute_s,
             "select_s": t1 - t0,
@@ -156,3 +231,13 @@ class SparseExecutor(Executor):
             "update_s": time.perf_counter() - t2,
         }
         return state, m, info, phases
+
+    def drain(self, state: TrainState, final: bool = False) -> TrainState:
+        """Publish the live residual into the state (a copy), for checkpoints."""
+        if not (self.threshold and self.averager.error_feedback):
+            return state
+        if state.strategy.get("residual") is not self._adopted:
+            return state  # not taken in yet (no step since start or a restore)
+        published = jnp.array(self._residual)
+        self._adopted = published
+        return state.replace(strategy={**state.strategy, "residual": published})

@@ -1,0 +1,136 @@
+"""SparCML study, the communication-bound comparison (``--comm-bound``).
+
+Dense (``host``), top-k with error feedback and top-k with 4-bit values on
+models where communication can dominate, on each ``--cb-links`` link, one seed:
+step time, time to the model's target accuracy, final accuracy, bytes per
+step; the check compares time to target on each emulated link. The reading
+(where sparse training can win) is in ``research/studies/sparcml.py``'s
+docstring, the figures in ``experiments/sparcml.py``'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from research.comm.link import Link
+from research.studies.sparcml import arm_config, load_arm, run_arm
+
+#: Models of the comparison: what each trains on (full sizes; tiny ones for tests).
+COMM_BOUND: dict[str, dict[str, Any]] = {
+    "candle_p1b2": {"dataset": "synthetic_tabular", "batch_size": 32, "target": 0.25},
+    "resnet50": {
+        "dataset": "synthetic_images",
+        "data_options": {"image_size": 32},
+        "batch_size": 8,
+        "target": 0.6,
+    },
+    "candle_p1b2_tiny": {
+        "dataset": "synthetic_tabular",
+        "data_options": {"features": 256, "n_train": 512, "n_test": 64},
+        "batch_size": 8,
+        "target": 0.2,
+    },
+    "resnet_tiny": {
+        "dataset": "synthetic_images",
+        "data_options": {"image_size": 16, "n_train": 256, "n_test": 64},
+        "batch_size": 8,
+        "target": 0.2,
+    },
+}
+COMM_ARMS = ("dense", "topk_ef", "topk_4bit")
+
+
+def run_comm_bound(args, root: Path, world, base) -> list[dict[str, Any]]:
+    """Every model x link x arm of the comparison, one seed; rows on rank 0."""
+    rows: list[dict[str, Any]] = []
+    for model in args.cb_models:
+        spec = COMM_BOUND[model]
+        for link in args.cb_links:
+            cfg0 = dataclasses.replace(
+                base,
+                model=model,
+                model_options={},
+                dataset=spec["dataset"],
+                data_options=dict(spec.get("data_options", {})),
+                batch_size=spec["batch_size"],
+                steps=args.cb_steps,
+                eval_every=args.cb_eval_every,
+                link=link,
+                seed=args.seeds[0],
+            )
+            for arm in COMM_ARMS:
+                cfg = arm_config(
+                    cfg0,
+                    arm,
+                    root / "comm_bound" / f"{model}-{link}",
+                    density=args.train_density,
+                    bits=args.bits,
+                    scope=args.scope,
+                    warmup_steps=args.sparse_warmup,
+                )
+                run_arm(cfg, f"{model} {link} {arm}", world)
+                world.barrier()
+                if world.rank == 0:
+                    target = args.cb_target or spec["target"]
+                    r = load_arm(Path(cfg.run_dir), target)
+                    rows.append(
+                        {
+                            **r,
+                            "model": model,
+                            "link": link,
+                            "arm": arm,
+                            "target": target,
+                        }
+                    )
+    return rows
+
+
+def format_comm_bound(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        f"{'model':>12} {'link':>7} {'arm':>10} {'ms/step':>8} "
+        f"{'target':>6} {'reached':>9} {'final acc':>9} {'MB/step/rank':>12}"
+    ]
+    for r in rows:
+        t, b = r["time_to_target_s"], r["bytes_per_step"]
+        lines.append(
+            f"{r['model']:>12} {r['link']:>7} {r['arm']:>10} "
+            f"{1e3 * (r['mean_step_s'] or float('nan')):8.1f} {r['target']:6g} "
+            f"{'-' if t is None else f'{t:.1f} s':>9} {r['final_test_acc']:9.4f} "
+            f"{'-' if b is None else f'{b / 1e6:.3f}':>12}"
+        )
+    return "\n".join(lines)
+
+
+def comm_bound_checks(rows: list[dict[str, Any]]) -> list[str]:
+    """Top-k with error feedback faster to ``target`` than dense on each emulated
+    link, for P1B2 (the claim) and the other models (reported the same way)."""
+    out = []
+    at = {(r["model"], r["link"], r["arm"]): r for r in rows}
+    for (model, link, arm), r in at.items():
+        if arm != "topk_ef" or not Link.parse(link).emulated:
+            continue
+        d = at.get((model, link, "dense"))
+        if d is None:
+            continue
+        ts, td, target = r["time_to_target_s"], d["time_to_target_s"], r["target"]
+        steps = (
+            f"steps {1e3 * (r['mean_step_s'] or 0):.0f} vs "
+            f"{1e3 * (d['mean_step_s'] or 0):.0f} ms"
+        )
+        if ts is None or td is None:
+            why = "top-k" if ts is None else "dense"
+            if ts is None and td is None:
+                why = "neither"
+            out.append(
+                f"FAIL  {model}, {link}: top-k + EF faster to {target:g} than dense: "
+                f"{why} reached it ({steps}; final acc {r['final_test_acc']:.4f} vs "
+                f"{d['final_test_acc']:.4f})"
+            )
+            continue
+        out.append(
+            f"{'PASS' if ts < td else 'FAIL'}  {model}, {link}: top-k + EF faster "
+            f"to {target:g} than dense: {ts:.1f} s vs {td:.1f} s ({steps})"
+        )
+    return out
