@@ -160,11 +160,14 @@ class FusedAllreduce(Averager):
         self.prescale = prescale
         self.native = native
         self.in_place = in_place
+        if segment_bytes is not None:
+            segment_bytes = ring.check_segment_bytes(segment_bytes)
         self.segment_bytes = segment_bytes
         self.size = world.size
         self._plans = _PlanCache(bucket_bytes, alone_bytes)
         # Size 1 never touches MPI, not even to Dup a communicator.
         self.comm = world.dup("dense-fused") if world.size > 1 else None
+        self.allreduce_choice = _choose(self.comm, native)
 
     def plan(self, grads: Any) -> FusionPlan:
         """The bucket plan used for trees shaped like ``grads``."""
@@ -181,11 +184,7 @@ class FusedAllreduce(Averager):
 
     def uses_ring(self) -> bool:
         """True when the sums go through :mod:`research.comm.ring`."""
-        if not self.native:
-            return False
-        from research.comm import ring
-
-        return ring.available()
+        return self.allreduce_choice["ring"]
 
     def _allreduce(self) -> tuple[Any, bool]:
         """``(allreduce(x, divisor), fold)``: the ring where available (it
@@ -210,6 +209,20 @@ class FusedAllreduce(Averager):
             return mpi4jax.allreduce(x, op=MPI.SUM, comm=self.comm)
 
         return summed_mpi4jax, False
+
+
+def _choose(comm: Any, native: bool) -> dict[str, Any]:
+    """Which allreduce an averager runs, the same on every rank of ``comm``.
+
+    Collective when ``native`` and there is more than one rank (every rank
+    builds its averagers in the same order): the ring only where every rank
+    can load it (:func:`research.comm.ring.decide`).
+    """
+    if comm is None:
+        return {"ring": False, "reason": "one rank: no communication"}
+    if not native:
+        return {"ring": False, "reason": "native=false: MPI_Allreduce forced"}
+    return ring.decide(comm)
 
 
 class _Chain:
@@ -402,6 +415,7 @@ class HostAllreduce(Averager):
         # Whole leaves per bucket, so that results are views into the buckets.
         self._buffers = _PlanCache(bucket_bytes, alone_bytes, split_leaves=False)
         self.comm = world.dup("dense-host") if world.size > 1 else None
+        self.allreduce_choice = _choose(self.comm, native)
         self._round = 0
 
     def plan(self, grads: Any) -> FusionPlan:
@@ -476,7 +490,7 @@ class HostAllreduce(Averager):
         return out, info
 
     def _uses_ring(self) -> bool:
-        return self.native and ring.available()
+        return self.allreduce_choice["ring"]
 
     def _ring(self, grads: Any, host: HostBuffers) -> tuple[list, dict]:
         """Pack what the ring cannot read in place; the buckets, and for the
@@ -487,6 +501,8 @@ class HostAllreduce(Averager):
         for i in range(len(plan.buckets)):
             if plan.zero_copy(i):
                 flat = np.asarray(leaves[plan.buckets[i].segments[0].leaf]).reshape(-1)
-                if flat.flags.c_contiguous:
+                # A leaf whose own dtype is not the bucket's (float64 numpy
+                # leaves without x64) is packed, i.e. cast, instead.
+                if flat.flags.c_contiguous and flat.dtype == plan.buckets[i].dtype:
                     direct[i] = flat
         return host.pack(grads, skip=direct), direct

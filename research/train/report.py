@@ -44,6 +44,8 @@ def config_record(t: Trainer) -> dict[str, Any]:
         "config": t.config,
         "world_size": t.world.size,
         "strategy": {"name": t.averager.name, "executor": t.averager.executor},
+        # Which allreduce ran and why (research.comm.dense: agreed by all ranks).
+        "allreduce": getattr(t.averager, "allreduce_choice", None),
         "link": link_label(t.config.link),
         "imbalance": getattr(t.imbalance, "describe", lambda: t.imbalance.name)(),
         "model_params": param_count(t.state.params),
@@ -77,6 +79,7 @@ def summary_record(t: Trainer) -> dict[str, Any]:
         "steps": t.step,
         "world_size": t.world.size,
         "strategy": t.averager.name,
+        "allreduce": getattr(t.averager, "allreduce_choice", None),
         "model": t.config.model,
         "dataset": t.config.dataset,
         "link": link_label(t.config.link),
