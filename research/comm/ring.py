@@ -40,6 +40,7 @@ when the build fails; the fused path then uses mpi4jax, the host path mpi4py.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import hashlib
@@ -158,10 +159,8 @@ def _unsafe(path: Path) -> str | None:
 def _private_cache() -> Path:
     """A folder of our own for the build when the configured cache is unsafe."""
     base = Path(tempfile.gettempdir()) / f"research-native-{os.getuid()}"
-    try:
+    with contextlib.suppress(FileExistsError):
         base.mkdir(mode=0o700)
-    except FileExistsError:
-        pass
     if base.is_symlink() or _unsafe(base):
         return Path(tempfile.mkdtemp(prefix="research-native-"))
     return base
@@ -337,8 +336,8 @@ def decide(comm: Any, backend: str | None = None) -> dict[str, Any]:
     decision = {"ring": not bad, "reason": reason, "notes": all_notes}
     if comm.Get_rank() == 0 and (reason or all_notes) and not _state.get("said"):
         _state["said"] = True
-        what = "ring allreduce not used, MPI_Allreduce instead: " + reason if bad else ""
-        for line in [what, *all_notes]:
+        what = f"ring allreduce not used, MPI_Allreduce instead: {reason}"
+        for line in [what if bad else "", *all_notes]:
             if line:
                 print(f"research.comm.ring: {line}", file=sys.stderr, flush=True)
     return decision

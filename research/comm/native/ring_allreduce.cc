@@ -163,10 +163,15 @@ int Ring(const char* src, char* dst, size_t count, MPI_Datatype t,
 // code, or -1 with `*why` set for bad arguments.
 // Complex sums are sums of the real and imaginary parts: a complex buffer
 // travels as twice as many reals (a divisor divides both parts alike).
+// mpi4jax hands complex64/128 over as the Fortran MPI_COMPLEX/DOUBLE_COMPLEX.
 MPI_Datatype RealOf(MPI_Datatype t) {
-  if (t == MPI_C_FLOAT_COMPLEX || t == MPI_C_COMPLEX || t == MPI_CXX_FLOAT_COMPLEX)
+  if (t == MPI_DATATYPE_NULL) return t;
+  if (t == MPI_COMPLEX || t == MPI_C_FLOAT_COMPLEX || t == MPI_C_COMPLEX ||
+      t == MPI_CXX_FLOAT_COMPLEX)
     return MPI_FLOAT;
-  if (t == MPI_C_DOUBLE_COMPLEX || t == MPI_CXX_DOUBLE_COMPLEX) return MPI_DOUBLE;
+  if (t == MPI_DOUBLE_COMPLEX || t == MPI_C_DOUBLE_COMPLEX ||
+      t == MPI_CXX_DOUBLE_COMPLEX)
+    return MPI_DOUBLE;
   return t;
 }
 
