@@ -185,13 +185,18 @@ def test_host_averager_ring_equals_mpi4py(world):
     opts = dict(bucket_bytes=4096, alone_bytes=65536)
     a, _ = HostAllreduce(world, **opts).reduce(tree)
     b, _ = HostAllreduce(world, native=False, **opts).reduce(tree)
-    for k in tree:
-        np.testing.assert_allclose(
-            np.asarray(a[k], np.float64), np.asarray(b[k], np.float64), rtol=2**-7
+    for k in ("big", "small", "half"):
+        # Both within a bfloat16 rounding of the float64 mean of the inputs
+        # (at 3 ranks they divide at different points, so their bits differ).
+        want = _mean64(world, np.asarray(tree[k], np.float64))
+        for got in (a[k], b[k]):
+            np.testing.assert_allclose(
+                np.asarray(got, np.float64), want, rtol=2**-7, atol=2**-7
+            )
+    for got in (a["count"], b["count"]):
+        np.testing.assert_array_equal(
+            np.asarray(got), np.arange(70_000) * (world.size - 1) // 2
         )
-    np.testing.assert_array_equal(
-        np.asarray(a["count"]), np.arange(70_000) * (world.size - 1) // 2
-    )
 
 
 def _mean64(world, x):
