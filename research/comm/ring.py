@@ -19,9 +19,11 @@ with handing the buffer to ``MPI_Allreduce`` (mpi4jax's ``allreduce``) it
 
 :func:`host_allreduce` is the same code for numpy buffers (through ctypes),
 used by the host path. Other operations and dtypes, and buffers below
-``RING_MIN_BYTES``, go to ``MPI_Allreduce(MPI_IN_PLACE)`` (divided
-afterwards). A power-of-two divisor is a multiplication by its reciprocal,
-bit-identical to the division.
+``RING_MIN_BYTES_PER_RANK`` times the size, go to
+``MPI_Allreduce(MPI_IN_PLACE)`` (divided afterwards). Complex buffers travel as
+pairs of reals; buffers of more than ``MAX_COUNT`` elements go in pieces. A
+power-of-two divisor is a multiplication by its reciprocal, bit-identical to
+the division.
 
 It shares mpi4jax's ordered effect and token, so it is ordered with every
 mpi4jax call in the same program exactly as mpi4jax's calls are among
@@ -30,12 +32,16 @@ travel on the communicator it is given, which should be dedicated to it
 (``World.dup``): point-to-point messages of other code on that communicator
 could match its own.
 
-The handler is compiled on first use with the MPI compiler wrapper next to the
-interpreter (``mpicxx``, from the mpich wheel, so it links the libmpi that
-mpi4py loaded) against jaxlib's FFI headers, into a cache keyed by the source,
-jaxlib and MPI; ranks starting together wait on a file lock, so it is built
-once. :func:`available` is False (with the reason in :func:`unavailable_reason`)
-when the build fails; the fused path then uses mpi4jax, the host path mpi4py.
+The handler is compiled on first use with the ``mpicxx`` of the MPI that
+mpi4py was built with (``mpi4py.get_config()``) against jaxlib's FFI headers,
+into a cache keyed by the source, jaxlib, host architecture, compiler and MPI
+library version; ranks starting together wait on a file lock, so it is built
+once, and a failed build is remembered (``.failed``). The library records the
+MPI it was built for and is refused when mpi4py loaded another. It is loaded
+only from a folder and file owned by us (or root) and writable by nobody else.
+:func:`decide` makes the choice collectively: the ring only where every rank
+can load it (an averager asks when it is built, :mod:`research.comm.dense`);
+elsewhere the fused path uses mpi4jax, the host path mpi4py.
 """
 
 from __future__ import annotations
