@@ -153,7 +153,10 @@ def test_conservation_and_identical_results(world, mode, sync_every):
     results.append(flat(rest))
     # Every gradient computed is applied exactly once: P * sum(results) == sum(g).
     everyone = world.comm.allreduce(own)
-    np.testing.assert_array_equal(world.size * np.sum(results, axis=0), everyone)
+    # Exact at power-of-two sizes; at 3 ranks the division by 3 rounds.
+    np.testing.assert_allclose(
+        world.size * np.sum(results, axis=0), everyone, rtol=1e-6
+    )
     # Every rank applied the identical sequence of round results.
     assert len(set(world.allgather(digest(results)))) == 1
     assert [i.round for i in infos] == list(range(1, 61))
@@ -209,7 +212,8 @@ def test_thousand_rounds_random_delays(world, mode, sync_every):
             total += out
         rest, _ = pa.flush()
         total += rest
-    np.testing.assert_array_equal(world.size * total, world.comm.allreduce(own))
+    # Exact at power-of-two sizes; at 3 ranks the division by 3 rounds.
+    np.testing.assert_allclose(world.size * total, world.comm.allreduce(own), rtol=1e-6)
     assert time.perf_counter() - t0 < 60
 
 
@@ -270,7 +274,7 @@ def test_averager_adapter(world):
     out, info = av.reduce(tree)
     assert info.round == 1
     out, info = av.reduce(tree)  # round 2 is synchronous
-    np.testing.assert_array_equal(out["a"], np.mean(range(world.size)))
+    np.testing.assert_allclose(out["a"], np.mean(range(world.size)), rtol=1e-6)
     assert av.flush() is None  # nothing carried after a synchronous round
     av.close()
 
