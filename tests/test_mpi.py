@@ -1,4 +1,6 @@
-"""Runs every tests/mpi/test_*.py file under a real ``mpiexec`` with 2 and 4 ranks.
+"""Runs every tests/mpi/test_*.py file under a real ``mpiexec`` with 2 and 4 ranks,
+and the communication files also with 3 (a rank count that is not a power of
+two: the ring's uneven chunks, recursive doubling's extra ranks).
 
 Each rank runs pytest on the file; the job passes only if every rank passes. XLA
 is pinned to one intra-op thread per rank so 4 ranks on 2 cores don't fight.
@@ -6,6 +8,7 @@ is pinned to one intra-op thread per rank so 4 ranks on 2 cores don't fight.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -47,6 +50,8 @@ def run_under_mpiexec(
         PYTHONPATH=str(ROOT),
     )
     env.update(COMPILE_CACHE_ENV)
+    # tests/mpi/conftest.py checks the world it gets against this.
+    env["RESEARCH_EXPECTED_NP"] = str(np_)
     env.update(env_extra or {})
     cmd = [mpiexec(), "-n", str(np_), sys.executable, *args]
     return subprocess.run(
@@ -54,8 +59,23 @@ def run_under_mpiexec(
     )
 
 
-@pytest.mark.parametrize("np_", [2, 4])
-@pytest.mark.parametrize("name", FILES)
+#: The communication files, also run at 3 ranks. test_overlap.py still fails
+#: at 3 (not yet read): to be added.
+COMMUNICATION = {
+    "test_ring.py",
+    "test_dense.py",
+    "test_partial.py",
+    "test_sparse.py",
+    "test_sparse_select.py",
+    "test_sparse_strategy.py",
+    "test_handles.py",
+}
+CASES = [
+    (name, n) for name in FILES for n in (2, 3, 4) if n != 3 or name in COMMUNICATION
+]
+
+
+@pytest.mark.parametrize(("name", "np_"), CASES)
 def test_under_mpiexec(name: str, np_: int) -> None:
     proc = run_under_mpiexec(np_, ["-m", "pytest", f"tests/mpi/{name}", "-x"])
     if proc.returncode != 0:
@@ -64,3 +84,108 @@ def test_under_mpiexec(name: str, np_: int) -> None:
             f"{proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n"
             f"--- stderr\n{proc.stderr[-6000:]}"
         )
+
+
+AVERAGE_SCRIPT = """
+import json, sys
+import numpy as np, jax, jax.numpy as jnp
+from research.comm.world import get_world
+from research.comm.registry import get_averager
+w = get_world()
+x = np.full(2**20, float(w.rank), np.float32)  # a 4 MB leaf
+want = np.mean(np.arange(w.size, dtype=np.float64))
+out = {}
+for name in ("fused", "host"):
+    avg = get_averager(name, w)
+    if name == "fused":
+        got = jax.jit(avg.average_in_jit)({"a": jnp.asarray(x)})["a"]
+    else:
+        got = avg.reduce({"a": x})[0]["a"]
+    assert np.allclose(np.asarray(got), want), (name, np.asarray(got)[:3])
+    out[name] = avg.allreduce_choice
+with open(f"{sys.argv[1]}/choice-{w.rank}.json", "w") as f:
+    json.dump(out, f)
+"""
+
+
+def _choices(folder: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("choice-*.json"))]
+
+
+def test_ranks_agree_when_one_cannot_build(tmp_path):
+    """Issue 21, reproduction 1: one rank whose native cache is unusable. Before,
+    it fell back alone and the job hung (one rank in MPI_Allreduce, the others in
+    the ring); now every rank takes MPI_Allreduce and says why."""
+    script = tmp_path / "t.py"
+    script.write_text(AVERAGE_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    env.update(XLA_FLAGS="--xla_cpu_multi_thread_eigen=false", NPROC="1")
+    env.update(COMPILE_CACHE_ENV)
+    py = sys.executable
+    cmd = [mpiexec(), "-n", "1", "env", "RESEARCH_NATIVE_CACHE=/proc/no-such-dir"]
+    cmd += [py, str(script), str(tmp_path), ":", "-n", "2"]
+    cmd += [py, str(script), str(tmp_path)]
+    # A hang guard, not a speed check (it took 37 s on the 2-core machine).
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    choices = _choices(tmp_path)
+    assert len(choices) == 3
+    for c in choices:
+        for name in ("fused", "host"):
+            assert c[name]["ring"] is False
+            assert "rank 0" in c[name]["reason"] and "no-such-dir" in c[name]["reason"]
+    assert proc.stderr.count("ring allreduce not used") == 1  # rank 0, once
+
+
+INTRUDER = "ringintruder"
+
+
+def _intruder_uid() -> int:
+    import pwd
+
+    if os.getuid() != 0:
+        pytest.skip("needs root to create a second local user (useradd)")
+    try:
+        return pwd.getpwnam(INTRUDER).pw_uid
+    except KeyError:
+        subprocess.run(["useradd", "--no-create-home", INTRUDER], check=True)
+        return pwd.getpwnam(INTRUDER).pw_uid
+
+
+@pytest.mark.parametrize("where", ["world-writable-cache", "library-of-another"])
+def test_planted_library_is_not_loaded(tmp_path, where):
+    """Issue 25, item 4: a library planted by another user at the name the
+    cache key gives, in a world-writable cache (or as their file in ours), is
+    never loaded: the ring is built in a private folder and the reason noted."""
+    from research.comm import ring
+
+    uid = _intruder_uid()
+    cache = tmp_path / "shared-cache"
+    cache.mkdir()
+    if where == "world-writable-cache":
+        os.chown(cache, uid, uid)
+        cache.chmod(0o777)
+    marker = tmp_path / "planted-code-ran"
+    planted = tmp_path / "planted.c"
+    planted.write_text(
+        "#include <stdio.h>\n__attribute__((constructor)) static void run(void) {"
+        f' FILE* f = fopen("{marker}", "w"); if (f) fclose(f); }}\n'
+    )
+    lib = ring.library_path(cache)
+    subprocess.run(["cc", "-shared", "-fPIC", str(planted), "-o", str(lib)], check=True)
+    os.chown(lib, uid, uid)  # the intruder's file
+    script = tmp_path / "t.py"
+    script.write_text(AVERAGE_SCRIPT)
+    proc = run_under_mpiexec(
+        2,
+        [str(script), str(tmp_path)],
+        env_extra={"RESEARCH_NATIVE_CACHE": str(cache)},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert not marker.exists(), "the planted library ran"
+    choices = _choices(tmp_path)
+    assert len(choices) == 2
+    for c in choices:
+        assert c["fused"]["ring"] is True  # built again, privately
+        notes = " ".join(c["fused"]["notes"])
+        assert "not used" in notes and str(cache) in notes

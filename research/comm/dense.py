@@ -61,7 +61,6 @@ its copy of every input, and the divide as a pass of its own); host 45.7 ms
 from __future__ import annotations
 
 import functools
-import sys
 import time
 from typing import Any
 
@@ -92,24 +91,6 @@ def _plan_key(tree: Any) -> tuple:
         tuple(tuple(x.shape) for x in leaves),
         tuple(np.dtype(x.dtype).str for x in leaves),
     )
-
-
-#: Dtypes whose mean the ring folds into its last step; other inexact dtypes
-#: (complex) are summed by MPI and divided after.
-_RING_DIVIDES = (np.dtype(np.float32), np.dtype(np.float64))
-
-
-def _agree_on_ring(comm: Any, native: bool, world: Any) -> tuple[bool, str]:
-    """``(use_ring, choice)``: the ranks' common choice between the ring and
-    MPI's own allreduce (:func:`research.comm.ring.agree`), and which one runs
-    and why (the averager's ``allreduce_choice``, recorded with the run).
-    Rank 0 says so once when MPI's is used because a rank could not load it."""
-    if comm is None:  # a world of one: nothing to sum
-        return False, "none: a world of one rank"
-    use, why = ring.agree(comm, native)
-    if not use and native and world.rank == 0:
-        print(f"r0 | {why}; using MPI's own allreduce", file=sys.stderr, flush=True)
-    return use, why
 
 
 class _PlanCache:
@@ -174,19 +155,19 @@ class FusedAllreduce(Averager):
         in_place: bool = False,
         segment_bytes: int | None = None,
     ) -> None:
-        if segment_bytes is not None:
-            ring.check_segment_bytes(segment_bytes)
         self.world = world
         self.sequential = sequential
         self.prescale = prescale
         self.native = native
         self.in_place = in_place
+        if segment_bytes is not None:
+            segment_bytes = ring.check_segment_bytes(segment_bytes)
         self.segment_bytes = segment_bytes
         self.size = world.size
         self._plans = _PlanCache(bucket_bytes, alone_bytes)
         # Size 1 never touches MPI, not even to Dup a communicator.
         self.comm = world.dup("dense-fused") if world.size > 1 else None
-        self._use_ring, self.allreduce_choice = _agree_on_ring(self.comm, native, world)
+        self.allreduce_choice = _choose(self.comm, native)
 
     def plan(self, grads: Any) -> FusionPlan:
         """The bucket plan used for trees shaped like ``grads``."""
@@ -202,9 +183,8 @@ class FusedAllreduce(Averager):
         return chain.run(plan.flatten(grads), allreduce)
 
     def uses_ring(self) -> bool:
-        """True when the sums go through :mod:`research.comm.ring` (decided by
-        every rank together when the averager was built; see ``allreduce``)."""
-        return self._use_ring
+        """True when the sums go through :mod:`research.comm.ring`."""
+        return self.allreduce_choice["ring"]
 
     def _allreduce(self) -> tuple[Any, bool]:
         """``(allreduce(x, divisor), fold)``: the ring where available (it
@@ -217,11 +197,6 @@ class FusedAllreduce(Averager):
                 opts["segment_bytes"] = self.segment_bytes
 
             def summed(x: Any, divisor: int) -> Any:
-                if divisor > 1 and np.dtype(x.dtype) not in _RING_DIVIDES:
-                    # complex: MPI's sum in place (the ring takes real floats
-                    # and ints), then the mean as a pass of its own.
-                    total = ring.allreduce(x, op=MPI.SUM, comm=self.comm, **opts)
-                    return (total / divisor).astype(x.dtype)
                 return ring.allreduce(
                     x, op=MPI.SUM, comm=self.comm, divisor=divisor, **opts
                 )
@@ -234,6 +209,20 @@ class FusedAllreduce(Averager):
             return mpi4jax.allreduce(x, op=MPI.SUM, comm=self.comm)
 
         return summed_mpi4jax, False
+
+
+def _choose(comm: Any, native: bool) -> dict[str, Any]:
+    """Which allreduce an averager runs, the same on every rank of ``comm``.
+
+    Collective when ``native`` and there is more than one rank (every rank
+    builds its averagers in the same order): the ring only where every rank
+    can load it (:func:`research.comm.ring.decide`).
+    """
+    if comm is None:
+        return {"ring": False, "reason": "one rank: no communication"}
+    if not native:
+        return {"ring": False, "reason": "native=false: MPI_Allreduce forced"}
+    return ring.decide(comm)
 
 
 class _Chain:
@@ -426,7 +415,7 @@ class HostAllreduce(Averager):
         # Whole leaves per bucket, so that results are views into the buckets.
         self._buffers = _PlanCache(bucket_bytes, alone_bytes, split_leaves=False)
         self.comm = world.dup("dense-host") if world.size > 1 else None
-        self._use_ring, self.allreduce_choice = _agree_on_ring(self.comm, native, world)
+        self.allreduce_choice = _choose(self.comm, native)
         self._round = 0
 
     def plan(self, grads: Any) -> FusionPlan:
@@ -451,7 +440,7 @@ class HostAllreduce(Averager):
             round=self._round,
         ) as span:
             t0 = time.perf_counter()
-            use_ring = self.uses_ring()
+            use_ring = self._uses_ring()
             if use_ring:
                 buffers, direct = self._ring(grads, host)
             else:
@@ -460,20 +449,18 @@ class HostAllreduce(Averager):
                 buffers, direct = host.pack(grads, scale=self.size), {}
             t1 = time.perf_counter()
             for i, buf in enumerate(buffers):
-                folded = buf.dtype in _RING_DIVIDES
                 if use_ring:
+                    floats = not np.issubdtype(buf.dtype, np.integer)
                     ring.host_allreduce(
                         direct.get(i, buf),
                         buf,
                         comm=self.comm,
-                        divisor=self.size if folded else 1,
+                        divisor=self.size if floats else 1,
                     )
                 else:
                     self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
                 if np.issubdtype(buf.dtype, np.integer):
                     np.floor_divide(buf, self.size, out=buf)
-                elif use_ring and not folded:  # complex: summed, not yet divided
-                    np.divide(buf, self.size, out=buf)
             emulated = 0.0
             if self.link.emulated:
                 model = sum(self.link.allreduce(b.nbytes, self.size) for b in buffers)
@@ -502,10 +489,8 @@ class HostAllreduce(Averager):
         )
         return out, info
 
-    def uses_ring(self) -> bool:
-        """True when the sums go through :mod:`research.comm.ring` (decided by
-        every rank together when the averager was built)."""
-        return self._use_ring
+    def _uses_ring(self) -> bool:
+        return self.allreduce_choice["ring"]
 
     def _ring(self, grads: Any, host: HostBuffers) -> tuple[list, dict]:
         """Pack what the ring cannot read in place; the buckets, and for the
@@ -516,8 +501,8 @@ class HostAllreduce(Averager):
         for i in range(len(plan.buckets)):
             if plan.zero_copy(i):
                 flat = np.asarray(leaves[plan.buckets[i].segments[0].leaf]).reshape(-1)
-                # A numpy float64 leaf without jax_enable_x64 travels (and comes
-                # back) as float32, as in jax: packed, cast, not read in place.
+                # A leaf whose own dtype is not the bucket's (float64 numpy
+                # leaves without x64) is packed, i.e. cast, instead.
                 if flat.flags.c_contiguous and flat.dtype == plan.buckets[i].dtype:
                     direct[i] = flat
         return host.pack(grads, skip=direct), direct

@@ -121,7 +121,19 @@ def check_options(name: str, options: dict[str, Any]) -> str | None:
         ):
             want = " or ".join("None" if t is type(None) else t.__name__ for t in types)
             return f"strategy option {key}={value!r} must be {want}"
+        low, high = _RANGES.get(key, (None, None))
+        if isinstance(value, int) and low is not None and not low <= value <= high:
+            return f"strategy option {key}={value!r} must be in [{low}, {high}]"
     return None
+
+
+#: Integer options whose value is checked before launch (the ring's C++ code
+#: would otherwise end in an uncaught exception or an MPI count overflow).
+_RANGES = {
+    "segment_bytes": (1, 2**30),  # research.comm.ring.MAX_SEGMENT_BYTES
+    "bucket_bytes": (1, 2**40),
+    "alone_bytes": (0, 2**62),
+}
 
 
 def check_link(name: str, spec: str) -> str | None:

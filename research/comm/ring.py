@@ -19,9 +19,11 @@ with handing the buffer to ``MPI_Allreduce`` (mpi4jax's ``allreduce``) it
 
 :func:`host_allreduce` is the same code for numpy buffers (through ctypes),
 used by the host path. Other operations and dtypes, and buffers below
-``RING_MIN_BYTES``, go to ``MPI_Allreduce(MPI_IN_PLACE)`` (divided
-afterwards). A power-of-two divisor is a multiplication by its reciprocal,
-bit-identical to the division.
+``RING_MIN_BYTES_PER_RANK`` times the size, go to
+``MPI_Allreduce(MPI_IN_PLACE)`` (divided afterwards). Complex buffers travel as
+pairs of reals; buffers of more than ``MAX_COUNT`` elements go in pieces. A
+power-of-two divisor is a multiplication by its reciprocal, bit-identical to
+the division.
 
 It shares mpi4jax's ordered effect and token, so it is ordered with every
 mpi4jax call in the same program exactly as mpi4jax's calls are among
@@ -30,22 +32,30 @@ travel on the communicator it is given, which should be dedicated to it
 (``World.dup``): point-to-point messages of other code on that communicator
 could match its own.
 
-The handler is compiled on first use with the MPI compiler wrapper next to the
-interpreter (``mpicxx``, from the mpich wheel, so it links the libmpi that
-mpi4py loaded) against jaxlib's FFI headers, into a cache keyed by the source,
-jaxlib and MPI; ranks starting together wait on a file lock, so it is built
-once. :func:`available` is False (with the reason in :func:`unavailable_reason`)
-when the build fails; the fused path then uses mpi4jax, the host path mpi4py.
+The handler is compiled on first use with the ``mpicxx`` of the MPI that
+mpi4py was built with (``mpi4py.get_config()``) against jaxlib's FFI headers,
+into a cache keyed by the source, jaxlib, host architecture, compiler and MPI
+library version; ranks starting together wait on a file lock, so it is built
+once, and a failed build is remembered (``.failed``). The library records the
+MPI it was built for and is refused when mpi4py loaded another. It is loaded
+only from a folder and file owned by us (or root) and writable by nobody else.
+:func:`decide` makes the choice collectively: the ring only where every rank
+can load it (an averager asks when it is built, :mod:`research.comm.dense`);
+elsewhere the fused path uses mpi4jax, the host path mpi4py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import hashlib
 import os
+import platform
+import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +68,16 @@ TARGET = "research_ring_allreduce"
 #: cache, large enough that per-message latency is small. 256 KiB, 1 MiB and
 #: 4 MiB measured 31.1, 30.9 and 33.1 ms for ResNet-50 at 2 ranks (see dense.py).
 DEFAULT_SEGMENT_BYTES = 2**20
-#: Below this a buffer goes to MPI_Allreduce: the ring pays 2(P-1) latencies.
-RING_MIN_BYTES = 2**16
+#: Below ``RING_MIN_BYTES_PER_RANK * P`` bytes a buffer goes to MPI_Allreduce:
+#: the ring pays 2(P-1) latencies with messages of 1/P of the buffer, so the
+#: threshold grows with P to keep each message at least this large (64 KiB at
+#: 2 ranks, as measured here before; 2 MiB at 64 ranks).
+RING_MIN_BYTES_PER_RANK = 2**15
+#: Largest piece one call hands to MPI (counts are C ints); larger buffers go
+#: in pieces of this many elements. A module constant so tests can shrink it.
+MAX_COUNT = 2**31 - 1
+#: segment_bytes must lie in [1, MAX_SEGMENT_BYTES].
+MAX_SEGMENT_BYTES = 2**30
 _state: dict[str, Any] = {}
 
 
@@ -72,118 +90,128 @@ def _cache_dir() -> Path:
 
 
 def _mpicxx() -> str:
-    """The C++ wrapper of the MPI mpi4py was built with (its ``mpicc``'s
-    sibling, for an mpi4py built from source against a site MPI), else the
-    environment's (the mpich wheel's), else the PATH's."""
-    try:
-        import mpi4py
+    """The C++ compiler wrapper of the MPI that mpi4py is linked against.
 
-        mpicc = mpi4py.get_config().get("mpicc")
-    except Exception:  # noqa: BLE001 - an mpi4py without its build config
-        mpicc = None
-    if mpicc:
-        sibling = Path(mpicc).with_name(Path(mpicc).name.replace("mpicc", "mpicxx"))
-        if sibling.exists():
-            return str(sibling)
+    mpi4py records the wrappers it was built with (``mpi4py.get_config()``);
+    their ``mpicxx`` (or the ``mpicxx`` beside their ``mpicc``) is the one whose
+    ``mpi.h`` matches the MPI that mpi4py loads. Only when mpi4py recorded none,
+    the ``mpicxx`` beside the interpreter, then on ``PATH``.
+    """
+    import mpi4py
+
+    config = mpi4py.get_config()
+    if config.get("mpicxx"):
+        return config["mpicxx"]
+    if config.get("mpicc"):
+        cxx = Path(config["mpicc"]).with_name("mpicxx")
+        if cxx.exists():
+            return str(cxx)
     local = Path(sys.executable).parent / "mpicxx"
     return str(local) if local.exists() else "mpicxx"
 
 
-def _compiler_id(cxx: str) -> str:
-    try:
-        out = subprocess.run(
-            [cxx, "--version"], capture_output=True, text=True, timeout=30
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
-
-
-def library_path() -> Path:
-    """Where the compiled handler for this source, jaxlib, MPI, compiler and
-    machine lives (a cache shared by nodes of different kinds keeps apart)."""
-    import platform
-
-    import jaxlib
+def _mpi_digest() -> str:
+    """A digest of ``MPI.Get_library_version()`` (the MPI mpi4py loaded)."""
     from mpi4py import MPI
+
+    return hashlib.sha256(MPI.Get_library_version().encode()).hexdigest()[:32]
+
+
+def _compiler_identity(cxx: str) -> str:
+    try:
+        proc = subprocess.run(
+            [cxx, "--version"], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"unavailable: {e}"
+    return proc.stdout + proc.stderr
+
+
+def library_path(cache: Path | None = None) -> Path:
+    """Where the compiled handler for this source, host, compiler and MPI lives.
+
+    The key holds what makes a library unusable elsewhere: the source, jaxlib,
+    the host's architecture, the compiler's path and ``--version``, and the MPI
+    library version (nodes of different kinds may share one cache).
+    """
+    import jaxlib
 
     cxx = _mpicxx()
     key = hashlib.sha256()
+    key.update(SOURCE.read_bytes())
     for part in (
-        SOURCE.read_text(),
         jaxlib.__version__,
-        MPI.Get_library_version(),
-        cxx,
-        _compiler_id(cxx),
         platform.machine(),
         platform.libc_ver()[1],
+        cxx,
+        _compiler_identity(cxx),
+        _mpi_digest(),
     ):
         key.update(part.encode() + b"\0")
-    return _cache_dir() / f"ring_allreduce-{key.hexdigest()[:16]}.so"
+    return (cache or _cache_dir()) / f"ring_allreduce-{key.hexdigest()[:16]}.so"
 
 
-def _not_private(path: Path) -> str | None:
-    """Why ``path`` must not be trusted: not owned by us (or root), or
-    writable by group or others (anyone who can write there could make every
-    rank run their code). The same rule as :mod:`research.privdir`, kept here
-    because research/comm imports nothing of the project but the trace."""
-    try:
-        st = path.lstat()
-    except OSError as e:
-        return f"{path}: {e.strerror or e}"
+def _unsafe(path: Path) -> str | None:
+    """Why code at ``path`` must not be loaded: owned by another user (not root)
+    or writable by group or others; None when it is safe."""
+    st = path.stat()
     if st.st_uid not in (os.getuid(), 0):
         return f"{path} belongs to uid {st.st_uid}, not to us"
-    if st.st_mode & 0o022:
-        return f"{path} is writable by others (mode {st.st_mode & 0o777:o})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is writable by group or others (mode {st.st_mode & 0o777:o})"
     return None
 
 
-#: Largest ``segment_bytes``: one MPI message's element count must fit an int.
-MAX_SEGMENT_BYTES = 2**31 - 1
-
-
-def check_segment_bytes(segment_bytes: Any) -> int:
-    """``segment_bytes`` as an int, or ``ValueError`` naming the allowed range
-    (checked before any communication, on every rank alike)."""
-    if isinstance(segment_bytes, bool) or not isinstance(segment_bytes, int):
-        raise ValueError(f"segment_bytes must be an int, got {segment_bytes!r}")
-    if not 1 <= segment_bytes <= MAX_SEGMENT_BYTES:
-        raise ValueError(
-            f"segment_bytes must be in 1..{MAX_SEGMENT_BYTES} (2**31 - 1), "
-            f"got {segment_bytes}"
-        )
-    return segment_bytes
-
-
-def _mpi_family(text: str) -> str:
-    if "Open MPI" in text:
-        return "Open MPI"
-    if any(s in text for s in ("MPICH", "Intel(R) MPI", "MVAPICH")):
-        return "MPICH"
-    return "unknown"
+def _private_cache() -> Path:
+    """A folder of our own for the build when the configured cache is unsafe."""
+    base = Path(tempfile.gettempdir()) / f"research-native-{os.getuid()}"
+    with contextlib.suppress(FileExistsError):
+        base.mkdir(mode=0o700)
+    if base.is_symlink() or _unsafe(base):
+        return Path(tempfile.mkdtemp(prefix="research-native-"))
+    return base
 
 
 def build() -> Path:
     """Compile the handler unless it is cached; returns the library's path.
 
+    The library is used only from a folder and file owned by us (or root) and
+    writable by nobody else; an unsafe cache is left alone and the library
+    built in a private folder (the reason in :func:`notes`). A failed build is
+    remembered beside the library (``.failed``), so ranks that start later do
+    not repeat it under the lock.
+
     Raises:
-      RuntimeError: the compiler failed (its output in the message).
+      RuntimeError: the compiler failed now or before (its output in the
+        message).
     """
     import jax.ffi
 
-    lib = library_path()
+    cache = _cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    why = _unsafe(cache)
+    if why:
+        _state.setdefault("notes", []).append(f"cache not used: {why}")
+        cache = _private_cache()
+    lib = library_path(cache)
     failed = lib.with_suffix(".failed")
     if lib.exists():
-        return lib
-    if failed.exists():  # remembered: no rank retries a build that failed
+        why = _unsafe(lib)
+        if why is None:
+            return lib
+        _state.setdefault("notes", []).append(f"cached library not used: {why}")
+        cache = _private_cache()
+        lib, failed = library_path(cache), library_path(cache).with_suffix(".failed")
+    if failed.exists():
         raise RuntimeError(f"an earlier build failed ({failed}): {failed.read_text()}")
-    lib.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with open(lib.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another rank may be building it
         if lib.exists():
             return lib
         if failed.exists():
-            raise RuntimeError(f"an earlier build failed: {failed.read_text()}")
+            raise RuntimeError(
+                f"an earlier build failed ({failed}): {failed.read_text()}"
+            )
         tmp = lib.with_suffix(f".{os.getpid()}.tmp")
         cmd = [
             _mpicxx(),
@@ -192,6 +220,7 @@ def build() -> Path:
             "-fPIC",
             "-std=c++17",
             "-w",  # jaxlib's headers warn under g++; ours compiles clean
+            f'-DRESEARCH_BUILT_MPI="{_mpi_digest()}"',
             f"-I{jax.ffi.include_dir()}",
             str(SOURCE),
             "-o",
@@ -199,13 +228,15 @@ def build() -> Path:
         ]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True)
-            why = f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr[-2000:]}"
-        except OSError as e:  # no compiler at all
-            proc, why = None, f"{cmd[0]}: {e.strerror or e}"
-        if proc is None or proc.returncode != 0:
+            rc, err = proc.returncode, proc.stderr[-2000:]
+        except OSError as e:
+            rc, err = -1, str(e)
+        if rc != 0:
             tmp.unlink(missing_ok=True)
-            failed.write_text(why)
-            raise RuntimeError(why)
+            text = f"{' '.join(cmd)} failed ({rc}): {err}"
+            failed.write_text(text)
+            raise RuntimeError(text)
+        os.chmod(tmp, 0o755)
         os.replace(tmp, lib)
     return lib
 
@@ -216,41 +247,31 @@ def _load() -> Any:
         return _state["primitive"]
     try:
         import jax.ffi
-        from mpi4py import MPI
 
-        folder = library_path().parent
-        if folder.exists():  # refused before anything is compiled into it
-            unsafe = _not_private(folder)
-            if unsafe:
-                raise RuntimeError(f"not building or loading the ring: {unsafe}")
         path = build()
-        for item in (path.parent, path):
-            unsafe = _not_private(item)
-            if unsafe:
-                raise RuntimeError(f"not loading the native library: {unsafe}")
         lib = ctypes.CDLL(str(path))
-        lib.research_ring_mpi_headers.restype = ctypes.c_char_p
-        headers = lib.research_ring_mpi_headers().decode()
-        runtime = _mpi_family(MPI.Get_library_version())
-        if "unknown" not in (headers, runtime) and headers != runtime:
+        lib.research_ring_built_mpi.restype = ctypes.c_char_p
+        built = lib.research_ring_built_mpi().decode()
+        if built != _mpi_digest():
+            from mpi4py import MPI
+
             raise RuntimeError(
-                f"built against {headers}'s mpi.h but this process runs {runtime} "
-                f"({MPI.Get_library_version().splitlines()[0].strip()}): rebuild "
-                "with that MPI's mpicxx on PATH, or install mpi4py against the "
-                "same MPI"
+                f"{path} was built for another MPI than the one mpi4py loaded "
+                f"({MPI.Get_library_version().splitlines()[0].strip()}); "
+                "rebuild mpi4py and remove the cached library"
             )
-        lib.research_ring_calls.restype = ctypes.c_int64
-        _state["calls"] = lib.research_ring_calls
         host = lib.research_ring_allreduce_host
         host.argtypes = (
             ctypes.c_void_p,
             ctypes.c_void_p,
-            *(ctypes.c_int64,) * 7,
+            *(ctypes.c_int64,) * 8,
             ctypes.c_char_p,
             ctypes.c_int64,
         )
         host.restype = ctypes.c_int
+        lib.research_ring_calls.restype = ctypes.c_int64
         _state["host"] = host
+        _state["calls"] = lib.research_ring_calls
         jax.ffi.register_ffi_target(
             TARGET, jax.ffi.pycapsule(getattr(lib, TARGET)), platform="cpu"
         )
@@ -262,7 +283,7 @@ def _load() -> Any:
 
 
 def available() -> bool:
-    """True when the ring allreduce can be used (built and registered)."""
+    """True when the ring allreduce can be used on this rank (built, loaded)."""
     return _load() is not None
 
 
@@ -272,36 +293,60 @@ def unavailable_reason() -> str | None:
     return _state.get("reason")
 
 
+def notes() -> list[str]:
+    """What the build did not use and why (an unsafe cache, say)."""
+    return list(_state.get("notes", []))
+
+
 def ring_calls() -> int:
-    """Reductions the ring itself ran in this process (its fallback to
-    ``MPI_Allreduce`` for small buffers and other dtypes not counted)."""
-    return int(_state["calls"]()) if _load() is not None else 0
+    """Calls that took the ring so far in this process (0 when not loaded).
+
+    Counted inside the C library, where the ring runs; calls that went to
+    ``MPI_Allreduce`` (small buffers, other ops, the fallback) do not count.
+    """
+    return int(_state["calls"]()) if _state.get("calls") else 0
 
 
-def agree(comm: Any, native: bool = True) -> tuple[bool, str]:
-    """Whether every rank of ``comm`` uses the ring, decided together.
+def decide(comm: Any, backend: str | None = None) -> dict[str, Any]:
+    """Whether every rank of ``comm`` can use the ring: one answer for all.
 
-    Collective (one allgather): each rank says whether it can load the ring
-    (a rank that cannot build it, a library not ours, an MPI mismatch), and
-    the ring is used only if every rank can; otherwise every rank uses MPI's
-    own allreduce. Ranks never decide alone between two collectives: one
-    rank in the ring's ``MPI_Sendrecv`` and another in ``MPI_Allreduce``
-    would wait for each other forever.
+    Collective over ``comm`` (every rank calls it, with the same ``comm``):
+    each rank tries to load the ring, the ranks exchange what they found, and
+    the ring is used only when every rank can. Rank 0 prints the reasons of the
+    ranks that cannot, once per process.
+
+    Args:
+      comm: an ``mpi4py.MPI.Comm``.
+      backend: JAX's default backend (None: ``jax.default_backend()``). The ring
+        lowers for CPU only; on any other backend no rank tries it.
 
     Returns:
-      ``(use_ring, why)``: ``why`` names the allreduce chosen and, when it is
-      MPI's, each rank's reason.
+      ``{"ring": bool, "reason": str | None, "notes": [...]}``, the same on
+      every rank.
     """
-    mine = None if native else "native=False"
-    if mine is None:
-        mine = unavailable_reason()
-    reasons = comm.allgather(mine)
-    if all(r is None for r in reasons):
-        return True, "ring: every rank loaded research/comm/native/ring_allreduce.cc"
-    if not native:
-        return False, "MPI_Allreduce: native=False"
-    bad = "; ".join(f"rank {r}: {why}" for r, why in enumerate(reasons) if why)
-    return False, f"MPI_Allreduce: the ring could not be used on every rank ({bad})"
+    import jax
+
+    backend = backend or jax.default_backend()
+    if backend != "cpu":
+        mine = f"backend {backend}: the ring lowers for CPU only (mpi4jax's path)"
+    else:
+        mine = None if available() else unavailable_reason()
+    found = comm.allgather((mine, notes()))
+    bad = [(r, why) for r, (why, _) in enumerate(found) if why]
+    reason = None
+    if bad:
+        reason = "; ".join(f"rank {r}: {why}" for r, why in bad[:4])
+        if len(bad) > 4:
+            reason += f"; and {len(bad) - 4} more ranks"
+    all_notes = sorted({n for _, ns in found for n in ns})
+    decision = {"ring": not bad, "reason": reason, "notes": all_notes}
+    if comm.Get_rank() == 0 and (reason or all_notes) and not _state.get("said"):
+        _state["said"] = True
+        what = f"ring allreduce not used, MPI_Allreduce instead: {reason}"
+        for line in [what if bad else "", *all_notes]:
+            if line:
+                print(f"research.comm.ring: {line}", file=sys.stderr, flush=True)
+    return decision
 
 
 def _make_primitive() -> Any:
@@ -349,13 +394,38 @@ def _make_primitive() -> Any:
             op=np.int64(to_mpi_handle(unpack_hashable(op))),
             divisor=np.int64(divisor),
             segment_bytes=np.int64(segment_bytes),
-            ring_min_bytes=np.int64(RING_MIN_BYTES),
+            ring_min_bytes=np.int64(ring_min_bytes(unpack_hashable(comm))),
+            max_count=np.int64(MAX_COUNT),
         )
         set_token_effect(ctx, ordered_effect, token)
         return [out]
 
     register_lowering(prim, lowering, platform="cpu")
     return prim
+
+
+def ring_min_bytes(comm: Any) -> int:
+    """Buffers below this many bytes go to ``MPI_Allreduce`` on ``comm``."""
+    return RING_MIN_BYTES_PER_RANK * comm.Get_size()
+
+
+def check_segment_bytes(segment_bytes: Any) -> int:
+    """``segment_bytes`` as an int, or a ValueError that says the range."""
+    if (
+        isinstance(segment_bytes, bool)
+        or not isinstance(segment_bytes, (int, np.integer))
+        or not 1 <= segment_bytes <= MAX_SEGMENT_BYTES
+    ):
+        raise ValueError(
+            f"segment_bytes must be an integer in [1, {MAX_SEGMENT_BYTES}], "
+            f"got {segment_bytes!r}"
+        )
+    return int(segment_bytes)
+
+
+_DIVISIBLE = tuple(
+    np.dtype(t) for t in (np.float32, np.float64, np.complex64, np.complex128)
+)
 
 
 def _hashable(obj: Any) -> Any:
@@ -396,20 +466,18 @@ def allreduce(
     divisor = int(divisor)
     if divisor < 1:
         raise ValueError(f"divisor must be >= 1, got {divisor}")
-    if divisor > 1 and not (
-        np.dtype(x.dtype) in (np.dtype(np.float32), np.dtype(np.float64))
-        and op == _mpi_sum()
-    ):
+    if divisor > 1 and not (np.dtype(x.dtype) in _DIVISIBLE and op == _mpi_sum()):
         raise ValueError(
-            f"divisor={divisor} needs a float32 or float64 SUM, got {x.dtype}"
+            f"divisor={divisor} needs a float32/64 or complex SUM, got {x.dtype}"
         )
+    segment_bytes = check_segment_bytes(segment_bytes)
     return prim.bind(
         x,
         op=_hashable(op),
         comm=_hashable(comm),
         divisor=divisor,
         in_place=bool(in_place),
-        segment_bytes=check_segment_bytes(segment_bytes),
+        segment_bytes=segment_bytes,
     )
 
 
@@ -459,7 +527,7 @@ def host_allreduce(
         raise ValueError(
             f"src {src.dtype}[{src.size}] and dst {dst.dtype}[{dst.size}] differ"
         )
-    check_segment_bytes(segment_bytes)
+    segment_bytes = check_segment_bytes(segment_bytes)
     msg = ctypes.create_string_buffer(512)
     rc = _state["host"](
         src.ctypes.data,
@@ -469,8 +537,9 @@ def host_allreduce(
         to_dtype_handle(dst.dtype),
         to_mpi_handle(op),
         int(divisor),
-        int(segment_bytes),
-        RING_MIN_BYTES,
+        segment_bytes,
+        ring_min_bytes(comm),
+        MAX_COUNT,
         msg,
         len(msg),
     )

@@ -43,12 +43,9 @@ def config_record(t: Trainer) -> dict[str, Any]:
     return {
         "config": t.config,
         "world_size": t.world.size,
-        "strategy": {
-            "name": t.averager.name,
-            "executor": t.averager.executor,
-            # Which dense allreduce runs and why (research.comm.ring.agree).
-            "allreduce": getattr(t.averager, "allreduce_choice", None),
-        },
+        "strategy": {"name": t.averager.name, "executor": t.averager.executor},
+        # Which allreduce ran and why (research.comm.dense: agreed by all ranks).
+        "allreduce": getattr(t.averager, "allreduce_choice", None),
         "link": link_label(t.config.link),
         "imbalance": getattr(t.imbalance, "describe", lambda: t.imbalance.name)(),
         "model_params": param_count(t.state.params),

@@ -14,6 +14,34 @@ os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
 os.environ.setdefault("NPROC", "1")  # XLA:CPU's intra-op pool: one thread
 
 
+def _expected_size() -> int | None:
+    """The -n this job was launched with: RESEARCH_EXPECTED_NP (tests/test_mpi.py
+    exports it), else what the launcher tells its processes (MPICH's PMI,
+    Open MPI, Slurm)."""
+    for var in ("RESEARCH_EXPECTED_NP", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        if os.environ.get(var):
+            return int(os.environ[var])
+    return None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def launched_world_size():
+    """Every test file checks that it got the world it was launched for: a
+    launch that gave each process a world of one would pass every size-generic
+    expectation otherwise."""
+    from mpi4py import MPI
+
+    want = _expected_size()
+    got = MPI.COMM_WORLD.Get_size()
+    assert want is not None, (
+        "tests/mpi runs under mpiexec: set RESEARCH_EXPECTED_NP to the -n you "
+        "launch with (tests/test_mpi.py does)"
+    )
+    assert got == want, f"launched with -n {want} but MPI.COMM_WORLD has {got} ranks"
+    assert got > 1, "tests/mpi needs at least 2 ranks"
+    return got
+
+
 @pytest.fixture(scope="session")
 def world():
     from research.comm.world import get_world

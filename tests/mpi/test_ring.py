@@ -83,9 +83,9 @@ def test_mean_folded_in_is_the_sum_divided(world, n, dtype):
 
 def test_divisor_needs_a_float_sum(world):
     comm = world.dup("test-ring")
-    with pytest.raises(ValueError, match="float32 or float64 SUM"):
+    with pytest.raises(ValueError, match="float32/64 or complex SUM"):
         ring.allreduce(jnp.ones(4, jnp.int32), op=MPI.SUM, comm=comm, divisor=2)
-    with pytest.raises(ValueError, match="float32 or float64 SUM"):
+    with pytest.raises(ValueError, match="float32/64 or complex SUM"):
         ring.allreduce(jnp.ones(4), op=MPI.MAX, comm=comm, divisor=2)
     with pytest.raises(ValueError, match=">= 1"):
         ring.allreduce(jnp.ones(4), op=MPI.SUM, comm=comm, divisor=0)
@@ -185,10 +185,144 @@ def test_host_averager_ring_equals_mpi4py(world):
     opts = dict(bucket_bytes=4096, alone_bytes=65536)
     a, _ = HostAllreduce(world, **opts).reduce(tree)
     b, _ = HostAllreduce(world, native=False, **opts).reduce(tree)
-    for k in tree:
-        np.testing.assert_allclose(
-            np.asarray(a[k], np.float64), np.asarray(b[k], np.float64), rtol=2**-7
+    for k in ("big", "small", "half"):
+        # Both within a bfloat16 rounding of the float64 mean of the inputs
+        # (at 3 ranks they divide at different points, so their bits differ).
+        want = _mean64(world, np.asarray(tree[k], np.float64))
+        for got in (a[k], b[k]):
+            np.testing.assert_allclose(
+                np.asarray(got, np.float64), want, rtol=2**-7, atol=2**-7
+            )
+    for got in (a["count"], b["count"]):
+        np.testing.assert_array_equal(
+            np.asarray(got), np.arange(70_000) * (world.size - 1) // 2
         )
-    np.testing.assert_array_equal(
-        np.asarray(a["count"]), np.arange(70_000) * (world.size - 1) // 2
-    )
+
+
+def _mean64(world, x):
+    """The mean of every rank's ``x`` in float64 (complex128), computed from
+    the gathered inputs: independent of every allreduce under test."""
+    wide = np.complex128 if np.iscomplexobj(x) else np.float64
+    return np.mean([np.asarray(a, wide) for a in world.allgather(np.asarray(x))], 0)
+
+
+def _agreed(world, averager):
+    choice = averager.allreduce_choice
+    assert len({repr(c) for c in world.allgather(choice)}) == 1, "ranks agree"
+    return choice
+
+
+ANY_TREE_DTYPES = [
+    jnp.float32,
+    jnp.float64,
+    jnp.bfloat16,
+    jnp.float16,
+    jnp.complex64,
+    jnp.complex128,
+]
+
+
+def _any_tree(world):
+    rng = np.random.default_rng(world.rank)
+    tree = {}
+    for dt in ANY_TREE_DTYPES:
+        for n in (5, 70_001):  # a packed leaf and a solo one
+            v = rng.integers(-50, 50, n).astype(np.float64)
+            if np.issubdtype(np.dtype(dt), np.complexfloating):
+                v = v + 1j * rng.integers(-50, 50, n)
+            tree[f"{np.dtype(dt).name}-{n}"] = v.astype(dt)
+    return tree
+
+
+@pytest.mark.parametrize("strategy", ["fused", "host"])
+def test_any_tree_averages_and_the_ring_ran(world, strategy):
+    """Every float and complex dtype averages to the float64 mean of the
+    gathered inputs, and the ring's own counter (in the C library, which the
+    MPI_Allreduce fallback never touches) shows that the ring summed them."""
+    from research.comm.dense import HostAllreduce
+
+    with jax.enable_x64(True):
+        tree = _any_tree(world)
+        if strategy == "fused":
+            avg = FusedAllreduce(world, bucket_bytes=65536, alone_bytes=262144)
+            assert _agreed(world, avg) == {"ring": True, "reason": None, "notes": []}
+            before = ring.ring_calls()
+            out = jax.jit(avg.average_in_jit)(jax.tree.map(jnp.asarray, tree))
+        else:
+            avg = HostAllreduce(world, bucket_bytes=65536, alone_bytes=262144)
+            assert _agreed(world, avg)["ring"]
+            before = ring.ring_calls()
+            out, _ = avg.reduce(tree)
+        out = jax.tree.map(np.asarray, out)
+    assert ring.ring_calls() > before, "the ring summed at least one bucket"
+    for k, v in tree.items():
+        assert out[k].dtype == v.dtype, k
+        # Tolerance by the precision of the leaf's real part.
+        tol = {2: 1e-2, 4: 1e-6, 8: 1e-12}[jnp.finfo(v.dtype).bits // 8]
+        np.testing.assert_allclose(
+            out[k].astype(np.complex128 if np.iscomplexobj(v) else np.float64),
+            _mean64(world, v),
+            rtol=tol,
+            atol=tol,
+            err_msg=k,
+        )
+
+
+def test_host_float64_numpy_leaf_without_x64(world):
+    """A float64 numpy leaf under default jax (x64 off) travels as float32
+    (the canonical dtype) instead of failing on the dtype mismatch."""
+    from research.comm.dense import HostAllreduce
+
+    x = np.arange(70_001, dtype=np.float64) * (world.rank + 1)
+    out, _ = HostAllreduce(world).reduce({"w": x})
+    np.testing.assert_allclose(np.asarray(out["w"], np.float64), _mean64(world, x))
+
+
+def test_fallback_does_not_move_the_counter(world):
+    """native=False takes MPI_Allreduce: same mean, counter unchanged (the
+    counter tells the two paths apart)."""
+    x = jnp.asarray(np.full(100_000, world.rank, np.float32))
+    avg = FusedAllreduce(world, native=False)
+    assert avg.allreduce_choice["ring"] is False
+    before = ring.ring_calls()
+    out = jax.jit(avg.average_in_jit)({"x": x})["x"]
+    np.testing.assert_allclose(np.asarray(out), _mean64(world, np.asarray(x)))
+    assert ring.ring_calls() == before
+
+
+@pytest.mark.parametrize("bad", [-1, 0, 2**40, 1.5, True])
+def test_bad_segment_bytes_refused_before_communication(world, bad):
+    from research.comm.registry import check_options
+
+    comm = world.dup("test-ring")
+    x = np.zeros(100_000, np.float32)
+    with pytest.raises(ValueError, match="segment_bytes"):
+        ring.host_allreduce(x, x, comm=comm, segment_bytes=bad)
+    with pytest.raises(ValueError, match="segment_bytes"):
+        ring.allreduce(jnp.asarray(x), op=MPI.SUM, comm=comm, segment_bytes=bad)
+    with pytest.raises(ValueError, match="segment_bytes"):
+        FusedAllreduce(world, segment_bytes=bad)
+    assert "segment_bytes" in check_options("fused", {"segment_bytes": bad})
+
+
+@pytest.mark.parametrize("n", [10_007, 3 * 4096])
+def test_large_buffers_go_in_pieces(world, monkeypatch, n):
+    """Buffers over MAX_COUNT elements (2^31 - 1 for real) are summed in pieces
+    of MAX_COUNT, each piece a ring of its own; shrunk here to test the cut
+    without allocating 8 GB."""
+    monkeypatch.setattr(ring, "MAX_COUNT", 4096)
+    monkeypatch.setattr(ring, "RING_MIN_BYTES_PER_RANK", 1024)
+    comm = world.dup("test-ring")
+    x = (np.arange(n) % 977 * (world.rank + 1)).astype(np.float64)
+    pieces = -(-n // 4096)
+    before = ring.ring_calls()
+    dst = np.empty_like(x)
+    ring.host_allreduce(x, dst, comm=comm, divisor=world.size, segment_bytes=1000)
+    assert ring.ring_calls() - before == pieces
+    np.testing.assert_allclose(dst, _mean64(world, x), rtol=1e-12)
+    with jax.enable_x64(True):
+        got = jax.jit(
+            lambda v: ring.allreduce(v, op=MPI.SUM, comm=comm, divisor=world.size)
+        )(jnp.asarray(x))
+    assert ring.ring_calls() - before == 2 * pieces
+    np.testing.assert_allclose(np.asarray(got), _mean64(world, x), rtol=1e-12)

@@ -136,7 +136,7 @@ def test_nonblocking_several_in_flight(comm):
         blocking = sparse_allreduce(comm, v, h.stats.algorithm)
         assert out.to_dense().tobytes() == blocking.to_dense().tobytes(), a
         assert same_on_every_rank(comm, out)
-        assert h.done() and h.stats.bytes_sent > 0 or comm.Get_size() == 1
+        assert h.done() and h.stats.bytes_sent > 0
 
 
 @pytest.mark.parametrize("algorithm", ALL)
@@ -165,7 +165,7 @@ def test_quantized_is_the_sum_of_dequantized_contributions(
     if st.algorithm in ("ssar_rd", "ssar_sag") and density <= 0.01:
         # Fewer bytes in all (a rank sending only merged sums saves nothing).
         saved = comm.allreduce(st0.bytes_sent - st.bytes_sent)
-        assert comm.Get_size() == 1 or saved > 0
+        assert saved > 0
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

@@ -39,10 +39,6 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-// Reductions the ring itself ran (not the MPI_Allreduce fallback); read by
-// research_ring_calls(), so tests can tell the ring from its fallback.
-std::atomic<int64_t> ring_calls{0};
-
 // MPI handles travel as int64 attributes: ints in MPICH, pointers elsewhere.
 template <typename H>
 H FromHandle(int64_t v) {
@@ -52,6 +48,10 @@ H FromHandle(int64_t v) {
     return static_cast<H>(v);
   }
 }
+
+// Calls that took the ring (not MPI_Allreduce): tests read it to tell the
+// ring from its fallback, which cannot move it.
+std::atomic<int64_t> g_ring_calls{0};
 
 bool IsPowerOfTwo(int64_t d) { return d > 0 && (d & (d - 1)) == 0; }
 
@@ -114,6 +114,7 @@ int Ring(const char* src, char* dst, size_t count, MPI_Datatype t,
   int size = 1, rank = 0;
   MPI_Comm_size(comm, &size);
   MPI_Comm_rank(comm, &rank);
+  g_ring_calls.fetch_add(1, std::memory_order_relaxed);
   const size_t es = k.size;
   std::vector<size_t> cnt(size), off(size);
   for (int r = 0; r < size; ++r) {
@@ -160,25 +161,30 @@ int Ring(const char* src, char* dst, size_t count, MPI_Datatype t,
 
 // Sums `nbytes` of `src` into `dst` (which may be `src`); 0 or an MPI error
 // code, or -1 with `*why` set for bad arguments.
-int Allreduce(const char* src, char* dst, size_t nbytes, MPI_Datatype t, MPI_Op op,
-              MPI_Comm comm, int64_t divisor, int64_t segment_bytes,
-              int64_t ring_min_bytes, const char** why) {
-  int type_size = 0;
-  MPI_Type_size(t, &type_size);
-  if (type_size <= 0) return *why = "bad MPI datatype", -1;
-  const size_t count = nbytes / static_cast<size_t>(type_size);
-  if (count > INT_MAX) return *why = "buffer too large for MPI", -1;
-  const Kind* kind = RingKind(t);
-  const bool floating = t == MPI_FLOAT || t == MPI_DOUBLE;
-  if (divisor > 1 && !(floating && op == MPI_SUM))
-    return *why = "divisor needs a float32/float64 SUM", -1;
-  if (count == 0) return MPI_SUCCESS;
+// Complex sums are sums of the real and imaginary parts: a complex buffer
+// travels as twice as many reals (a divisor divides both parts alike).
+// mpi4jax hands complex64/128 over as the Fortran MPI_COMPLEX/DOUBLE_COMPLEX.
+MPI_Datatype RealOf(MPI_Datatype t) {
+  if (t == MPI_DATATYPE_NULL) return t;
+  if (t == MPI_COMPLEX || t == MPI_C_FLOAT_COMPLEX || t == MPI_C_COMPLEX ||
+      t == MPI_CXX_FLOAT_COMPLEX)
+    return MPI_FLOAT;
+  if (t == MPI_DOUBLE_COMPLEX || t == MPI_C_DOUBLE_COMPLEX ||
+      t == MPI_CXX_DOUBLE_COMPLEX)
+    return MPI_DOUBLE;
+  return t;
+}
+
+// One piece of at most max_count elements (MPI counts are int).
+int AllreducePiece(const char* src, char* dst, size_t count, size_t es,
+                   MPI_Datatype t, const Kind* kind, MPI_Op op, MPI_Comm comm,
+                   int64_t divisor, int64_t segment_bytes, int64_t ring_min_bytes) {
+  const size_t nbytes = count * es;
   int size = 1;
   MPI_Comm_size(comm, &size);
   if (kind != nullptr && op == MPI_SUM && size > 1 &&
       nbytes >= static_cast<size_t>(ring_min_bytes) &&
       count >= static_cast<size_t>(size)) {
-    ring_calls.fetch_add(1, std::memory_order_relaxed);
     return Ring(src, dst, count, t, *kind, comm, divisor,
                 static_cast<size_t>(segment_bytes));
   }
@@ -186,6 +192,34 @@ int Allreduce(const char* src, char* dst, size_t nbytes, MPI_Datatype t, MPI_Op 
   int rc = MPI_Allreduce(MPI_IN_PLACE, dst, static_cast<int>(count), t, op, comm);
   if (rc == MPI_SUCCESS && divisor > 1) kind->divide(dst, count, divisor);
   return rc;
+}
+
+int Allreduce(const char* src, char* dst, size_t nbytes, MPI_Datatype t, MPI_Op op,
+              MPI_Comm comm, int64_t divisor, int64_t segment_bytes,
+              int64_t ring_min_bytes, int64_t max_count, const char** why) {
+  const MPI_Datatype real = RealOf(t);
+  if (real != t && op != MPI_SUM) return *why = "complex buffers need SUM", -1;
+  t = real;
+  int type_size = 0;
+  MPI_Type_size(t, &type_size);
+  if (type_size <= 0) return *why = "bad MPI datatype", -1;
+  if (segment_bytes < 1) return *why = "segment_bytes must be >= 1", -1;
+  if (max_count < 1 || max_count > INT_MAX)
+    return *why = "max_count must be in [1, INT_MAX]", -1;
+  const size_t es = static_cast<size_t>(type_size);
+  const size_t count = nbytes / es;
+  const Kind* kind = RingKind(t);
+  const bool floating = t == MPI_FLOAT || t == MPI_DOUBLE;
+  if (divisor > 1 && !(floating && op == MPI_SUM))
+    return *why = "divisor needs a float32/float64 SUM", -1;
+  // Larger buffers go in pieces: every rank cuts the same pieces.
+  for (size_t start = 0; start < count; start += static_cast<size_t>(max_count)) {
+    const size_t n = std::min(count - start, static_cast<size_t>(max_count));
+    int rc = AllreducePiece(src + start * es, dst + start * es, n, es, t, kind, op,
+                            comm, divisor, segment_bytes, ring_min_bytes);
+    if (rc != MPI_SUCCESS) return rc;
+  }
+  return MPI_SUCCESS;
 }
 
 std::string Describe(int rc, const char* why) {
@@ -199,13 +233,14 @@ std::string Describe(int rc, const char* why) {
 ffi::Error RingAllreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> out,
                          ffi::Result<ffi::Token>, int64_t comm_handle,
                          int64_t dtype_handle, int64_t op_handle, int64_t divisor,
-                         int64_t segment_bytes, int64_t ring_min_bytes) {
+                         int64_t segment_bytes, int64_t ring_min_bytes,
+                         int64_t max_count) {
   const char* why = "";
   int rc = Allreduce(static_cast<const char*>(x.untyped_data()),
                      static_cast<char*>(out->untyped_data()), x.size_bytes(),
                      FromHandle<MPI_Datatype>(dtype_handle), FromHandle<MPI_Op>(op_handle),
                      FromHandle<MPI_Comm>(comm_handle), divisor, segment_bytes,
-                     ring_min_bytes, &why);
+                     ring_min_bytes, max_count, &why);
   if (rc == -1) return ffi::Error::InvalidArgument(Describe(rc, why));
   if (rc != MPI_SUCCESS) return ffi::Error::Internal(Describe(rc, why));
   return ffi::Error::Success();
@@ -225,7 +260,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(research_ring_allreduce, RingAllreduce,
                                   .Attr<int64_t>("op")
                                   .Attr<int64_t>("divisor")
                                   .Attr<int64_t>("segment_bytes")
-                                  .Attr<int64_t>("ring_min_bytes"));
+                                  .Attr<int64_t>("ring_min_bytes")
+                                  .Attr<int64_t>("max_count"));
 
 // The same for host buffers (research.comm.ring.host_allreduce, via ctypes):
 // 0 on success; else 2 (bad arguments) or 1 (MPI failed), with a message of at
@@ -234,13 +270,14 @@ extern "C" int research_ring_allreduce_host(const void* src, void* dst,
                                             int64_t nbytes, int64_t comm_handle,
                                             int64_t dtype_handle, int64_t op_handle,
                                             int64_t divisor, int64_t segment_bytes,
-                                            int64_t ring_min_bytes, char* msg,
+                                            int64_t ring_min_bytes,
+                                            int64_t max_count, char* msg,
                                             int64_t msg_len) {
   const char* why = "";
   int rc = Allreduce(static_cast<const char*>(src), static_cast<char*>(dst),
                      static_cast<size_t>(nbytes), FromHandle<MPI_Datatype>(dtype_handle),
                      FromHandle<MPI_Op>(op_handle), FromHandle<MPI_Comm>(comm_handle),
-                     divisor, segment_bytes, ring_min_bytes, &why);
+                     divisor, segment_bytes, ring_min_bytes, max_count, &why);
   if (rc != MPI_SUCCESS && msg_len > 0) {
     std::string text = Describe(rc, why);
     size_t n = std::min(text.size(), static_cast<size_t>(msg_len - 1));
@@ -250,18 +287,12 @@ extern "C" int research_ring_allreduce_host(const void* src, void* dst,
   return rc == MPI_SUCCESS ? 0 : (rc == -1 ? 2 : 1);
 }
 
-// How many reductions the ring ran in this process (its fallback not counted).
-extern "C" int64_t research_ring_calls() { return ring_calls.load(); }
+// How many calls took the ring (see g_ring_calls).
+extern "C" int64_t research_ring_calls() { return g_ring_calls.load(); }
 
-// Whose mpi.h this library was compiled against: its handle types and
-// constants are that MPI's, so research/comm/ring.py refuses to load it into a
-// process whose libmpi is another family's (mpi4jax makes the same check).
-extern "C" const char* research_ring_mpi_headers() {
-#if defined(OPEN_MPI)
-  return "Open MPI";
-#elif defined(MPICH_VERSION)
-  return "MPICH";
-#else
-  return "unknown";
+#ifndef RESEARCH_BUILT_MPI
+#define RESEARCH_BUILT_MPI ""
 #endif
-}
+// MPI_Get_library_version() of the MPI this library was compiled for, recorded
+// at build time; the loader refuses the library when mpi4py's MPI differs.
+extern "C" const char* research_ring_built_mpi() { return RESEARCH_BUILT_MPI; }
