@@ -226,3 +226,59 @@ def test_relaunch_finds_the_site_mpiexec(site, tmp_path):
     assert proc.returncode == 0, _fail("--np 3 relaunch", proc)
     config, _ = _records(run)
     assert config["world_size"] == 3 and "Open MPI" in config["versions"]["mpi"]
+
+
+@pytest.fixture(scope="module")
+def slurm(site):
+    """A one-node Slurm (scripts/cluster/slurm_localhost.sh), as in test_slurm.py."""
+    script = ROOT / "scripts" / "cluster" / "slurm_localhost.sh"
+    proc = subprocess.run(
+        ["bash", str(script), "start"], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        pytest.skip(proc.stderr.strip() or "Slurm did not start")
+    yield {"SLURM_CONF": proc.stdout.strip(), "SRUN_CPU_BIND": "none"}
+    subprocess.run(["bash", str(script), "stop"], check=False)
+
+
+def test_mpirun_inside_a_slurm_allocation(site, slurm, tmp_path):
+    """Open MPI's mpirun takes its ranks from the allocation (its plm/ras slurm)."""
+    python, mpirun = site
+    run = tmp_path / "run"
+    cmd = f"{mpirun} {python} -m experiments.train {' '.join(TINY)} --steps 4"
+    proc = _run(
+        [
+            "sbatch",
+            "--wait",
+            "-n",
+            "2",
+            "-o",
+            str(tmp_path / "slurm-%j.out"),
+            "--wrap",
+            f"{cmd} --run-dir {run}",
+        ],
+        **slurm,
+    )
+    log = "\n".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
+    assert proc.returncode == 0, _fail("sbatch mpirun", proc) + log[-4000:]
+    config, _ = _records(run)
+    assert config["world_size"] == 2 and "Open MPI" in config["versions"]["mpi"]
+
+
+def test_srun_direct_launch_needs_pmix(site, slurm, tmp_path):
+    """``srun`` starts Open MPI 4.1's ranks only through Slurm's PMIx plugin."""
+    python, _ = site
+    plugins = _run(["srun", "--mpi=list"], **slurm)
+    if "pmix" not in plugins.stdout + plugins.stderr:
+        pytest.skip(
+            "this Slurm has no PMIx plugin (srun --mpi=list: "
+            f"{' '.join((plugins.stdout + plugins.stderr).split())}); Debian's Open "
+            "MPI 4.1 has no PMI-1/2 client (ompi_info: pmix ext3x, isolated, "
+            "flux only): mpirun inside the allocation is the way"
+        )
+    run = tmp_path / "run"
+    cmd = ["srun", "--mpi=pmix", "-n", "2", python, "-m", "experiments.train"]
+    proc = _run([*cmd, *TINY, "--steps", "4", "--run-dir", str(run)], **slurm)
+    assert proc.returncode == 0, _fail("srun --mpi=pmix", proc)
+    config, _ = _records(run)
+    assert config["world_size"] == 2
