@@ -34,41 +34,20 @@ def fail_usage(prog: str, message: str) -> None:
 
 
 def mpiexec_path() -> str:
-    """The ``mpiexec`` of the MPI this environment's mpi4py was built against.
+    """The ``mpiexec`` of this environment (the mpich wheel's), else the PATH's.
 
-    In order: the environment's own (the mpich wheel's ``.venv/bin/mpiexec``);
-    the ``mpiexec`` or ``mpirun`` next to the ``mpicc`` that mpi4py was built
-    with (a site MPI, ``scripts/install.sh --site-mpi``), so another MPI earlier
-    on PATH is not picked; else the PATH's.
+    A site-MPI environment (``scripts/install.sh --site-mpi``) has none of its
+    own: the site MPI's ``mpiexec``/``mpirun`` on PATH (its module loaded) is it.
     """
     local = Path(sys.executable).parent / "mpiexec"
     if local.exists():
         return str(local)
-    mpi_bin = _mpi4py_bin()
-    for name in ("mpiexec", "mpirun") if mpi_bin else ():
-        if os.access(mpi_bin / name, os.X_OK):
-            return str(mpi_bin / name)
     found = shutil.which("mpiexec") or shutil.which("mpirun")
     if found is None:
         raise UsageError(
             "no mpiexec found: run `make run` once, or put mpiexec on PATH"
         )
     return found
-
-
-def _mpi4py_bin() -> Path | None:
-    """The folder of the ``mpicc`` mpi4py was built with (None for a binary wheel).
-
-    Reads mpi4py's build configuration only: importing ``mpi4py.MPI`` would
-    initialise MPI in the launching process.
-    """
-    try:
-        import mpi4py
-
-        mpicc = mpi4py.get_config().get("mpicc")
-    except Exception:  # no mpi4py, or one without a build configuration
-        return None
-    return Path(mpicc).parent if mpicc and os.path.isabs(mpicc) else None
 
 
 def bind_args(mpiexec: str, cores_per_rank: int) -> list[str] | None:

@@ -49,10 +49,14 @@ if [ "$MODE" = site ]; then
   $PIP install -q "jax>=0.10,<0.11" "jaxlib>=0.10,<0.11" "numpy>=2.0,<3" nanobind cython
   # Built here, never from pip's wheel cache: a wheel cached from a build against
   # another MPI (a laptop venv's mpi4jax) has the same name and would be reused.
-  # Rebuilt unless the installed mpi4py was built with this very mpicc.
-  if ! "$VENV/bin/python" -c "import mpi4py, os, sys; r = os.path.realpath; sys.exit(r(mpi4py.get_config().get('mpicc', '')) != r(sys.argv[1]))" "$MPICC" 2>/dev/null; then
+  # Rebuilt unless the installed mpi4py was built here with this very mpicc
+  # (mpi4py 4 records no build configuration of its own: $VENV/.site-mpicc does).
+  STAMP_MPICC="$VENV/.site-mpicc"
+  if [ "$(cat "$STAMP_MPICC" 2>/dev/null)" != "$(readlink -f "$MPICC")" ] ||
+     ! "$VENV/bin/python" -c "import mpi4py" 2>/dev/null; then
     echo "[install] building mpi4py from source with MPICC=$MPICC"
     MPICC="$MPICC" $PIP install -q --no-cache-dir --no-binary mpi4py --force-reinstall --no-deps "mpi4py>=4.1,<5"
+    readlink -f "$MPICC" > "$STAMP_MPICC"
     MPI4PY_BUILT=1
   fi
   # mpi4jax compiles against the MPI it finds through mpicc: the site MPI's goes first.
