@@ -35,7 +35,11 @@ def fail_usage(prog: str, message: str) -> None:
 
 
 def mpiexec_path() -> str:
-    """The ``mpiexec`` of this environment (the mpich wheel's), else the PATH's."""
+    """The ``mpiexec`` of this environment (the mpich wheel's), else the PATH's.
+
+    A site-MPI environment (``scripts/install.sh --site-mpi``) has none of its
+    own: the site MPI's ``mpiexec``/``mpirun`` on PATH (its module loaded) is it.
+    """
     local = Path(sys.executable).parent / "mpiexec"
     if local.exists():
         return str(local)
