@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from research.checkpoint.manifest import committed_steps, read_manifest
+from research.checkpoint.tiers import default_fast_root
 from tests.test_train_resume import ARGS, _env
 
 LIMIT_S = 300
@@ -84,3 +85,5 @@ def test_killed_writer_ends_the_job_and_the_same_command_resumes(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["resumed_from"] == last
     assert summary["steps"] == 60
+    # The killed run's fast tier was taken over and removed by the resumed run.
+    assert not default_fast_root(run / "checkpoints").exists()
