@@ -24,7 +24,11 @@ LIMIT_S = 300
 
 
 def _committed(run: Path) -> list[int]:
-    return committed_steps(read_manifest(run / "checkpoints"))
+    return _committed_in(run / "checkpoints")
+
+
+def _committed_in(tier: Path) -> list[int]:
+    return committed_steps(read_manifest(tier))
 
 
 def _parent(pid: int) -> int:
@@ -76,7 +80,10 @@ def test_killed_writer_ends_the_job_and_the_same_command_resumes(tmp_path):
     # Checkpoints every 5 of 60 steps, killed at the first: later saves need it.
     assert job.returncode != 0, out[-3000:]
     assert "checkpoint writer process ended" in out, out[-3000:]
-    last = max(_committed(run))
+    # The newest step committed in either tier (the node-local fast tier may
+    # hold one not yet flushed to the persistent tier).
+    fast = default_fast_root(run / "checkpoints")
+    last = max(_committed(run) + (_committed_in(fast) if fast.exists() else []))
 
     again = subprocess.run(
         cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=LIMIT_S
