@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from research.comm.env import env_rank, launched_by_mpi
@@ -204,20 +206,41 @@ def remove_orphaned_shm() -> list[str]:
     return removed
 
 
+#: Signals the relaunching process hands on to its mpiexec, which (MPICH's
+#: Hydra) forwards them to every rank: the clean-stop signals of
+#: ``research.train.preemption``.
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
 def relaunch(module: str, argv: list[str], np_: int, threads: int = 1) -> int:
     """Run ``python -m module argv`` under ``mpiexec -n np_`` and return its exit code.
 
-    Rank output streams straight through. Ctrl-C stops the whole job.
+    Rank output streams straight through. Ctrl-C stops the whole job. SIGTERM
+    and SIGUSR1 are forwarded to mpiexec (the ranks stop cleanly and exit
+    ``128 + signal``, which is returned); a signal sent to the whole process
+    group reaches mpiexec twice, which is harmless (the ranks keep a flag).
     """
     env = launch_env(dict(os.environ))  # huge pages for malloc (research.malloc)
     env.update(thread_env(threads))
     env.setdefault("PYTHONUNBUFFERED", "1")
     cmd = [mpiexec_path(), "-n", str(np_), sys.executable, "-m", module, *argv]
     remove_orphaned_shm()  # a killed earlier job's MPICH segments
+    proc = subprocess.Popen(cmd, env=env)
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in FORWARDED_SIGNALS:
+            previous[sig] = signal.signal(
+                sig, lambda signum, _frame: proc.send_signal(signum)
+            )
     try:
-        code = subprocess.call(cmd, env=env)
-    except KeyboardInterrupt:
+        code = proc.wait()
+    except KeyboardInterrupt:  # as subprocess.call did: mpiexec got SIGINT too
+        proc.kill()
+        proc.wait()
         code = 130
+    finally:
+        for sig, prev in previous.items():
+            signal.signal(sig, prev)
     if code != 0:
         remove_orphaned_shm()  # an aborted job's MPICH segments
     return code

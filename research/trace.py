@@ -17,6 +17,11 @@ Design choices (see also README "Timeline"):
   flush, and a run killed midway leaves valid per-rank files. Rank 0 merges them
   into ``trace.json`` at every flush (atomically, via rename) and at the end, so
   ``trace.json`` is valid JSON whenever it exists.
+* Flushed by count (``flush_every`` events, on the recording thread) and by time:
+  a daemon thread flushes pending events every ``flush_every_s`` seconds
+  (default 2), so a run killed with SIGKILL (the OOM killer, a node failure, a
+  batch system's last word) keeps all but its last seconds. The training thread
+  only appends to a list; the writing happens on that thread.
 * Size is bounded: at most ``max_events`` events per rank (default 200,000, about
   25 MB merged for 4 ranks); later events are counted, not stored, and the count is
   recorded as a ``dropped_events`` metadata event.
@@ -122,6 +127,7 @@ class Tracer:
         max_events: int = 200_000,
         flush_every: int = 5_000,
         merge_every_s: float = 30.0,
+        flush_every_s: float | None = 2.0,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.rank, self.size, self.comm = rank, size, comm
@@ -132,8 +138,11 @@ class Tracer:
         self._events: list[dict] = []
         self._stored = 0
         self._dropped = 0
+        self._dropped_written = 0
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()  # one writer of the file at a time
         self._closed = False
+        self._stop_timer = threading.Event()
         (self.run_dir / "trace").mkdir(parents=True, exist_ok=True)
         self._path = self.run_dir / "trace" / f"rank{rank}.json"
         if comm is not None:
@@ -177,6 +186,19 @@ class Tracer:
             )
         with open(self._path, "w") as f:
             f.write("[\n" + ",\n".join(json.dumps(e) for e in meta) + "\n]")
+        self._timer = None
+        if flush_every_s:
+            self._timer = threading.Thread(
+                target=self._flush_by_time,
+                args=(flush_every_s,),
+                name=f"trace-flush-r{rank}",
+                daemon=True,  # never keeps a finished or failing process alive
+            )
+            self._timer.start()
+
+    def _flush_by_time(self, every_s: float) -> None:
+        while not self._stop_timer.wait(every_s):
+            self.flush()
 
     @classmethod
     def start(
@@ -235,10 +257,23 @@ class Tracer:
 
     # -- writing -----------------------------------------------------------------
     def flush(self) -> None:
-        """Append pending events to this rank's file, keeping it valid JSON."""
+        """Append pending events to this rank's file, keeping it valid JSON.
+
+        Thread-safe: the recording thread (by count), the timer thread (by
+        time) and ``close`` may call it.
+        """
+        with self._write_lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
         with self._lock:
             events, self._events = self._events, []
             dropped = self._dropped
+        # The count is cumulative (the last one written holds): written again
+        # only when it grew, not at every timed flush.
+        dropped, self._dropped_written = (
+            (dropped, dropped) if dropped != self._dropped_written else (0, dropped)
+        )
         if not events and not dropped:
             return
         if dropped:
@@ -275,6 +310,9 @@ class Tracer:
         if self._closed:
             return
         self._closed = True
+        self._stop_timer.set()
+        if self._timer is not None and self._timer is not threading.current_thread():
+            self._timer.join()
         self.flush()
         if not collective:
             return

@@ -44,6 +44,7 @@ class CheckpointCallback(Callback):
         self._kw = kw
         self._world = None
         self._end_s = 0.0
+        self._saved_at: int | None = None
 
     @classmethod
     def for_run(cls, config: Any) -> CheckpointCallback:
@@ -88,11 +89,19 @@ class CheckpointCallback(Callback):
             step, self.config.every, trainer.total_steps, last=self.config.final
         ):
             trainer.drain()  # nothing in flight or carried in the snapshot
-            self.ckpt.save(
-                step,
-                trainer.state,
-                extra={"data": trainer.loader.position, "step": step},
-            )
+            self._save(trainer, step)
+
+    def on_stop(self, trainer: Trainer) -> None:
+        """Told to stop: checkpoint this step unless it was just saved."""
+        if self.ckpt is not None and self._saved_at != trainer.step:
+            self.ckpt.wait()  # a free slot: on_busy="skip" must not drop this one
+            self._save(trainer, trainer.step)
+
+    def _save(self, trainer: Trainer, step: int) -> None:
+        self.ckpt.save(
+            step, trainer.state, extra={"data": trainer.loader.position, "step": step}
+        )
+        self._saved_at = step
 
     def on_train_end(self, trainer: Trainer) -> None:
         if self.ckpt is not None:

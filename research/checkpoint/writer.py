@@ -362,6 +362,10 @@ def _run_when_idle() -> None:
 
 def main() -> None:
     _die_with_parent()
+    # A batch system signals every process of the job; the rank decides when
+    # its writer finishes (research.train.preemption), so the writer stays.
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
     nice = int(os.environ.get("RESEARCH_WRITER_NICE", "0"))
     if nice:
         os.nice(nice)

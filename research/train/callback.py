@@ -17,6 +17,11 @@ class Callback:
     def on_step_end(self, trainer: Trainer, step: int) -> None:
         """After the update of step ``step`` (number of completed steps)."""
 
+    def on_stop(self, trainer: Trainer) -> None:
+        """The run was told to stop after step ``trainer.step`` (collective;
+        communication drained): save what must survive. ``on_train_end`` follows.
+        """
+
     def on_train_end(self, trainer: Trainer) -> None:
         """After the last step and the final evaluation."""
 

@@ -19,6 +19,11 @@ one rank leaves the others inside a collective it will never join, so the error
 path runs no collective (the trace is flushed locally, nothing is merged or
 closed collectively) and the exception propagates to the entry point, whose
 abort hook (``research.comm.world.install_abort_on_error``) ends the job.
+
+Told to stop (SIGTERM, SIGUSR1): the ranks agree on a step, drain, checkpoint
+it, write the run folder and ``run`` raises
+:class:`research.train.preemption.Stopped` (exit code 128 + signal); see
+:mod:`research.train.preemption`.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from research.train.evaluate import average_batch_stats, evaluate
 from research.train.executors import StepContext, make_executor
 from research.train.optim import make_optimizer_for
 from research.train.periodic import itstime
+from research.train.preemption import StopAgreement, Stopped, lag_for, save_at_stop
 from research.train.report import config_record, progress_bar, summary_record
 
 __all__ = ["Callback", "Trainer"]
@@ -114,6 +120,8 @@ class Trainer:
                 weight_decay=config.weight_decay if self._local_wd else 0.0,
             ),
         )
+        # Collective (a communicator of its own); catches SIGTERM and SIGUSR1.
+        self.stop = StopAgreement(world, lag_for(self.averager))
         self.step = 0
         self.tracer: Tracer | NullTracer = Tracer.start(
             self.run_dir,
@@ -223,12 +231,14 @@ class Trainer:
 
         On an exception only local clean-up runs (see the module docstring) and
         the exception propagates; the collective clean-up runs on success only.
+        A run told to stop raises :class:`Stopped` after its clean-up.
         """
         prev_tracer = get_tracer()
         set_tracer(self.tracer)
         try:
             summary = self._run()
         except BaseException:
+            self.stop.restore_handlers()
             self.metrics.close()
             self.tracer.close(collective=False)
             set_tracer(prev_tracer)
@@ -237,6 +247,8 @@ class Trainer:
         self.tracer.close()
         set_tracer(prev_tracer)
         self.executor.close()
+        if self.stop.stopped is not None:
+            raise Stopped(self.stop.stopped)
         return summary
 
     def _run(self) -> dict[str, Any]:
@@ -263,8 +275,14 @@ class Trainer:
             if info is not None:
                 self.contributors.append(info.contributors)
             self._after_step(m, info, phases, dt, bar)
+            if self.stop.check(self.step):  # the same step on every rank
+                world.log(f"stopping at step {self.step}: {self.stop.stopped}")
+                break
+        self.stop.close()
         self.drain(final=True)
-        if not self.evals or self.evals[-1]["step"] != self.step:
+        if self.stop.stopped is not None:
+            save_at_stop(self)  # checkpoint this step; no final evaluation
+        elif not self.evals or self.evals[-1]["step"] != self.step:
             self._eval_and_log()
         for cb in self.callbacks:
             cb.on_train_end(self)

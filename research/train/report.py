@@ -99,6 +99,8 @@ def summary_record(t: Trainer) -> dict[str, Any]:
         summary["mean_contributors"] = float(np.mean(t.contributors))
     for cb in t.callbacks:
         summary.update(cb.summary())
+    if t.stop.stopped is not None:  # told to stop (research.train.preemption)
+        summary["stopped"] = t.stop.stopped
     return summary
 
 

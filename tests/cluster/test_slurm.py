@@ -130,3 +130,94 @@ def test_srun_without_pmi_stops_with_one_line(slurm, tmp_path):
     assert proc.returncode != 0
     assert "MPI sees a world of 1: under srun pass --mpi=pmi2" in logs(tmp_path)
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def _job_state(env, job: str) -> dict[str, str]:
+    out = subprocess.run(
+        ["scontrol", "-o", "show", "job", job],
+        env=env,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
+
+
+def _poll(cond, what: str, job_env=None, job: str | None = None, limit=300):
+    import time
+
+    deadline = time.monotonic() + limit
+    while not cond():
+        if time.monotonic() > deadline:
+            state = _job_state(job_env, job) if job else {}
+            pytest.fail(f"no {what} within {limit} s (job {state.get('JobState')})")
+        time.sleep(0.2)
+
+
+def test_usr1_checkpoints_requeues_and_resumes(slurm, tmp_path):
+    """What a time limit does with the template's --signal=USR1@120, at once:
+    ``scancel --signal=USR1`` -> the ranks checkpoint the step they agree on,
+    exit 138, the template requeues the job, and the requeued job (the same
+    command) resumes from that checkpoint."""
+    from research.rundir import read_metrics
+
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-o",
+            str(tmp_path / "slurm-%j.out"),
+            "-n",
+            "2",
+            "scripts/slurm.sbatch",
+            "experiments.train",
+            *TINY,
+            "--steps",
+            "100000",
+            "--checkpoint",
+            "deepfreeze",
+            "--checkpoint-every",
+            "100000",
+            "--eval-every",
+            "0",
+            "--run-dir",
+            str(run),
+        ],
+        cwd=ROOT,
+        env=slurm,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+    try:
+
+        def trained(step: int) -> bool:
+            rows = [r for r in read_metrics(run) if r.get("kind") != "eval"]
+            return bool(rows) and rows[-1]["step"] > step
+
+        _poll(lambda: trained(3), "steps trained", slurm, job)
+        subprocess.run(["scancel", "--signal=USR1", job], env=slurm, check=True)
+        summary_path = run / "summary.json"
+        _poll(summary_path.exists, "summary.json after USR1", slurm, job)
+        first = json.loads(summary_path.read_text())
+        stop = first["stopped"]["step"]
+        assert first["stopped"]["signal"] == "SIGUSR1" and stop == first["steps"]
+        # Requeued by the template, run again, resumed from the stop step.
+        _poll(
+            lambda: int(_job_state(slurm, job).get("Restarts", 0)) >= 1,
+            "requeue",
+            slurm,
+            job,
+        )
+        _poll(lambda: trained(stop + 3), "steps after the requeue", slurm, job)
+        assert f"resumed from step {stop}" in logs(tmp_path)
+        # Stop the requeued run the same way: its summary says where it began.
+        summary_path.unlink()
+        subprocess.run(["scancel", "--signal=USR1", job], env=slurm, check=True)
+        _poll(summary_path.exists, "summary.json after the 2nd USR1", slurm, job)
+        second = json.loads(summary_path.read_text())
+        assert second["resumed_from"] == stop
+        assert second["stopped"]["step"] > stop
+    finally:
+        subprocess.run(["scancel", job], env=slurm, check=False)

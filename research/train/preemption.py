@@ -1,0 +1,184 @@
+"""Stop cleanly when told: every rank stops at one agreed step and saves its work.
+
+A batch system ends a job at its time limit or on preemption with SIGTERM to
+every process, then SIGKILL some seconds later; Slurm sends a signal of the
+user's choice earlier when asked (``#SBATCH --signal=USR1@120``). On SIGTERM or
+SIGUSR1 a :class:`~research.train.loop.Trainer` run
+
+1. finishes the step it is in; the ranks agree on a step to stop at (below);
+2. at that step drains the strategy's communication in flight (as before a
+   checkpoint), saves a checkpoint of that step when a checkpoint strategy is
+   set and waits until it is committed, skips the final evaluation;
+3. flushes the timeline and the metrics, writes ``summary.json`` with
+   ``"stopped": {"signal": "SIGTERM", "step": N, ...}``;
+4. exits with :data:`exit code <STOP_EXIT>` ``128 + signal number``: 143 for
+   SIGTERM, 138 for SIGUSR1 (what a shell reports for a process the signal
+   killed, so a batch script treats both alike). :class:`Stopped`, a
+   ``SystemExit``, carries the code out of ``Trainer.run`` and ends a study of
+   several runs too. The same command run again resumes from that step.
+
+A run that reaches its last step while the ranks are still agreeing ends
+normally (exit 0): its work is done.
+
+The agreement. A signal handler only records the signal (no MPI, no I/O in a
+handler). After every step each rank starts a non-blocking ``Iallreduce(MAX)``
+of its flag on a communicator of its own (``world.dup("preempt")``) and waits
+for the one it started ``lag`` steps earlier. Every rank starts them in the same
+order, one per step, so request s has the same result on every rank; the first
+request whose result is set, s, makes every rank stop after step ``s + lag``,
+the same step everywhere, whether or not the ranks run in lock step. Waiting
+for a request ``lag`` steps old blocks only a rank more than ``lag`` steps
+ahead of the slowest, which lock-step strategies never are; for the partial
+collectives (solo, majority), which let a fast rank run up to ``sync_every``
+rounds ahead, the lag is that bound, so the agreement never slows them down
+(the cost: up to ``sync_every`` more steps before stopping); where nothing
+bounds the distance (a parameter server, ``sync_every=None``) it is
+:data:`UNBOUNDED_LAG` (see :func:`lag_for`). Orbax's preemption sync point
+and torchrun's SIGTERM handling work alike: a flag, then an agreement at a
+step boundary.
+
+Signals reach the ranks through the launcher: ``python -m experiments.X``
+started without mpiexec forwards SIGTERM and SIGUSR1 to its mpiexec
+(``research.launch.relaunch``), and MPICH's mpiexec (Hydra) forwards both to
+every rank and returns the ranks' exit code. Checkpoint writer processes
+ignore both: their rank tells them when to finish.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+#: The signals that stop a run cleanly.
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+#: Steps between a flag's Iallreduce and the wait for it (lock-step strategies).
+DEFAULT_LAG = 2
+#: The lag where the ranks' distance has no bound (a parameter server's workers,
+#: a partial collective that never forces a synchronous round): a fast rank is
+#: held at most this many steps ahead of the slowest while the run lasts.
+UNBOUNDED_LAG = 64
+
+
+def stop_exit_code(signum: int) -> int:
+    """The exit code of a run stopped by ``signum``: ``128 + signum``."""
+    return 128 + int(signum)
+
+
+#: Exit code of a run stopped by SIGTERM (143) and by SIGUSR1 (138).
+STOP_EXIT = {s.name: stop_exit_code(s) for s in SIGNALS}
+
+
+class Stopped(SystemExit):
+    """Raised by ``Trainer.run`` after a clean stop; exits ``128 + signal``."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        super().__init__(stop_exit_code(record["signum"]))
+        self.record = record
+
+
+def lag_for(averager: Any) -> int:
+    """Steps the agreement waits behind: how far apart the ranks may run.
+
+    Partial collectives (``research.comm.partial``) let a rank run up to
+    ``sync_every`` rounds ahead; a parameter server's workers (executor
+    ``server``) run apart without bound; everything else runs in lock step.
+    """
+    if getattr(averager, "executor", None) == "server":
+        return UNBOUNDED_LAG
+    pa = getattr(averager, "pa", None)
+    if pa is None or getattr(pa, "mode", "sync") == "sync":
+        return DEFAULT_LAG
+    every = getattr(pa, "sync_every", None)
+    return max(DEFAULT_LAG, int(every)) if every else UNBOUNDED_LAG
+
+
+class StopAgreement:
+    """Catches the stop signals and agrees across ranks on the step to stop at.
+
+    Args:
+      world: the job's :class:`research.comm.world.World` (collective: it
+        duplicates a communicator).
+      lag: steps between starting a flag's reduction and waiting for it.
+
+    Call :meth:`check` after every step on every rank, then :meth:`close`.
+    """
+
+    def __init__(self, world: Any, lag: int = DEFAULT_LAG) -> None:
+        self.lag = max(1, int(lag))
+        self.comm = world.dup("preempt") if world.size > 1 else None
+        self.received: int | None = None  # the first signal this rank got
+        self.stopped: dict[str, Any] | None = None  # the agreed stop, once known
+        self._pending: deque = deque()  # (step, send, recv, request)
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handler)
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        # Only a flag: MPI, locks and I/O are unsafe in a signal handler.
+        if self.received is None:
+            self.received = signum
+
+    def check(self, step: int) -> bool:
+        """After step ``step``: True when every rank stops here (same on all)."""
+        if self.stopped is not None:
+            return True
+        flag = np.array([self.received or 0], dtype=np.int32)
+        if self.comm is None:
+            return self._decide(step, step, int(flag[0]))
+        from mpi4py import MPI
+
+        out = np.zeros(1, dtype=np.int32)
+        req = self.comm.Iallreduce(flag, out, op=MPI.MAX)
+        self._pending.append((step, flag, out, req))
+        if len(self._pending) <= self.lag:
+            return False
+        flagged_at, _, out, req = self._pending.popleft()
+        req.Wait()
+        return self._decide(step, flagged_at, int(out[0]))
+
+    def _decide(self, step: int, flagged_at: int, signum: int) -> bool:
+        if not signum:
+            return False
+        self.stopped = {
+            "signal": signal.Signals(signum).name,
+            "signum": signum,
+            "step": step,
+            "flagged_at_step": flagged_at,
+            "exit_code": stop_exit_code(signum),
+        }
+        return True
+
+    def close(self) -> None:
+        """Complete the reductions still in flight; restore the signal handlers.
+
+        Collective (every rank started the same reductions). A run that ended
+        at its last step before the agreement came through ends normally.
+        """
+        if self.comm is not None and self._pending:
+            from mpi4py import MPI
+
+            MPI.Request.Waitall([p[3] for p in self._pending])
+            self._pending.clear()
+        self.restore_handlers()
+
+    def restore_handlers(self) -> None:
+        """Put back the handlers found at construction (local; error paths too)."""
+        for sig, prev in self._previous.items():
+            signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
+        self._previous = {}
+
+
+def save_at_stop(trainer: Any) -> None:
+    """At the agreed step: checkpoint it (every callback's ``on_stop``).
+
+    Collective. The strategy's communication has been drained already.
+    """
+    for cb in trainer.callbacks:
+        hook = getattr(cb, "on_stop", None)
+        if hook is not None:
+            hook(trainer)
