@@ -7,6 +7,7 @@ is pinned to one intra-op thread per rank so 4 ranks on 2 cores don't fight.
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,14 @@ def mpiexec() -> str:
     return str(exe) if exe.exists() else "mpiexec"
 
 
+def launcher() -> list[str]:
+    """The launch command: ``RESEARCH_MPIEXEC`` when set (``make test-site-mpi``
+    sets ``mpirun --allow-run-as-root --oversubscribe``, Open MPI's), else
+    :func:`mpiexec`. Either takes ``-n N`` next."""
+    custom = os.environ.get("RESEARCH_MPIEXEC", "").strip()
+    return shlex.split(custom) if custom else [mpiexec()]
+
+
 def run_under_mpiexec(
     np_: int, args: list[str], timeout: float = 300, env_extra: dict | None = None
 ) -> subprocess.CompletedProcess:
@@ -48,7 +57,7 @@ def run_under_mpiexec(
     )
     env.update(COMPILE_CACHE_ENV)
     env.update(env_extra or {})
-    cmd = [mpiexec(), "-n", str(np_), sys.executable, *args]
+    cmd = [*launcher(), "-n", str(np_), sys.executable, *args]
     return subprocess.run(
         cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )
