@@ -113,4 +113,3 @@ def test_fused_and_host_agree_at_three_ranks(tmp_path):
     assert fused["final_test_loss"] == pytest.approx(
         host["final_test_loss"], rel=1e-3
     ), runs
-
