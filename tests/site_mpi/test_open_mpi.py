@@ -107,10 +107,11 @@ def test_fused_and_host_agree_at_three_ranks(tmp_path):
     (the native ring, compiled with Open MPI's mpicxx): the same sums in
     another order, so the same accuracy and a test loss equal to rounding.
     """
-    runs = {s: _train(tmp_path, s, 3, steps=40) for s in ("fused", "host")}
+    runs = {s: _train(tmp_path, s, 3, steps=120) for s in ("fused", "host")}
     fused, host = runs["fused"]["summary"], runs["host"]["summary"]
-    # Learned something: above the chance level of the synthetic task's classes.
-    assert fused["final_test_acc"] > 0.2, fused
+    # Learned something: 10 classes, chance 0.1 (0.70 after 120 steps under the
+    # mpich wheel's mpiexec at 3 ranks, where fused and host were bit-identical).
+    assert fused["final_test_acc"] > 0.4, fused
     assert abs(fused["final_test_acc"] - host["final_test_acc"]) <= 2 / 256, runs
     assert fused["final_test_loss"] == pytest.approx(
         host["final_test_loss"], rel=1e-3
