@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,14 @@ def mpiexec() -> str:
     return str(exe) if exe.exists() else "mpiexec"
 
 
+def launcher() -> list[str]:
+    """The launch command: ``RESEARCH_MPIEXEC`` when set (``make test-site-mpi``
+    sets ``mpirun --allow-run-as-root --oversubscribe``, Open MPI's), else
+    :func:`mpiexec`. Either takes ``-n N`` next."""
+    custom = os.environ.get("RESEARCH_MPIEXEC", "").strip()
+    return shlex.split(custom) if custom else [mpiexec()]
+
+
 def run_under_mpiexec(
     np_: int, args: list[str], timeout: float = 300, env_extra: dict | None = None
 ) -> subprocess.CompletedProcess:
@@ -53,7 +62,7 @@ def run_under_mpiexec(
     # tests/mpi/conftest.py checks the world it gets against this.
     env["RESEARCH_EXPECTED_NP"] = str(np_)
     env.update(env_extra or {})
-    cmd = [mpiexec(), "-n", str(np_), sys.executable, *args]
+    cmd = [*launcher(), "-n", str(np_), sys.executable, *args]
     return subprocess.run(
         cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )
