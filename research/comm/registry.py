@@ -96,6 +96,7 @@ BUILTIN_OPTIONS: dict[str, dict[str, tuple[type, ...]]] = {
         "algorithm": (str,),
         "seed": _INT,
         "link": (str,),
+        "select": (str,),
     },
 }
 
