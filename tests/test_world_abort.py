@@ -48,8 +48,10 @@ def test_opting_out_leaves_pythons_hooks():
         2, ["-c", probe], timeout=120, env_extra={"RESEARCH_ABORT_ON_ERROR": "0"}
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["True", "True"] * 2
+    flags = [w for w in proc.stdout.split() if w in ("True", "False")]
+    assert flags == ["True", "True"] * 2, proc.stdout[-2000:]
     alone = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
     )
-    assert alone.stdout.split() == ["True", "True"]  # a world of one: left alone
+    flags = [w for w in alone.stdout.split() if w in ("True", "False")]
+    assert flags == ["True", "True"], alone.stdout[-2000:]  # a world of one
