@@ -8,6 +8,9 @@ MPI's launcher unless the caller chose one.
 
 import os
 
+if not os.environ.get("RESEARCH_SITE_MPI_TESTS"):  # never outside the tier
+    raise ImportError("tests/site_mpi runs only with RESEARCH_SITE_MPI_TESTS=1")
+
 # Root needs --allow-run-as-root; --oversubscribe: 3 ranks on a 2-core machine
 # (Open MPI counts slots by cores and refuses more ranks than slots).
 os.environ.setdefault(
