@@ -57,6 +57,14 @@ def loss_fn(model, params, x, y):
     return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
 
+def digest(params) -> str:
+    """SHA-256 of every parameter's bytes: equal on every rank iff replicas are."""
+    import hashlib
+
+    leaves = jax.tree.leaves(params)
+    return hashlib.sha256(b"".join(np.asarray(p).tobytes() for p in leaves)).hexdigest()
+
+
 def accuracy(model, params, x, y) -> float:
     logits = model.apply({"params": params}, x)
     return float(jnp.mean(jnp.argmax(logits, -1) == y))

@@ -15,14 +15,13 @@ committed step.
 from __future__ import annotations
 
 import argparse
-import hashlib
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from _common import accuracy, batches, digits, init, loss_fn
+from _common import digest as params_digest
 
 from research.checkpoint import CheckpointConfig
 from research.comm.registry import get_averager
@@ -57,9 +56,7 @@ def main(run_dir: str, steps: int, every: int) -> str:
             state = {"params": params, "opt": opt, "step": jnp.int32(s + 1)}
             ckpt.save(s + 1, state)  # returns once the snapshot is taken
     ckpt.close()  # waits for the writes and commits (collective)
-    digest = hashlib.sha256(
-        b"".join(np.asarray(p).tobytes() for p in jax.tree.leaves(params))
-    ).hexdigest()
+    digest = params_digest(params)
     acc = accuracy(model, params, tx_, ty_)
     world.log(f"step {steps}: test accuracy {acc:.4f}, parameters {digest[:16]}")
     return digest

@@ -10,12 +10,11 @@ parameters (checked at the end).
 from __future__ import annotations
 
 import argparse
-import hashlib
 
 import jax
-import numpy as np
 import optax
 from _common import accuracy, batches, digits, init, loss_fn
+from _common import digest as params_digest
 
 from research.comm.registry import get_averager
 from research.comm.world import get_world
@@ -37,9 +36,7 @@ def main(steps: int) -> float:
     for s in range(steps):
         params, opt = step(params, opt, *batches(x, y, 32, s))
     acc = accuracy(model, params, tx_, ty_)
-    digest = hashlib.sha256(
-        b"".join(np.asarray(p).tobytes() for p in jax.tree.leaves(params))
-    ).hexdigest()
+    digest = params_digest(params)
     assert len(set(world.allgather(digest))) == 1, "replicas differ"
     world.log(f"{world.size} ranks, {steps} steps: test accuracy {acc:.4f}")
     return acc

@@ -13,13 +13,13 @@ same round results (replicas stay identical: checked at the end). Run it with
 from __future__ import annotations
 
 import argparse
-import hashlib
 import time
 
 import jax
 import numpy as np
 import optax
 from _common import accuracy, batches, digits, init, loss_fn
+from _common import digest as params_digest
 
 from research.comm.partial import PartialAllreduce
 from research.comm.world import get_world
@@ -50,9 +50,7 @@ def main(mode: str, steps: int, delay: float) -> float:
             params, opt = apply(params, opt, rest)
     seconds = time.perf_counter() - t0
     acc = accuracy(model, params, tx_, ty_)
-    digest = hashlib.sha256(
-        b"".join(np.asarray(p).tobytes() for p in jax.tree.leaves(params))
-    ).hexdigest()
+    digest = params_digest(params)
     assert len(set(world.allgather(digest))) == 1, "replicas differ"
     world.log(f"{mode}: {steps} steps in {seconds:.1f} s, test accuracy {acc:.4f}")
     return acc
