@@ -5,18 +5,24 @@ interleaved repetitions (median of the slowest rank per repetition):
 
 * ``mpi4py-flat`` (the baseline): one ``Allreduce(IN_PLACE)`` of a flat numpy
   buffer as large as the whole gradient (25.6M float32, 102 MB);
-* ``fused``: ``FusedAllreduce.average_in_jit`` inside ``jit`` (its
-  ring allreduce, ``research/comm/ring.py``);
+* ``fused``: ``FusedAllreduce.average_in_jit`` inside ``jit`` as a user gets
+  it (``native=auto``: the ring or MPI's own, whichever its first call timed
+  faster, ``research/comm/choose.py``);
+* ``fused-ring``: the same forced onto the ring allreduce (``native=True``,
+  ``research/comm/ring.py``);
 * ``fused-mpi4jax``: the same with mpi4jax's allreduce (``native=False``: the
   copy MPICH makes of every input, the divide as a pass of its own);
-* ``host``: ``HostAllreduce.reduce`` (numpy buckets, the same ring);
+* ``host``, ``host-ring``, ``host-mpi``: ``HostAllreduce.reduce`` (numpy
+  buckets) with ``native=auto``, the ring, and mpi4py's ``Allreduce``;
 * ``mpi4py-per-leaf-sum``: one ``Allreduce(IN_PLACE)`` per leaf on warm numpy
   buffers, a sum without the mean (a second reference: MPICH's own algorithm
   on messages of our sizes, without the baseline's 51 MB temporary);
 * ``mpi4jax-per-leaf``: one mpi4jax allreduce per leaf inside ``jit``;
 
 each also as a ratio to the baseline, with the minor page faults per call;
-then the target (fused and host within 1.10x of the baseline) with its check.
+then what ``auto`` chose and whether it ran within the measured noise of the
+faster of its two forced paths, and the target (fused and host within 1.10x of
+the baseline) with its check.
 ``--diagnose`` adds the variants that show why one mpi4jax allreduce of 100 MB is
 ~2x slower than mpi4py (see ``research/comm/dense.py``): one 102 MB mpi4jax call;
 mpi4py out of place into a reused result, and into a fresh result with 4 KiB
@@ -199,8 +205,11 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
 
     flat = np.ones(n, np.float32)
     fused = FusedAllreduce(world, **opts)
+    fused_ring = jax.jit(FusedAllreduce(world, native=True, **opts).average_in_jit)
     fused_copy = jax.jit(FusedAllreduce(world, native=False, **opts).average_in_jit)
     host = HostAllreduce(world, **opts)
+    host_ring = HostAllreduce(world, native=True, **opts)
+    host_mpi = HostAllreduce(world, native=False, **opts)
     leaf_comm = world.dup("bench-per-leaf")
     fused_jit = jax.jit(fused.average_in_jit)
     per_leaf_jit = jax.jit(
@@ -219,8 +228,11 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
         "mpi4py-flat": lambda: comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM),
         "mpi4py-per-leaf-sum": per_leaf_sum,
         "fused": lambda: jax.block_until_ready(fused_jit(tree)),
+        "fused-ring": lambda: jax.block_until_ready(fused_ring(tree)),
         "fused-mpi4jax": lambda: jax.block_until_ready(fused_copy(tree)),
         "host": lambda: host.reduce(tree),
+        "host-ring": lambda: host_ring.reduce(tree),
+        "host-mpi": lambda: host_mpi.reduce(tree),
         "mpi4jax-per-leaf": lambda: jax.block_until_ready(per_leaf_jit(tree)),
     }
     if args.diagnose:
@@ -272,9 +284,12 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
     table = {}
     for name in variants:
         slowest = np.max(comm.allgather(times[name]), axis=0)  # per repetition
+        q1, q3 = np.percentile(slowest, [25, 75])
         table[name] = {
             "median_s": float(np.median(slowest)),
             "min_s": float(np.min(slowest)),
+            # spread between repetitions, relative to the median
+            "iqr_rel": float((q3 - q1) / np.median(slowest)),
             "minor_faults": int(np.median(faults[name])),
         }
     base = table["mpi4py-flat"]["median_s"]
@@ -293,6 +308,8 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
         "malloc": malloc_state(),
         "loadavg_1min": os.getloadavg()[0],
+        # what native=auto measured on its first call and kept
+        "auto": {"fused": fused.allreduce_choice, "host": host.allreduce_choice},
         "variants": table,
     }
 
@@ -307,15 +324,54 @@ def format_table(result: dict) -> str:
         f"malloc {result.get('malloc', '?')}; "
         f"GLIBC_TUNABLES={result.get('glibc_tunables', '')!r}",
         f"  {'variant':28s} {'median ms':>10s} {'min ms':>8s} {'ratio':>6s} "
-        f"{'faults':>7s}",
+        f"{'faults':>7s} {'spread':>7s}",
     ]
     for name, row in result["variants"].items():
         lines.append(
             f"  {name:28s} {row['median_s'] * 1e3:10.1f} {row['min_s'] * 1e3:8.1f} "
-            f"{row['ratio']:6.2f} {row['minor_faults']:7d}"
+            f"{row['ratio']:6.2f} {row['minor_faults']:7d} "
+            f"{row.get('iqr_rel', 0):7.1%}"
         )
+    lines += auto_lines(result)
     lines += targets(result)
     return "\n".join(lines)
+
+
+#: native=auto's forced alternatives in the table, per strategy.
+AUTO_PAIRS = {"fused": ("fused-ring", "fused-mpi4jax"), "host": ("host-ring", "host-mpi")}
+
+
+def auto_lines(result: dict) -> list[str]:
+    """What ``native=auto`` chose, and its time against the faster forced path.
+
+    Within noise: auto's median exceeds the faster forced path's by no more
+    than the larger of the two rows' spreads (interquartile range over the
+    repetitions, relative to the median), or 2%.
+    """
+    out = []
+    rows = result["variants"]
+    for name, (ring_row, mpi_row) in AUTO_PAIRS.items():
+        choice = result.get("auto", {}).get(name) or {}
+        if name not in rows or ring_row not in rows or mpi_row not in rows:
+            continue
+        best_name = min((ring_row, mpi_row), key=lambda r: rows[r]["median_s"])
+        best = rows[best_name]
+        ratio = rows[name]["median_s"] / best["median_s"]
+        noise = max(0.02, rows[name].get("iqr_rel", 0), best.get("iqr_rel", 0))
+        m = choice.get("measured")
+        chose = "ring" if choice.get("ring") else "MPI"
+        first = (
+            f"first call: ring {m['ring_s'] * 1e3:.1f} ms, MPI "
+            f"{m['mpi_s'] * 1e3:.1f} ms"
+            if m
+            else choice.get("reason", "not measured")
+        )
+        out.append(
+            f"  auto: {name} chose {chose} ({first}); {rows[name]['median_s'] * 1e3:.1f}"
+            f" ms = {ratio:.2f}x the faster forced path ({best_name}), noise "
+            f"{noise:.0%}: {'within noise' if ratio <= 1 + noise else 'NOT within noise'}"
+        )
+    return out
 
 
 #: Issue 12: the fused path within 1.10x of one raw in-place Allreduce.

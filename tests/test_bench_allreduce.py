@@ -50,6 +50,12 @@ def test_one_quick_run(tmp_path, malloc):
     assert run["malloc"] == want
     names = set(run["variants"])
     assert {"mpi4py-flat", "fused", "host", "fused-mpi4jax"} <= names
+    assert {"fused-ring", "host-ring", "host-mpi"} <= names
+    for name in ("fused", "host"):  # native=auto measured and chose
+        m = run["auto"][name]["measured"]
+        assert m["ring_s"] > 0 and m["mpi_s"] > 0
+        assert run["auto"][name]["ring"] == (m["ring_s"] <= m["mpi_s"])
+        assert f"auto: {name} chose " in proc.stdout
     assert all(v["median_s"] > 0 for v in run["variants"].values())
     assert run["variants"]["mpi4py-flat"]["ratio"] == 1.0
     for name in ("fused", "host"):

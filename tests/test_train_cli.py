@@ -236,3 +236,13 @@ def test_options_parse_literals_and_lowercase_booleans():
     }
     with pytest.raises(ValueError, match="KEY=VALUE"):
         parse_options(["novalue"], "--x")
+
+
+def test_native_takes_true_false_or_auto():
+    from research.comm.registry import check_options
+
+    for ok in (True, False, "auto"):
+        assert check_options("fused", {"native": ok}) is None
+        assert check_options("host", {"native": ok}) is None
+    problem = check_options("fused", {"native": "fast"})
+    assert "native='fast'" in problem and "'auto'" in problem

@@ -5,11 +5,13 @@ Two strategies, same values (to the last bit or so):
 * :class:`FusedAllreduce` (``"fused"``): inside the jitted step. Leaves of
   256 KiB or more are summed one by one, as they are; smaller ones are packed
   into buckets (:mod:`research.comm.fusion`); the ring allreduce of
-  :mod:`research.comm.ring` sums each, the mean folded into its last step
-  (mpi4jax's allreduce where the ring cannot be built).
-* :class:`HostAllreduce` (``"host"``): on the host, the same ring on numpy
-  buckets below 32 MiB (recycled): large leaves are read where they lie,
-  small ones packed first; the result is views into the buckets.
+  :mod:`research.comm.ring` sums each, the mean folded into its last step, or
+  mpi4jax's ``MPI_Allreduce``, whichever the first call measured faster on
+  every rank (``native``, :mod:`research.comm.choose`).
+* :class:`HostAllreduce` (``"host"``): on the host, the same ring (or mpi4py's
+  ``Allreduce``, chosen the same way) on numpy buckets below 32 MiB
+  (recycled): large leaves are read where they lie, small ones packed first;
+  the result is views into the buckets.
 
 Why one mpi4jax allreduce of 100 MB took ~2x mpi4py's (measured with
 ``python -m scripts.bench_allreduce --diagnose``, 2 ranks, quiet machine, ResNet-50
@@ -61,6 +63,7 @@ its copy of every input, and the divide as a pass of its own); host 45.7 ms
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from typing import Any
 
@@ -69,7 +72,7 @@ import jax.numpy as jnp
 import numpy as np
 from mpi4py import MPI
 
-from research.comm import ring
+from research.comm import choose, ring
 from research.comm.base import Averager, CommInfo
 from research.comm.fusion import DEFAULT_BUCKET_BYTES, FusionPlan, HostBuffers
 from research.comm.link import Link
@@ -130,10 +133,13 @@ class FusedAllreduce(Averager):
         reduction step (``native``), or floats divided on the way into the
         buffer (mpi4jax). False: divided in a pass after the sum (only to
         measure the difference).
-      native: sum with the ring allreduce of :mod:`research.comm.ring` (no
-        copy of the input, the mean folded in, no large temporaries). Falls
-        back to mpi4jax when the handler cannot be built. False: mpi4jax's
-        allreduce (only to measure the difference).
+      native: ``"auto"`` (default): time the ring allreduce of
+        :mod:`research.comm.ring` (no copy of the input, the mean folded in, no
+        large temporaries) against mpi4jax's ``MPI_Allreduce`` on the first
+        trace's buckets and keep the faster, the same on every rank
+        (:mod:`research.comm.choose`); True: the ring; False: mpi4jax's. Any
+        rank that cannot load the ring (or a backend other than CPU) means
+        mpi4jax's for all.
       in_place: sum each buffer in place (the ring's result aliases its
         operand): saves one gradient-sized buffer where XLA may overwrite the
         gradient, and costs a copy where it may not (the caller keeps it).
@@ -151,7 +157,7 @@ class FusedAllreduce(Averager):
         alone_bytes: int | None = DEFAULT_ALONE_BYTES,
         sequential: bool = True,
         prescale: bool = True,
-        native: bool = True,
+        native: bool | str = "auto",
         in_place: bool = False,
         segment_bytes: int | None = None,
     ) -> None:
@@ -167,7 +173,7 @@ class FusedAllreduce(Averager):
         self._plans = _PlanCache(bucket_bytes, alone_bytes)
         # Size 1 never touches MPI, not even to Dup a communicator.
         self.comm = world.dup("dense-fused") if world.size > 1 else None
-        self.allreduce_choice = _choose(self.comm, native)
+        self.allreduce_choice = choose.agree(self.comm, native)
 
     def plan(self, grads: Any) -> FusionPlan:
         """The bucket plan used for trees shaped like ``grads``."""
@@ -178,6 +184,10 @@ class FusedAllreduce(Averager):
         if self.size == 1:
             return grads
         plan = self.plan(grads)
+        # Collective the first time: every rank traces the same step together.
+        self.allreduce_choice = _settle(
+            self, plan, in_place=self.in_place, name="fused"
+        )
         allreduce, fold = self._allreduce()
         chain = _Chain(plan, self.size, self.prescale, self.sequential, fold)
         return chain.run(plan.flatten(grads), allreduce)
@@ -190,7 +200,7 @@ class FusedAllreduce(Averager):
         """``(allreduce(x, divisor), fold)``: the ring where available (it
         divides, ``fold``), else mpi4jax's (the chain divides)."""
         if self.uses_ring():
-            from research.comm import ring
+            from research.comm import choose, ring
 
             opts = {"in_place": self.in_place}
             if self.segment_bytes is not None:
@@ -211,18 +221,25 @@ class FusedAllreduce(Averager):
         return summed_mpi4jax, False
 
 
-def _choose(comm: Any, native: bool) -> dict[str, Any]:
-    """Which allreduce an averager runs, the same on every rank of ``comm``.
-
-    Collective when ``native`` and there is more than one rank (every rank
-    builds its averagers in the same order): the ring only where every rank
-    can load it (:func:`research.comm.ring.decide`).
-    """
-    if comm is None:
-        return {"ring": False, "reason": "one rank: no communication"}
-    if not native:
-        return {"ring": False, "reason": "native=false: MPI_Allreduce forced"}
-    return ring.decide(comm)
+def _settle(
+    averager: Any, plan: FusionPlan, *, in_place: bool, name: str
+) -> dict[str, Any]:
+    """``averager.allreduce_choice`` once ``native=auto`` has timed both paths
+    on ``plan``'s buckets (collective then; a no-op once settled). Rank 0 says
+    the outcome in one line."""
+    choice = averager.allreduce_choice
+    if not choice.get("pending"):
+        return choice
+    choice = choose.settle(
+        averager.comm,
+        choice,
+        choose.bucket_specs(plan),
+        in_place=in_place,
+        divisor=averager.size,
+    )
+    if averager.comm.Get_rank() == 0:
+        print(f"research.comm: {name}: {choice['reason']}", file=sys.stderr, flush=True)
+    return choice
 
 
 class _Chain:
@@ -390,8 +407,8 @@ class HostAllreduce(Averager):
         (the calling thread sleeps, leaving the CPU free as a NIC would).
       alone_bytes: leaves at least this large are buckets of their own (None:
         pack every leaf).
-      native: use the ring where it can be built (False: mpi4py's
-        ``Allreduce``, only to measure the difference).
+      native: ``"auto"`` (default), True or False: as for
+        :class:`FusedAllreduce`, with mpi4py's ``Allreduce`` as MPI's own.
     """
 
     executor = "staged"
@@ -405,7 +422,7 @@ class HostAllreduce(Averager):
         as_jax: bool = False,
         link: str = "real",
         alone_bytes: int | None = DEFAULT_ALONE_BYTES,
-        native: bool = True,
+        native: bool | str = "auto",
     ) -> None:
         self.world = world
         self.size = world.size
@@ -415,7 +432,7 @@ class HostAllreduce(Averager):
         # Whole leaves per bucket, so that results are views into the buckets.
         self._buffers = _PlanCache(bucket_bytes, alone_bytes, split_leaves=False)
         self.comm = world.dup("dense-host") if world.size > 1 else None
-        self.allreduce_choice = _choose(self.comm, native)
+        self.allreduce_choice = choose.agree(self.comm, native)
         self._round = 0
 
     def plan(self, grads: Any) -> FusionPlan:
@@ -432,6 +449,8 @@ class HostAllreduce(Averager):
         jax.block_until_ready(grads)
         host: HostBuffers = self._buffers.get(grads, HostBuffers)
         nbytes = host.plan.nbytes
+        # Collective the first time (the ranks reduce in lock step).
+        self.allreduce_choice = _settle(self, host.plan, in_place=True, name="host")
         with get_tracer().span(
             "allreduce-host",
             track="comm",

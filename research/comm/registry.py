@@ -58,6 +58,7 @@ BUILTIN_NAMES: dict[str, str] = {
 #: types they accept, also known without importing the modules, so a misspelt
 #: option is one line before launch; a test keeps it true to the constructors.
 _INT, _INT_OR_NONE, _FLOAT, _BOOL = (int,), (int, type(None)), (float, int), (bool,)
+_NATIVE = (bool, str)  # True, False or "auto" (research.comm.choose)
 _PARTIAL = {
     "seed": _INT,
     "sync_every": _INT_OR_NONE,
@@ -70,7 +71,7 @@ BUILTIN_OPTIONS: dict[str, dict[str, tuple[type, ...]]] = {
         "alone_bytes": _INT_OR_NONE,
         "sequential": _BOOL,
         "prescale": _BOOL,
-        "native": _BOOL,
+        "native": _NATIVE,
         "in_place": _BOOL,
         "segment_bytes": _INT_OR_NONE,
     },
@@ -79,7 +80,7 @@ BUILTIN_OPTIONS: dict[str, dict[str, tuple[type, ...]]] = {
         "as_jax": _BOOL,
         "link": (str,),
         "alone_bytes": _INT_OR_NONE,
-        "native": _BOOL,
+        "native": _NATIVE,
     },
     "solo": _PARTIAL,
     "majority": _PARTIAL,
@@ -122,11 +123,17 @@ def check_options(name: str, options: dict[str, Any]) -> str | None:
         ):
             want = " or ".join("None" if t is type(None) else t.__name__ for t in types)
             return f"strategy option {key}={value!r} must be {want}"
+        if key in _CHOICES and value not in _CHOICES[key]:
+            valid = ", ".join(map(repr, _CHOICES[key]))
+            return f"strategy option {key}={value!r} must be one of {valid}"
         low, high = _RANGES.get(key, (None, None))
         if isinstance(value, int) and low is not None and not low <= value <= high:
             return f"strategy option {key}={value!r} must be in [{low}, {high}]"
     return None
 
+
+#: Options with a fixed set of values.
+_CHOICES = {"native": (True, False, "auto")}  # research.comm.choose.NATIVE_VALUES
 
 #: Integer options whose value is checked before launch (the ring's C++ code
 #: would otherwise end in an uncaught exception or an MPI count overflow).

@@ -131,7 +131,9 @@ def _mixed_tree(rank, half, count):
 def test_fused_ring_equals_mpi4jax(world, in_place):
     tree = _mixed_tree(world.rank, half=40, count=4)
     opts = dict(bucket_bytes=4096, alone_bytes=65536)
-    fused = FusedAllreduce(world, in_place=in_place, segment_bytes=8192, **opts)
+    fused = FusedAllreduce(
+        world, native=True, in_place=in_place, segment_bytes=8192, **opts
+    )
     assert fused.uses_ring()
     a = jax.jit(fused.average_in_jit)(tree)
     b = jax.jit(FusedAllreduce(world, native=False, **opts).average_in_jit)(tree)
@@ -244,12 +246,21 @@ def test_any_tree_averages_and_the_ring_ran(world, strategy):
     with jax.enable_x64(True):
         tree = _any_tree(world)
         if strategy == "fused":
-            avg = FusedAllreduce(world, bucket_bytes=65536, alone_bytes=262144)
-            assert _agreed(world, avg) == {"ring": True, "reason": None, "notes": []}
+            avg = FusedAllreduce(
+                world, native=True, bucket_bytes=65536, alone_bytes=262144
+            )
+            assert _agreed(world, avg) == {
+                "ring": True,
+                "native": True,
+                "reason": "native=true: the ring forced",
+                "notes": [],
+            }
             before = ring.ring_calls()
             out = jax.jit(avg.average_in_jit)(jax.tree.map(jnp.asarray, tree))
         else:
-            avg = HostAllreduce(world, bucket_bytes=65536, alone_bytes=262144)
+            avg = HostAllreduce(
+                world, native=True, bucket_bytes=65536, alone_bytes=262144
+            )
             assert _agreed(world, avg)["ring"]
             before = ring.ring_calls()
             out, _ = avg.reduce(tree)
@@ -266,6 +277,73 @@ def test_any_tree_averages_and_the_ring_ran(world, strategy):
             atol=tol,
             err_msg=k,
         )
+
+
+@pytest.mark.parametrize("strategy", ["fused", "host"])
+def test_auto_times_both_and_every_rank_keeps_the_same(world, strategy):
+    """native=auto (the default): pending until the first call, which times the
+    ring and MPI_Allreduce on the real buckets; every rank then holds the same
+    figures and choice, the faster by the slowest rank's figures, and the next
+    call takes that path (the ring's C counter moves only if the ring won)."""
+    from research.comm.dense import HostAllreduce
+
+    tree = {
+        "big": np.full(300_000, world.rank, np.float32),
+        "small": np.arange(5, dtype=np.float32) * world.rank,
+    }
+    if strategy == "fused":
+        avg = FusedAllreduce(world, bucket_bytes=65536, alone_bytes=262144)
+        run = jax.jit(avg.average_in_jit)
+        jtree = jax.tree.map(jnp.asarray, tree)
+
+        def call():
+            return jax.tree.map(np.asarray, run(jtree))
+    else:
+        avg = HostAllreduce(world, bucket_bytes=65536, alone_bytes=262144)
+
+        def call():
+            return avg.reduce(tree)[0]
+
+    assert avg.allreduce_choice["native"] == "auto"
+    assert avg.allreduce_choice["pending"] and avg.allreduce_choice["ring"]
+    call()  # the first: times both, then averages
+    choice = _agreed(world, avg)
+    assert "pending" not in choice
+    m = choice["measured"]
+    assert m["ring_s"] > 0 and m["mpi_s"] > 0 and m["reps"] >= 1
+    assert m["buckets"] == len(avg.plan(tree).buckets)
+    assert m["bytes"] == 300_005 * 4
+    assert choice["ring"] == (m["ring_s"] <= m["mpi_s"])
+    assert ("ring kept" if choice["ring"] else "MPI_Allreduce kept") in (
+        choice["reason"]
+    )
+    before = ring.ring_calls()
+    out = call()
+    assert (ring.ring_calls() > before) == choice["ring"]
+    for k, v in tree.items():
+        np.testing.assert_allclose(out[k], _mean64(world, v), rtol=1e-6)
+
+
+def test_auto_keeps_the_faster_by_the_slowest_ranks_figures(world):
+    """The choice is made from figures MAX-reduced over ranks, so ranks with
+    different local timings still choose alike; and the faster path wins."""
+    from research.comm import choose
+
+    comm = world.dup("test-choose")
+    pending = choose.agree(comm, "auto")
+    assert pending["pending"]
+    settled = choose.settle(
+        comm, pending, [(200_000, np.dtype(np.float32))], in_place=True, divisor=1
+    )
+    figures = world.allgather(settled["measured"])
+    assert all(f == figures[0] for f in figures)
+    assert settled["ring"] == (figures[0]["ring_s"] <= figures[0]["mpi_s"])
+    assert choose.settle(comm, settled, [], in_place=True, divisor=1) is settled
+    forced = choose.agree(comm, True)
+    assert forced["ring"] and not forced.get("pending")
+    assert choose.agree(comm, False)["ring"] is False
+    with pytest.raises(ValueError, match="native must be"):
+        choose.agree(comm, "fast")
 
 
 def test_host_float64_numpy_leaf_without_x64(world):
