@@ -338,7 +338,10 @@ def format_table(result: dict) -> str:
 
 
 #: native=auto's forced alternatives in the table, per strategy.
-AUTO_PAIRS = {"fused": ("fused-ring", "fused-mpi4jax"), "host": ("host-ring", "host-mpi")}
+AUTO_PAIRS = {
+    "fused": ("fused-ring", "fused-mpi4jax"),
+    "host": ("host-ring", "host-mpi"),
+}
 
 
 def auto_lines(result: dict) -> list[str]:
@@ -366,10 +369,11 @@ def auto_lines(result: dict) -> list[str]:
             if m
             else choice.get("reason", "not measured")
         )
+        verdict = "within noise" if ratio <= 1 + noise else "NOT within noise"
         out.append(
-            f"  auto: {name} chose {chose} ({first}); {rows[name]['median_s'] * 1e3:.1f}"
-            f" ms = {ratio:.2f}x the faster forced path ({best_name}), noise "
-            f"{noise:.0%}: {'within noise' if ratio <= 1 + noise else 'NOT within noise'}"
+            f"  auto: {name} chose {chose} ({first}); "
+            f"{rows[name]['median_s'] * 1e3:.1f} ms = {ratio:.2f}x the faster "
+            f"forced path ({best_name}), noise {noise:.0%}: {verdict}"
         )
     return out
 

@@ -164,5 +164,5 @@ def settle(
 
 
 def bucket_specs(plan: Any) -> list[tuple[int, Any]]:
-    """``(count, dtype)`` of every bucket of a :class:`~research.comm.fusion.FusionPlan`."""
+    """``(count, dtype)`` of every bucket of a fusion plan."""
     return [(b.size, b.dtype) for b in plan.buckets]

@@ -200,7 +200,7 @@ class FusedAllreduce(Averager):
         """``(allreduce(x, divisor), fold)``: the ring where available (it
         divides, ``fold``), else mpi4jax's (the chain divides)."""
         if self.uses_ring():
-            from research.comm import choose, ring
+            from research.comm import ring
 
             opts = {"in_place": self.in_place}
             if self.segment_bytes is not None:
