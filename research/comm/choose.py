@@ -3,14 +3,17 @@
 The ``native`` option of the ``fused`` and ``host`` strategies:
 
 * ``"auto"`` (the default): where every rank can load the ring
-  (:func:`research.comm.ring.decide`), the first call with real buckets times
-  both allreduces on buffers of those buckets' sizes and dtypes (each warmed
-  once, then at least ``MIN_REPS`` interleaved calls, more for small buffers
-  up to ``MAX_REPS`` or ``BUDGET_S``; the fastest kept per rank), the ranks
-  agree on the slowest rank's figures (one ``MPI_Allreduce(MAX)``), and the
-  faster path is kept for the rest of the run. Both figures and the choice are
-  recorded in the averager's ``allreduce_choice`` (``config.json``,
-  ``summary.json``);
+  (:func:`research.comm.ring.decide`), the first call times a whole average
+  of the real buckets both ways, as the averager would run it (inside ``jit``
+  for ``fused``: both programs compiled and run on zeros of the gradient's
+  shapes while the step is traced; on the gradient itself for ``host``). Each
+  runs twice untimed (compilation, page faults, and the second sizes the
+  count), then at least ``MIN_REPS`` times interleaved, more for small
+  gradients up to ``MAX_REPS`` or ``BUDGET_S``; the fastest call is kept per
+  rank. The ranks agree on the slowest rank's figures (one
+  ``MPI_Allreduce(MAX)``), and the faster path is kept for the rest of the
+  run. Both figures and the choice are recorded in the averager's
+  ``allreduce_choice`` (``config.json``, ``summary.json``);
 * ``True``: the ring wherever every rank can load it (else MPI's, with the
   reason);
 * ``False``: MPI's own allreduce (``MPI_Allreduce`` through mpi4jax inside
@@ -30,6 +33,7 @@ made from are the same on every rank after the ``MAX`` reduction.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -85,20 +89,21 @@ def agree(comm: Any, native: bool | str) -> dict[str, Any]:
 def settle(
     comm: Any,
     decision: dict[str, Any],
-    buckets: list[tuple[int, Any]],
+    paths: dict[str, Callable[[], Any]],
     *,
-    in_place: bool,
-    divisor: int,
+    nbytes: int,
+    buffers: int,
 ) -> dict[str, Any]:
-    """Time both allreduces on ``buckets`` and keep the faster (collective).
+    """Time both paths and keep the faster (collective over ``comm``).
 
     Args:
       comm: the averager's communicator (every rank calls this together).
       decision: what :func:`agree` returned; returned unchanged unless pending.
-      buckets: ``(count, dtype)`` of every buffer one call sums, in order.
-      in_place: whether the averager sums in place (the source is the result)
-        or from the caller's buffer into its own (mpi4jax inside ``jit``).
-      divisor: the ring folds the mean into its last step (floats only).
+      paths: ``{"ring": fn, "mpi": fn}``: each runs one whole average of the
+        real buckets the averager's way (its packing, its dividing, its
+        allreduce), and returns when it is done. Each is called once untimed
+        first (compilation, first-touch page faults).
+      nbytes, buffers: the size of what one call sums, for the record.
 
     Returns:
       The settled decision: ``ring`` chosen, ``pending`` removed, and
@@ -109,30 +114,17 @@ def settle(
         return decision
     from mpi4py import MPI
 
-    dst = [np.zeros(count, dtype) for count, dtype in buckets]
-    src = dst if in_place else [np.ones(count, dtype) for count, dtype in buckets]
-
-    def run_ring() -> None:
-        for s, d in zip(src, dst):
-            floats = not np.issubdtype(d.dtype, np.integer)
-            ring.host_allreduce(s, d, comm=comm, divisor=divisor if floats else 1)
-
-    def run_mpi() -> None:
-        for s, d in zip(src, dst):
-            comm.Allreduce(MPI.IN_PLACE if in_place else s, d, op=MPI.SUM)
-
-    paths = {"ring": run_ring, "mpi": run_mpi}
-
-    def timed(fn: Any) -> float:
+    def timed(fn: Callable[[], Any]) -> float:
         comm.Barrier()
         t0 = time.perf_counter()
         fn()
         return time.perf_counter() - t0
 
-    warm = max(timed(fn) for fn in paths.values())  # pages, caches
-    # The same count on every rank (the calls are collective): from the
-    # slowest rank's warm-up.
-    warm = comm.allreduce(warm, op=MPI.MAX)
+    for fn in paths.values():
+        fn()  # compiled, warm
+    # As many calls as the budget allows, the same count on every rank (the
+    # calls are collective): sized from the slowest rank's second call.
+    warm = comm.allreduce(max(timed(fn) for fn in paths.values()), op=MPI.MAX)
     reps = int(min(MAX_REPS, max(MIN_REPS, BUDGET_S // max(2 * warm, 1e-9))))
     best = {name: np.inf for name in paths}
     for _ in range(reps):  # interleaved: a load spike hits both alike
@@ -142,27 +134,20 @@ def settle(
     slowest = np.empty_like(mine)
     comm.Allreduce(mine, slowest, op=MPI.MAX)
     ring_s, mpi_s = float(slowest[0]), float(slowest[1])
-    nbytes = sum(d.nbytes for d in dst)
     use_ring = ring_s <= mpi_s
     out = {k: v for k, v in decision.items() if k != "pending"}
     out["ring"] = use_ring
     out["reason"] = (
         f"native=auto: {'ring' if use_ring else 'MPI_Allreduce'} kept, "
         f"ring {ring_s * 1e3:.2f} ms vs MPI_Allreduce {mpi_s * 1e3:.2f} ms "
-        f"for {nbytes / 1e6:.1f} MB in {len(dst)} buffers (slowest rank, "
+        f"for {nbytes / 1e6:.1f} MB in {buffers} buffers (slowest rank, "
         f"fastest of {reps})"
     )
     out["measured"] = {
         "ring_s": ring_s,
         "mpi_s": mpi_s,
         "bytes": int(nbytes),
-        "buckets": len(dst),
+        "buckets": int(buffers),
         "reps": reps,
-        "in_place": bool(in_place),
     }
     return out
-
-
-def bucket_specs(plan: Any) -> list[tuple[int, Any]]:
-    """``(count, dtype)`` of every bucket of a fusion plan."""
-    return [(b.size, b.dtype) for b in plan.buckets]

@@ -184,22 +184,37 @@ class FusedAllreduce(Averager):
         if self.size == 1:
             return grads
         plan = self.plan(grads)
-        # Collective the first time: every rank traces the same step together.
-        self.allreduce_choice = _settle(
-            self, plan, in_place=self.in_place, name="fused"
-        )
-        allreduce, fold = self._allreduce()
+        if self.allreduce_choice.get("pending"):
+            self.allreduce_choice = self._measure(grads, plan)
+        return self._average(grads, plan, self.uses_ring())
+
+    def _average(self, grads: Any, plan: FusionPlan, use_ring: bool) -> Any:
+        allreduce, fold = self._allreduce(use_ring)
         chain = _Chain(plan, self.size, self.prescale, self.sequential, fold)
         return chain.run(plan.flatten(grads), allreduce)
+
+    def _measure(self, grads: Any, plan: FusionPlan) -> dict[str, Any]:
+        """``native=auto``: both programs compiled and timed on zeros shaped
+        like ``grads``, while the step is being traced (collective: every rank
+        traces the same step together)."""
+        with jax.ensure_compile_time_eval():
+            zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), grads)
+
+            def program(use_ring: bool) -> Any:
+                run = jax.jit(lambda t: self._average(t, plan, use_ring))
+                return lambda: jax.block_until_ready(run(zeros))
+
+            paths = {"ring": program(True), "mpi": program(False)}
+            return _settled(self, paths, plan, "fused")
 
     def uses_ring(self) -> bool:
         """True when the sums go through :mod:`research.comm.ring`."""
         return self.allreduce_choice["ring"]
 
-    def _allreduce(self) -> tuple[Any, bool]:
-        """``(allreduce(x, divisor), fold)``: the ring where available (it
-        divides, ``fold``), else mpi4jax's (the chain divides)."""
-        if self.uses_ring():
+    def _allreduce(self, use_ring: bool) -> tuple[Any, bool]:
+        """``(allreduce(x, divisor), fold)``: the ring (it divides, ``fold``),
+        or mpi4jax's (the chain divides)."""
+        if use_ring:
             from research.comm import ring
 
             opts = {"in_place": self.in_place}
@@ -221,21 +236,17 @@ class FusedAllreduce(Averager):
         return summed_mpi4jax, False
 
 
-def _settle(
-    averager: Any, plan: FusionPlan, *, in_place: bool, name: str
+def _settled(
+    averager: Any, paths: dict[str, Any], plan: FusionPlan, name: str
 ) -> dict[str, Any]:
-    """``averager.allreduce_choice`` once ``native=auto`` has timed both paths
-    on ``plan``'s buckets (collective then; a no-op once settled). Rank 0 says
+    """``native=auto``'s choice from timing ``paths`` (collective); rank 0 says
     the outcome in one line."""
-    choice = averager.allreduce_choice
-    if not choice.get("pending"):
-        return choice
     choice = choose.settle(
         averager.comm,
-        choice,
-        choose.bucket_specs(plan),
-        in_place=in_place,
-        divisor=averager.size,
+        averager.allreduce_choice,
+        paths,
+        nbytes=plan.nbytes,
+        buffers=len(plan.buckets),
     )
     if averager.comm.Get_rank() == 0:
         print(f"research.comm: {name}: {choice['reason']}", file=sys.stderr, flush=True)
@@ -449,8 +460,14 @@ class HostAllreduce(Averager):
         jax.block_until_ready(grads)
         host: HostBuffers = self._buffers.get(grads, HostBuffers)
         nbytes = host.plan.nbytes
-        # Collective the first time (the ranks reduce in lock step).
-        self.allreduce_choice = _settle(self, host.plan, in_place=True, name="host")
+        if self.allreduce_choice.get("pending"):
+            # Collective (the ranks reduce in lock step): both paths timed on
+            # this very gradient, the results thrown away.
+            paths = {
+                "ring": lambda: self._sum(grads, host, True),
+                "mpi": lambda: self._sum(grads, host, False),
+            }
+            self.allreduce_choice = _settled(self, paths, host.plan, "host")
         with get_tracer().span(
             "allreduce-host",
             track="comm",
@@ -459,27 +476,7 @@ class HostAllreduce(Averager):
             round=self._round,
         ) as span:
             t0 = time.perf_counter()
-            use_ring = self._uses_ring()
-            if use_ring:
-                buffers, direct = self._ring(grads, host)
-            else:
-                # Floats are divided while packing, so the sum is the mean and
-                # the result is the buckets themselves.
-                buffers, direct = host.pack(grads, scale=self.size), {}
-            t1 = time.perf_counter()
-            for i, buf in enumerate(buffers):
-                if use_ring:
-                    floats = not np.issubdtype(buf.dtype, np.integer)
-                    ring.host_allreduce(
-                        direct.get(i, buf),
-                        buf,
-                        comm=self.comm,
-                        divisor=self.size if floats else 1,
-                    )
-                else:
-                    self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-                if np.issubdtype(buf.dtype, np.integer):
-                    np.floor_divide(buf, self.size, out=buf)
+            buffers, t1 = self._sum(grads, host, self._uses_ring())
             emulated = 0.0
             if self.link.emulated:
                 model = sum(self.link.allreduce(b.nbytes, self.size) for b in buffers)
@@ -510,6 +507,33 @@ class HostAllreduce(Averager):
 
     def _uses_ring(self) -> bool:
         return self.allreduce_choice["ring"]
+
+    def _sum(
+        self, grads: Any, host: HostBuffers, use_ring: bool
+    ) -> tuple[list[np.ndarray], float]:
+        """Pack ``grads`` and average the buckets in place; returns them and
+        the time packing ended."""
+        if use_ring:
+            buffers, direct = self._ring(grads, host)
+        else:
+            # Floats are divided while packing, so the sum is the mean and
+            # the result is the buckets themselves.
+            buffers, direct = host.pack(grads, scale=self.size), {}
+        packed = time.perf_counter()
+        for i, buf in enumerate(buffers):
+            if use_ring:
+                floats = not np.issubdtype(buf.dtype, np.integer)
+                ring.host_allreduce(
+                    direct.get(i, buf),
+                    buf,
+                    comm=self.comm,
+                    divisor=self.size if floats else 1,
+                )
+            else:
+                self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+            if np.issubdtype(buf.dtype, np.integer):
+                np.floor_divide(buf, self.size, out=buf)
+        return buffers, packed
 
     def _ring(self, grads: Any, host: HostBuffers) -> tuple[list, dict]:
         """Pack what the ring cannot read in place; the buckets, and for the

@@ -324,21 +324,36 @@ def test_auto_times_both_and_every_rank_keeps_the_same(world, strategy):
         np.testing.assert_allclose(out[k], _mean64(world, v), rtol=1e-6)
 
 
-def test_auto_keeps_the_faster_by_the_slowest_ranks_figures(world):
-    """The choice is made from figures MAX-reduced over ranks, so ranks with
-    different local timings still choose alike; and the faster path wins."""
+@pytest.mark.parametrize("slowed", ["ring", "mpi"])
+def test_auto_keeps_the_faster_by_the_slowest_ranks_figures(world, slowed):
+    """One path made slower on the last rank only: every rank still keeps the
+    other one, because the choice is made from the figures MAX-reduced over
+    ranks (a rank's own timings would have said either)."""
+    import time
+
     from research.comm import choose
 
     comm = world.dup("test-choose")
+    buf = np.ones(200_000, np.float32)
+
+    def path(name):
+        def run():
+            if name == slowed and world.rank == world.size - 1:
+                time.sleep(0.03)
+            comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+
+        return run
+
     pending = choose.agree(comm, "auto")
-    assert pending["pending"]
-    settled = choose.settle(
-        comm, pending, [(200_000, np.dtype(np.float32))], in_place=True, divisor=1
-    )
-    figures = world.allgather(settled["measured"])
-    assert all(f == figures[0] for f in figures)
-    assert settled["ring"] == (figures[0]["ring_s"] <= figures[0]["mpi_s"])
-    assert choose.settle(comm, settled, [], in_place=True, divisor=1) is settled
+    assert pending["pending"] and pending["native"] == "auto"
+    paths = {"ring": path("ring"), "mpi": path("mpi")}
+    settled = choose.settle(comm, pending, paths, nbytes=buf.nbytes, buffers=1)
+    assert len({repr(c) for c in world.allgather(settled)}) == 1, "ranks agree"
+    assert settled["ring"] is (slowed == "mpi")
+    m = settled["measured"]
+    assert m[f"{slowed}_s"] >= 0.03 > m[f"{'mpi' if slowed == 'ring' else 'ring'}_s"]
+    assert choose.MIN_REPS <= m["reps"] <= choose.MAX_REPS
+    assert choose.settle(comm, settled, paths, nbytes=0, buffers=0) is settled
     forced = choose.agree(comm, True)
     assert forced["ring"] and not forced.get("pending")
     assert choose.agree(comm, False)["ring"] is False
