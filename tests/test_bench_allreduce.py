@@ -50,7 +50,7 @@ def test_one_quick_run(tmp_path, malloc):
     assert run["malloc"] == want
     names = set(run["variants"])
     assert {"mpi4py-flat", "fused", "host", "fused-mpi4jax"} <= names
-    assert {"fused-ring", "host-ring", "host-mpi"} <= names
+    assert {"fused-ring", "host-ring", "host-mpi", "fused-again", "host-again"} <= names
     for name in ("fused", "host"):  # native=auto measured and chose
         m = run["auto"][name]["measured"]
         assert m["ring_s"] > 0 and m["mpi_s"] > 0
