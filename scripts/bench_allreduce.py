@@ -22,7 +22,8 @@ interleaved repetitions (median of the slowest rank per repetition):
   on messages of our sizes, without the baseline's 51 MB temporary);
 * ``mpi4jax-per-leaf``: one mpi4jax allreduce per leaf inside ``jit``;
 
-each also as a ratio to the baseline, with the minor page faults per call;
+each also as a ratio to the baseline, with the minor page faults per call and
+the spread over repetitions (interleaved, in a rotating order);
 then what ``auto`` chose and whether it ran within the measured noise of the
 faster of its two forced paths, and the target (fused and host within 1.10x of
 the baseline) with its check.
@@ -279,8 +280,13 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
             fn()
     times = {k: [] for k in variants}
     faults = {k: [] for k in variants}
-    for _ in range(args.reps):  # interleaved, so load spikes hit all variants alike
-        for name, fn in variants.items():
+    names = list(variants)
+    for rep in range(args.reps):
+        # Interleaved, so load spikes hit all variants alike, and rotated, so
+        # no variant always follows the same one (what the previous variant
+        # left in caches and the allocator moved results by a few percent).
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
+            fn = variants[name]
             comm.Barrier()
             f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t0 = time.perf_counter()
