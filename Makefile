@@ -11,8 +11,9 @@ test: $(STAMP)
 	$(PY) -m pytest
 
 # The batch templates under a one-node Slurm on localhost (Debian's slurm-wlm,
-# installed here when missing; skipped with the reason where it cannot start).
-test-cluster: $(STAMP)
+# installed here when missing; skipped with the reason where it cannot start),
+# after the site-MPI tier, whose Open MPI environment srun then also runs.
+test-cluster: $(STAMP) test-site-mpi
 	command -v slurmctld >/dev/null || (apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge) || true
 	RESEARCH_CLUSTER_TESTS=1 $(PY) -m pytest tests/cluster -rs

@@ -41,7 +41,9 @@ MPI it was built for and is refused when mpi4py loaded another. It is loaded
 only from a folder and file owned by us (or root) and writable by nobody else.
 :func:`decide` makes the choice collectively: the ring only where every rank
 can load it (an averager asks when it is built, :mod:`research.comm.dense`);
-elsewhere the fused path uses mpi4jax, the host path mpi4py.
+elsewhere the fused path uses mpi4jax, the host path mpi4py. Where every rank
+can, ``native=auto`` then times the ring against MPI's own allreduce and keeps
+the faster (:mod:`research.comm.choose`).
 """
 
 from __future__ import annotations

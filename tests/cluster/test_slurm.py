@@ -132,6 +132,45 @@ def test_srun_without_pmi_stops_with_one_line(slurm, tmp_path):
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
+SITE_VENV = ROOT / ".venv-openmpi"
+
+
+def test_site_mpi_environment_under_srun_pmix(slurm, tmp_path):
+    """The environment built against Open MPI (``make test-site-mpi``) runs the
+    template under srun with PMIx, Open MPI's own launch interface: a world of
+    three, every rank on the same allreduce."""
+    py = SITE_VENV / "bin" / "python"
+    if not (SITE_VENV / ".installed").exists():
+        pytest.skip("no .venv-openmpi: run make test-site-mpi (make test-cluster does)")
+    plugins = subprocess.run(
+        ["srun", "--mpi=list"], env=slurm, capture_output=True, text=True
+    )
+    if "pmix" not in plugins.stdout + plugins.stderr:
+        pytest.skip(f"this Slurm has no PMIx plugin: {plugins.stdout.strip()}")
+    run = tmp_path / "run"
+    env = dict(slurm, PYTHON=str(py), SRUN_MPI="pmix")
+    proc = sbatch(
+        env,
+        tmp_path,
+        "-n",
+        "3",
+        "scripts/slurm.sbatch",
+        "experiments.train",
+        *TINY,
+        "--strategy",
+        "fused",
+        "--steps",
+        "6",
+        "--run-dir",
+        str(run),
+    )
+    assert proc.returncode == 0, proc.stderr + logs(tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["world_size"] == 3 and summary["steps"] == 6, summary
+    config = json.loads((run / "config.json").read_text())
+    assert "Open MPI" in config["versions"]["mpi"], config["versions"]
+
+
 def _job_state(env, job: str) -> dict[str, str]:
     out = subprocess.run(
         ["scontrol", "-o", "show", "job", job],
