@@ -68,9 +68,9 @@ def run_under_mpiexec(
     )
 
 
-#: The communication files, also run at 3 ranks. test_overlap.py still fails
-#: at 3 (not yet read): to be added.
+#: The communication files, also run at 3 ranks.
 COMMUNICATION = {
+    "test_overlap.py",
     "test_ring.py",
     "test_dense.py",
     "test_partial.py",
