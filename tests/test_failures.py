@@ -4,9 +4,9 @@ Each case runs a real MPI job (``tests/fail_driver.py``) in which one rank of 2
 or of 4 fails at one step in one phase (data loading, the jitted step, the
 partial collective on the progress thread, a callback, DeepFreeze's background
 thread, its writer process, evaluation, writing the run folder). The job must
-exit non-zero within 30 s of the failure, with the failing rank's traceback
-printed once; before the fix, a failure with tracing on hung in the tracer's
-closing barrier until killed.
+exit non-zero well before the launch's own timeout (a hang runs into it), with
+the failing rank's traceback printed once; before the fix, a failure with
+tracing on hung in the tracer's closing barrier until killed.
 """
 
 from __future__ import annotations
@@ -54,7 +54,9 @@ def test_one_failing_rank_ends_the_job(phase, np_, tmp_path):
     assert proc.returncode != 0, out[-4000:]
     stamps = re.findall(r"INJECTED (\d+\.\d+)", proc.stdout)
     assert len(stamps) == 1, out[-4000:]
-    assert end - float(stamps[0]) < 30, f"took {end - float(stamps[0]):.0f} s"
+    # Not a speed check: the abort takes a few seconds on a quiet machine and
+    # more under load; a job that hangs instead runs into the 240 s timeout.
+    assert end - float(stamps[0]) < 120, f"took {end - float(stamps[0]):.0f} s"
     # Every rank that reports says who it is, once.
     reports = re.findall(r"r(\d+) \| uncaught exception", proc.stderr)
     assert reports and len(reports) == len(set(reports)), out[-4000:]
