@@ -77,6 +77,7 @@ from research.comm.base import Averager, CommInfo
 from research.comm.fusion import DEFAULT_BUCKET_BYTES, FusionPlan, HostBuffers
 from research.comm.link import Link
 from research.comm.registry import register_averager
+from research.comm.world import as_world
 from research.trace import get_tracer
 
 #: Leaves at least this large skip fusion in the jitted path: a whole leaf is
@@ -161,7 +162,7 @@ class FusedAllreduce(Averager):
         in_place: bool = False,
         segment_bytes: int | None = None,
     ) -> None:
-        self.world = world
+        self.world = world = as_world(world)
         self.sequential = sequential
         self.prescale = prescale
         self.native = native
@@ -435,7 +436,7 @@ class HostAllreduce(Averager):
         alone_bytes: int | None = DEFAULT_ALONE_BYTES,
         native: bool | str = "auto",
     ) -> None:
-        self.world = world
+        self.world = world = as_world(world)
         self.size = world.size
         self.as_jax = as_jax
         self.link = Link.parse(link)

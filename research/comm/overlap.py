@@ -38,6 +38,7 @@ import numpy as np
 from research.comm.base import Averager
 from research.comm.handles import AsyncComm, Handle
 from research.comm.registry import register_averager
+from research.comm.world import as_world
 
 #: PyTorch DDP's default bucket (``bucket_cap_mb=25``, in MiB).
 DDP_BUCKET_BYTES = 25 * 2**20
@@ -47,7 +48,7 @@ class _Handled(Averager):
     """An averager whose collectives are handles on the progress thread."""
 
     def __init__(self, world: Any, *, link: str = "real", name: str) -> None:
-        self.world = world
+        self.world = world = as_world(world)
         self.size = world.size
         self.rank = world.rank
         self.engine = AsyncComm(world, link=link, name=name)

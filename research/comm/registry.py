@@ -247,7 +247,8 @@ def get_averager(name: str, world: Any, **options: Any) -> Averager:
 
     Args:
       name: one of :func:`list_averagers`.
-      world: the :class:`research.comm.world.World` it communicates in.
+      world: the :class:`research.comm.world.World` it communicates in, or an
+        mpi4py intracommunicator (:func:`research.comm.world.as_world`).
       **options: keyword arguments of the strategy's constructor.
 
     Raises:

@@ -109,6 +109,40 @@ def get_world() -> World:
     return world
 
 
+#: Worlds wrapped around user communicators by :func:`as_world`, by handle.
+_WRAPPED: dict[int, World] = {}
+
+
+def as_world(where: World | MPI.Comm) -> World:
+    """``where`` as a :class:`World`, so averagers take either.
+
+    A World is returned as it is. An ``mpi4py`` intracommunicator
+    (``MPI.COMM_WORLD``, or a sub-communicator of the ranks to average over)
+    becomes a World around a private ``Dup`` of it, made once per communicator
+    (collective over it the first time: every rank of it must make the same
+    call), and, as :func:`get_world` does, installs the abort hook when it has
+    more than one rank (``RESEARCH_ABORT_ON_ERROR=0`` opts out).
+
+    Raises:
+      TypeError: ``where`` is neither.
+    """
+    if isinstance(where, World):
+        return where
+    if not isinstance(where, MPI.Intracomm):
+        raise TypeError(
+            f"expected a research World (get_world()) or an mpi4py "
+            f"intracommunicator such as MPI.COMM_WORLD, got {type(where).__name__}"
+        )
+    key = MPI._handleof(where)
+    if key not in _WRAPPED:
+        comm = where.Dup()
+        comm.Set_name("research.world")
+        _WRAPPED[key] = World(comm=comm, rank=comm.Get_rank(), size=comm.Get_size())
+        if comm.Get_size() > 1 and os.environ.get(ABORT_ENV, "1") != "0":
+            install_abort_on_error()
+    return _WRAPPED[key]
+
+
 def abort(code: int = 1) -> None:
     """End the whole job now: MPI_Abort in a real world, ``os._exit`` when alone.
 

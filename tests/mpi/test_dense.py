@@ -204,3 +204,31 @@ def test_size_one_skips_mpi() -> None:
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     out, info = HostAllreduce(_Alone()).reduce(tree)
     assert out is tree and info.contributors == 1 and info.bytes == 0
+
+
+def test_every_averager_takes_an_mpi_communicator(world):
+    """Issue 23's trap: ``FusedAllreduce(MPI.COMM_WORLD)`` raised AttributeError.
+    Every strategy now takes an mpi4py communicator as well as a World; the
+    dense ones average over exactly the ranks of the communicator they get (a
+    split into even and odd ranks: each half's own mean)."""
+    from mpi4py import MPI
+
+    from research.comm.world import as_world
+
+    for name in list_averagers():
+        avg = get_averager(name, MPI.COMM_WORLD)
+        assert avg is not None, name
+        if hasattr(avg, "drain"):
+            avg.drain()
+    half = MPI.COMM_WORLD.Split(world.rank % 2, world.rank)
+    mine = [r for r in range(world.size) if r % 2 == world.rank % 2]
+    want = np.mean([np.full(300_000, r, np.float64) for r in mine], 0)
+    x = {"w": jnp.full(300_000, world.rank, jnp.float32)}
+    fused = FusedAllreduce(half)
+    got = jax.jit(fused.average_in_jit)(x)["w"]
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+    host, _ = HostAllreduce(half).reduce({"w": np.asarray(x["w"])})
+    np.testing.assert_allclose(np.asarray(host["w"]), want, rtol=1e-6)
+    assert as_world(half) is as_world(half)  # one private duplicate per communicator
+    with pytest.raises(TypeError, match="MPI.COMM_WORLD"):
+        FusedAllreduce("world")

@@ -55,6 +55,7 @@ from research.comm.registry import register_averager
 from research.comm.sparse.algorithms import ALGORITHMS, sparse_allreduce
 from research.comm.sparse.cost import CostModel, agreed_model, choose
 from research.comm.sparse.vector import SparseVector
+from research.comm.world import as_world
 from research.trace import get_tracer
 
 SCOPES = ("global", "per-layer")
@@ -133,7 +134,7 @@ class SparseAverager(Averager):
         if select not in SELECTS:
             raise ValueError(f"select must be one of {SELECTS}, got {select!r}")
         self.select = select
-        self.world = world
+        self.world = world = as_world(world)
         self.comm = world.comm
         self.size = world.size
         self.rank = world.rank
