@@ -42,9 +42,10 @@ def main(run_dir: str, steps: int, every: int) -> str:
 
     # The state to save is any pytree of arrays, the same on every rank (each
     # rank writes a share of it): here parameters, optimizer state and the step.
-    # CheckpointConfig's ``every`` is for our Trainer; here the loop decides.
+    # ``save`` saves whenever it is called; ``config.due`` follows ``every``.
     state = {"params": params, "opt": opt, "step": jnp.zeros((), jnp.int32)}
-    ckpt = CheckpointConfig(strategy="deepfreeze").create(world, Path(run_dir))
+    config = CheckpointConfig(strategy="deepfreeze", every=every, final=True)
+    ckpt = config.create(world, Path(run_dir))
     restored = ckpt.restore(state)  # collective; None when nothing is committed
     if restored is not None:
         state = restored.state
@@ -52,7 +53,7 @@ def main(run_dir: str, steps: int, every: int) -> str:
     params, opt, start = state["params"], state["opt"], int(state["step"])
     for s in range(start, steps):
         params, opt = step(params, opt, *batches(x, y, 32, s))
-        if (s + 1) % every == 0 or s + 1 == steps:
+        if config.due(s + 1, steps):
             state = {"params": params, "opt": opt, "step": jnp.int32(s + 1)}
             ckpt.save(s + 1, state)  # returns once the snapshot is taken
     ckpt.close()  # waits for the writes and commits (collective)

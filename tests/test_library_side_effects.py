@@ -56,3 +56,15 @@ def test_checkpointer_changes_no_environment_and_imports_no_models(tmp_path):
     lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
     assert lines["CHANGED"] == "[]", lines["CHANGED"]
     assert lines["MODELS"] == "[]", lines["MODELS"]
+
+
+def test_checkpoint_config_due_follows_every():
+    """``every`` is honoured where the caller asks: ``due`` (the Trainer's hook
+    uses the same rule); ``save`` itself saves whenever it is called."""
+    from research.checkpoint import CheckpointConfig
+
+    c = CheckpointConfig(every=10)
+    assert [s for s in range(1, 26) if c.due(s, 25)] == [10, 20]
+    final = CheckpointConfig(every=10, final=True)
+    assert [s for s in range(1, 26) if final.due(s, 25)] == [10, 20, 25]
+    assert not any(CheckpointConfig(every=0).due(s) for s in range(1, 50))

@@ -20,7 +20,9 @@ class CheckpointConfig:
 
     Attributes:
       strategy: one of ``STRATEGIES``.
-      every: checkpoint after every ``every`` steps (0: never).
+      every: checkpoint after every ``every`` steps (0: never). Read by the
+        Trainer's hook and by :meth:`due`; a checkpointer you drive yourself
+        saves whenever you call ``save`` (ask ``config.due(step, total)``).
       directory: persistent tier (default ``<run_dir>/checkpoints``).
       fast_dir: DeepFreeze's fast tier: ``"auto"`` (``ckpt-<hash>`` in this
         user's private folder, ``/dev/shm/research-<user>``, 0700), a folder
@@ -86,6 +88,15 @@ class CheckpointConfig:
         if self.on_busy not in ("wait", "skip"):
             return f"on_busy must be 'wait' or 'skip', got {self.on_busy!r}"
         return None
+
+    def due(self, step: int, total: int | None = None) -> bool:
+        """Whether a checkpoint is due after ``step`` completed steps: every
+        ``every`` steps, and after the last (``total``) when ``final``."""
+        from research.train.periodic import itstime
+
+        return itstime(
+            step, self.every, -1 if total is None else total, last=self.final
+        )
 
     def create(
         self, world: World, run_dir: str | Path | None = None, **kw: Any
