@@ -116,7 +116,8 @@ _WRAPPED: dict[int, World] = {}
 def as_world(where: World | MPI.Comm) -> World:
     """``where`` as a :class:`World`, so averagers take either.
 
-    A World is returned as it is. An ``mpi4py`` intracommunicator
+    A World (or an object with its ``rank``, ``size`` and ``dup``) is returned
+    as it is. An ``mpi4py`` intracommunicator
     (``MPI.COMM_WORLD``, or a sub-communicator of the ranks to average over)
     becomes a World around a private ``Dup`` of it, made once per communicator
     (collective over it the first time: every rank of it must make the same
@@ -126,8 +127,10 @@ def as_world(where: World | MPI.Comm) -> World:
     Raises:
       TypeError: ``where`` is neither.
     """
-    if isinstance(where, World):
-        return where
+    if isinstance(where, World) or all(
+        hasattr(where, a) for a in ("rank", "size", "dup")
+    ):
+        return where  # a World, or an object that behaves as one
     if not isinstance(where, MPI.Intracomm):
         raise TypeError(
             f"expected a research World (get_world()) or an mpi4py "

@@ -1,0 +1,201 @@
+"""One calling convention for the averaging strategies: ``research.averaging``.
+
+::
+
+    avg = research.averaging("solo", world, sync_every=8)   # or MPI.COMM_WORLD
+    for step in ...:
+        grads = grad_fn(params, batch)
+        grads, info = avg(grads)          # the same kind of arrays you passed
+        params, opt = apply(params, opt, grads)
+    rest = avg.drain()                    # what is still in flight, or None
+    if rest is not None:
+        params, opt = apply(params, opt, rest[0])
+    avg.close()
+
+Every strategy a user can name answers ``avg(grads) -> (grads, info)`` with
+``info`` a :class:`research.comm.base.CommInfo` (bytes sent, contributors,
+staleness, wait), ``avg.drain()`` (``None`` when nothing is held back, so a
+loop never applies a zero gradient that momentum would turn into a step),
+``avg.state()`` / ``avg.load_state(s)`` (what must be checkpointed with the
+model, per rank), and ``avg.close()``:
+
+* ``fused``: the mean inside ``jit`` (call it in your jitted step, where it is
+  part of the compiled program) or outside (a cached jitted mean);
+* ``host``: the mean on the host, outside ``jit``;
+* ``solo``, ``majority``, ``sync``: eager-SGD's partial allreduce, outside
+  ``jit``; ``drain`` hands over what missed its round;
+* ``sparse``: top-k with error feedback (:class:`TopKAllreduce`), outside
+  ``jit``; ``state`` is this rank's residual.
+
+Not offered in this form, with the reason: ``ps`` (the parameter server
+exchanges gradients for parameters, it returns no mean), ``layerwise`` and
+``overlap`` (their collectives run stage by stage inside the backward and the
+next forward: ``experiments.train --strategy overlap``, or their building block
+``research.comm.handles.AsyncComm``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from research.comm.base import CommInfo
+
+#: Strategies without an ``avg(grads)`` form, and why.
+NOT_OFFERED = {
+    "ps": "the parameter server exchanges gradients for parameters (push, "
+    "pull); it returns no mean. Use the Trainer: experiments.train --strategy ps",
+    "layerwise": "its allreduces start during the backward pass, bucket by "
+    "bucket, inside the Trainer's executor. Use experiments.train --strategy "
+    "layerwise, or research.comm.handles.AsyncComm for the nonblocking calls",
+    "overlap": "it reduce-scatters stage by stage and its allgathers are "
+    "waited for by the next forward, inside the Trainer's executor. Use "
+    "experiments.train --strategy overlap, or research.comm.handles.AsyncComm",
+}
+
+
+def averaging(name: str, world: Any, **options: Any) -> Averaging:
+    """The strategy ``name`` behind one calling convention (see module doc).
+
+    Args:
+      name: ``fused``, ``host``, ``solo``, ``majority``, ``sync`` or ``sparse``.
+      world: a :class:`research.comm.world.World` or an mpi4py
+        intracommunicator (collective: every rank of it builds it alike).
+      **options: the strategy's options (``experiments.train --list``).
+
+    Raises:
+      ValueError: an unknown name, a strategy not offered in this form (with
+        the reason and what to use instead), or a bad option.
+    """
+    from research.comm.registry import check_options, get_averager, known_averagers
+
+    if name in NOT_OFFERED:
+        why = NOT_OFFERED[name]
+        raise ValueError(f"strategy {name!r} has no avg(grads) form: {why}")
+    if name == "sparse":
+        from research.comm.sparse.topk import TopKAllreduce
+
+        problem = check_options(name, options)
+        if problem:
+            raise ValueError(problem)
+        if options.pop("warmup_steps", 0) or options.pop("select", "threshold") != (
+            "threshold"
+        ):
+            raise ValueError(
+                "sparse: warmup_steps and select=exact are Trainer options; "
+                "averaging('sparse') is one-pass top-k from the first call"
+            )
+        return _TopK(TopKAllreduce(world, **options))
+    problem = check_options(name, options)
+    if problem:
+        raise ValueError(problem)
+    averager = get_averager(name, world, **options)
+    if averager.executor == "fused":
+        return _InJit(averager)
+    if averager.executor == "staged":
+        return _Staged(averager)
+    valid = sorted(set(known_averagers()) - set(NOT_OFFERED))
+    raise ValueError(f"strategy {name!r} has no avg(grads) form; these do: {valid}")
+
+
+class Averaging:
+    """``grads, info = avg(grads)``; ``drain``, ``state``, ``load_state``, ``close``."""
+
+    name: str
+
+    def __call__(self, grads: Any) -> tuple[Any, CommInfo]:
+        raise NotImplementedError
+
+    def drain(self) -> tuple[Any, CommInfo] | None:
+        """What is still held back, as ``(grads, info)``, or None (nothing)."""
+        return None
+
+    def state(self) -> dict[str, Any]:
+        """What to checkpoint with the model, per rank ({} when nothing)."""
+        return {}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Take back what :meth:`state` returned."""
+
+    def close(self) -> None:
+        """Release threads and communicators (collective for some strategies)."""
+
+    def __enter__(self) -> Averaging:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is None:  # never a collective on an error path
+            self.close()
+
+
+def _host_side(name: str, grads: Any) -> list[Any]:
+    leaves = jax.tree.leaves(grads)
+    if any(isinstance(x, jax.core.Tracer) for x in leaves):
+        raise TypeError(
+            f"strategy {name!r} averages on the host: call avg(grads) on the "
+            "gradients your jitted step returned, outside jit (only 'fused' "
+            "runs inside jit)"
+        )
+    return leaves
+
+
+def _like(grads_in: list[Any], out: Any) -> Any:
+    """``out`` as jax arrays when the caller passed jax arrays, else as is."""
+    if any(isinstance(x, jax.Array) for x in grads_in):
+        return jax.tree.map(jnp.asarray, out)
+    return out
+
+
+class _InJit(Averaging):
+    def __init__(self, averager: Any) -> None:
+        self.averager, self.name = averager, averager.name
+        self._jitted = jax.jit(averager.average_in_jit)
+
+    def __call__(self, grads: Any) -> tuple[Any, CommInfo]:
+        leaves = jax.tree.leaves(grads)
+        size = self.averager.size
+        nbytes = sum(int(x.size) * x.dtype.itemsize for x in leaves)
+        info = CommInfo(bytes=nbytes, contributors=size, staleness=0)
+        if any(isinstance(x, jax.core.Tracer) for x in leaves):
+            return self.averager.average_in_jit(grads), info
+        return self._jitted(grads), info
+
+
+class _Staged(Averaging):
+    def __init__(self, averager: Any) -> None:
+        self.averager, self.name = averager, averager.name
+        self._last: list[Any] = []  # the last call's input leaves, for their kind
+
+    def __call__(self, grads: Any) -> tuple[Any, CommInfo]:
+        self._last = _host_side(self.name, grads)[:1]
+        out, info = self.averager.reduce(grads)
+        return _like(self._last, out), info
+
+    def drain(self) -> tuple[Any, CommInfo] | None:
+        flush = getattr(self.averager, "flush", None)
+        rest = flush() if flush else None
+        if rest is None:  # nothing carried: no zero-gradient step
+            return None
+        tree, info = rest
+        return _like(self._last, tree), info
+
+    def close(self) -> None:
+        close = getattr(self.averager, "close", None)
+        if close:
+            close()
+
+
+class _TopK(Averaging):
+    def __init__(self, topk: Any) -> None:
+        self.topk, self.name = topk, "sparse"
+
+    def __call__(self, grads: Any) -> tuple[Any, CommInfo]:
+        return self.topk(grads)
+
+    def state(self) -> dict[str, Any]:
+        return self.topk.state()
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.topk.load_state(state)
