@@ -16,20 +16,20 @@ import optax
 from _common import accuracy, batches, digits, init, loss_fn
 from _common import digest as params_digest
 
-from research.comm.registry import get_averager
+import research
 from research.comm.world import get_world
 
 
 def main(steps: int) -> float:
     world = get_world()  # MPI started; a failing rank now ends the job
-    averager = get_averager("fused", world)  # or "host": averager.reduce(grads)
+    avg = research.averaging("fused", world)  # "host": call avg outside jit
     (x, y), (tx_, ty_) = digits(world.rank, world.size)
     model, params, tx, opt = init()
 
     @jax.jit
     def step(params, opt, xb, yb):
         grads = jax.grad(lambda p: loss_fn(model, p, xb, yb))(params)
-        grads = averager.average_in_jit(grads)  # the mean over every rank
+        grads, _ = avg(grads)  # the mean over every rank, in this program
         updates, opt = tx.update(grads, opt, params)
         return optax.apply_updates(params, updates), opt
 

@@ -21,7 +21,7 @@ import optax
 from _common import accuracy, batches, digits, init, loss_fn
 from _common import digest as params_digest
 
-from research.comm.partial import PartialAllreduce
+import research
 from research.comm.world import get_world
 
 
@@ -38,16 +38,16 @@ def main(mode: str, steps: int, delay: float) -> float:
 
     straggler = np.random.default_rng(1)  # the same draws on every rank
     t0 = time.perf_counter()
-    with PartialAllreduce(world.comm, mode=mode, sync_every=8) as pa:
+    with research.averaging(mode, world, sync_every=8) as avg:
         for s in range(steps):
             g = grad(params, *batches(x, y, 32, s))
             if straggler.integers(world.size) == world.rank:
                 time.sleep(delay)
-            avg, info = pa.reduce(g)  # a round's sum over ranks / P (numpy)
-            params, opt = apply(params, opt, avg)
-        rest, info = pa.flush()  # what missed its round, before we evaluate
-        if info.extra["carried_total"]:  # nothing carried: no zero-gradient step
-            params, opt = apply(params, opt, rest)
+            mean, info = avg(g)  # a round's sum over ranks / P
+            params, opt = apply(params, opt, mean)
+        rest = avg.drain()  # what missed its round; None: nothing carried
+        if rest is not None:  # (a zero gradient would still move momentum)
+            params, opt = apply(params, opt, rest[0])
     seconds = time.perf_counter() - t0
     acc = accuracy(model, params, tx_, ty_)
     digest = params_digest(params)
