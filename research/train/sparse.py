@@ -12,10 +12,10 @@ One step on each rank::
 
 ``select="threshold"`` (default): the four middle lines are one pass on the
 host over zero-copy views of the gradient's leaves, into a residual buffer the
-executor keeps (:class:`research.comm.sparse.select.TopKSelector`: the exact
-top-k set, exactly k entries); the mean is decoded into a reused buffer
-(:class:`research.comm.sparse.strategy.MeanBuffer`) whose views are the
-update's gradient. No gradient-sized buffer is allocated per step.
+executor keeps, by the library's ``TopKAllreduce`` (``research/comm/sparse/
+topk.py``: the exact top-k set, exactly k entries); the mean is decoded into
+its reused buffer, whose views are the update's gradient. No gradient-sized
+buffer is allocated per step.
 ``select="exact"``: selection and residual in one jitted program with
 ``jax.lax.top_k`` (for comparison; a sort of the whole gradient).
 
@@ -46,8 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from research.comm.sparse.select import TopKSelector
-from research.comm.sparse.strategy import MeanBuffer
+from research.comm.sparse.topk import TopKAllreduce
 from research.trace import get_tracer
 from research.train import step as steps
 from research.train.executors import (
@@ -120,26 +119,17 @@ class SparseExecutor(Executor):
         leaves = jax.tree.leaves(state.params)
         self._shapes = [tuple(x.shape) for x in leaves]
         leaf_sizes = [int(x.size) for x in leaves]
-        if avg.scope == "global":
-            sizes, segments = [self.dim], None
-        else:
-            sizes = leaf_sizes
-            segments = [(i, i + 1) for i in range(len(leaf_sizes))]
+        sizes = [self.dim] if avg.scope == "global" else leaf_sizes
         ks = [avg.k_for(n) for n in sizes]
         self.k = sum(ks)
         self.threshold = getattr(avg, "select", "exact") == "threshold"
         if self.threshold:
-            self._selector = TopKSelector(
-                leaf_sizes,
-                ks,
-                segments=segments,
-                wd=wd,
-                error_feedback=avg.error_feedback,
-                seed=avg.seed,
-            )
-            self._residual = np.zeros(self.dim, np.float32)
+            # The library's one-call top-k, driven in two timed halves.
+            self._topk = TopKAllreduce(avg.world, wd=wd, averager=avg)
+            self._topk.start(leaves, jax.tree.structure(state.params))
+            assert self._topk.k == self.k
+            self._residual = self._topk.residual
             self._adopted: Any = None  # the state's residual the buffer holds
-            self._mean = MeanBuffer(self.dim, avg.size)
             self._treedef = jax.tree.structure(state.params)
         else:
             self._select = make_select(sizes, ks, wd, avg.error_feedback)
@@ -170,12 +160,8 @@ class SparseExecutor(Executor):
             if held is not self._adopted:  # first step, or a restored state
                 np.copyto(self._residual, np.asarray(held, np.float32))
                 self._adopted = held
-        grads_l = [np.asarray(g).reshape(-1) for g in jax.tree.leaves(grads)]
-        params_l = None
-        if self._selector.wd:
-            leaves = jax.tree.leaves(state.params)
-            params_l = [np.asarray(p).reshape(-1) for p in leaves]
-        return self._selector.select(self._residual, grads_l, params_l, step)
+        params = jax.tree.leaves(state.params) if self._topk.wd else None
+        return self._topk.select(jax.tree.leaves(grads), params, step)
 
     def step(self, state, x, y, *, step, hold) -> StepOut:
         avg = self.averager
@@ -204,8 +190,7 @@ class SparseExecutor(Executor):
             if dense:
                 mean, info = avg.reduce_dense(flat, step)
             elif self.threshold:
-                total, info = avg.reduce_sparse_sum(idx, vals, self.dim, step)
-                mean = self._mean.set(total)
+                mean, info = self._topk.sum(idx, vals, step)
             else:
                 mean, info = avg.reduce_sparse(idx, vals, self.dim, step)
             sp.set(bytes=info.bytes, contributors=info.contributors)

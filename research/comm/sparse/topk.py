@@ -17,9 +17,9 @@ entries over ranks with the sparse allreduce (``algorithm="auto"`` picks the
 cheapest of SparCML's algorithms), and returns the mean as a tree shaped like
 ``grads``. The residual is this rank's own (it differs between ranks): save
 ``state()`` per rank (DeepFreeze's ``rank_local``) and hand it back with
-``load_state`` to resume exactly. The Trainer's ``sparse`` strategy runs the same
-selector and collective (``research/train/sparse.py``), with weight decay added
-to the local gradient first.
+``load_state`` to resume exactly. The Trainer's ``sparse`` strategy runs this
+same object (``research/train/sparse.py``: :meth:`select` and :meth:`sum`
+timed apart, weight decay added to the local gradient first).
 """
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ class TopKAllreduce:
       algorithm: the sparse allreduce (``"auto"``: by its cost model).
       seed: seeds the selection's sample positions and the quantization.
       link: an emulated link for the allreduce (``research.comm.link``).
+      wd: weight decay added to the gradient before selection (``g + wd p``;
+        pass the parameters to :meth:`select`), 0 for none.
+      averager: the ``sparse`` strategy's averager to communicate through
+        (the Trainer's); None: one is built from the options above.
     """
 
     def __init__(
@@ -61,8 +65,10 @@ class TopKAllreduce:
         algorithm: str = "auto",
         seed: int = 0,
         link: str = "real",
+        wd: float = 0.0,
+        averager: SparseAverager | None = None,
     ) -> None:
-        self.averager = SparseAverager(
+        self.averager = averager or SparseAverager(
             world,
             density=density,
             scope=scope,
@@ -72,9 +78,14 @@ class TopKAllreduce:
             seed=seed,
             link=link,
         )
+        self.wd = float(wd)
         self.step = 0
         self._layout: tuple | None = None
         self._pending: np.ndarray | None = None  # a residual loaded before call 1
+
+    def start(self, leaves: list[Any], treedef: Any) -> None:
+        """Fix the layout from the gradient's (or parameters') leaves."""
+        self._start(leaves, treedef)
 
     def _start(self, leaves: list[Any], treedef: Any) -> None:
         avg = self.averager
@@ -92,6 +103,7 @@ class TopKAllreduce:
             sizes,
             ks,
             segments=segments,
+            wd=self.wd,
             error_feedback=avg.error_feedback,
             seed=avg.seed,
         )
@@ -118,10 +130,8 @@ class TopKAllreduce:
             self._start(leaves, treedef)
         elif treedef != self._layout[0]:
             raise ValueError("the gradient's tree changed since the first call")
-        flat = [np.asarray(x, np.float32).reshape(-1) for x in leaves]
-        idx, vals = self.selector.select(self.residual, flat, None, self.step)
-        total, info = self.averager.reduce_sparse_sum(idx, vals, self.dim, self.step)
-        mean = self._mean.set(total)
+        idx, vals = self.select(leaves, None, self.step)
+        mean, info = self.sum(idx, vals, self.step)
         self.step += 1
         _, shapes, dtypes, sizes = self._layout
         as_jax = any(isinstance(x, jax.Array) for x in leaves)
@@ -131,6 +141,25 @@ class TopKAllreduce:
             out.append(jnp.asarray(piece) if as_jax else piece)
             off += n
         return jax.tree.unflatten(treedef, out), info
+
+    def select(
+        self, grads: list[Any], params: list[Any] | None, step: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's selected positions and values; the residual keeps the
+        rest. ``grads`` (and ``params`` when ``wd``) are leaf lists in the
+        layout's order; zero-copy views of jax CPU arrays are read in place."""
+        flat = [np.asarray(x, np.float32).reshape(-1) for x in grads]
+        if params is not None:
+            params = [np.asarray(x, np.float32).reshape(-1) for x in params]
+        return self.selector.select(self.residual, flat, params, step)
+
+    def sum(
+        self, idx: np.ndarray, vals: np.ndarray, step: int
+    ) -> tuple[np.ndarray, CommInfo]:
+        """The mean over ranks of everyone's selection, as a flat float32
+        vector that the next call overwrites (collective)."""
+        total, info = self.averager.reduce_sparse_sum(idx, vals, self.dim, step)
+        return self._mean.set(total), info
 
     def state(self) -> dict[str, Any]:
         """What to checkpoint (per rank): the residual (a copy) and the step."""
