@@ -46,7 +46,7 @@ through the disk cache (``research.studies.presets.enable_compile_cache``), so
 a run's set-up costs about 3 s. Everything else by flag: ``--ranks``,
 ``--models``, ``--strategies``, ``--links``, ``--emulated-ranks``,
 ``--bucket-mb``, ``--sweep-ranks``, ``--sweep-models``, ``--steps``,
-``--batch-size``, ``--no-trace``, ``--no-figures``.
+``--batch-size``, ``--no-trace``, ``--no-plots``.
 
 What this machine can and cannot show: 4 ranks share 2 cores and memory, so
 on the real link moving bytes costs the CPU time the computation needs, and
@@ -259,7 +259,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=2, help="per rank")
     p.add_argument("--image-size", type=int, default=32)
     p.add_argument("--num-classes", type=int, default=10)
-    p.add_argument("--figures", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--no-plots", action="store_true", help="skip the figures")
+    # The old spelling (one release): --figures/--no-figures.
+    p.add_argument(
+        "--figures",
+        dest="old_figures",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=argparse.SUPPRESS,
+    )
     p.add_argument(
         "--trace",
         action=argparse.BooleanOptionalAction,
@@ -295,6 +303,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
         p.error("only host, layerwise and overlap run on an emulated link")
     if args.steps <= args.warmup:
         p.error("--steps must exceed --warmup")
+    if args.old_figures is not None:
+        flag = "--figures" if args.old_figures else "--no-figures"
+        print(
+            f"experiments.overlap: {flag} is deprecated (accepted for one release); "
+            "figures are on by default, --no-plots skips them, as in every experiment",
+            file=sys.stderr,
+        )
+        args.no_plots = args.no_plots or not args.old_figures
     return args
 
 
@@ -312,7 +328,7 @@ def main(argv: list[str] | None = None) -> str | None:
             return None
         text = report(root, args.models)  # a batch job: its own size only
         print(text, flush=True)
-        if args.figures:
+        if not args.no_plots:
             figures(root)
         return text
     from research.rundir import default_run_dir
@@ -323,7 +339,7 @@ def main(argv: list[str] | None = None) -> str | None:
             raise SystemExit("--report-only needs --run-dir")
         text = report(root, args.models, warmup=args.warmup)
         print(text, flush=True)
-        if args.figures:
+        if not args.no_plots:
             for path in figures(root, warmup=args.warmup):
                 print(f"figure: {path}", flush=True)
         return text
@@ -334,7 +350,7 @@ def main(argv: list[str] | None = None) -> str | None:
             raise SystemExit(code)
     text = report(root, args.models)
     print(text, flush=True)
-    if args.figures:
+    if not args.no_plots:
         for path in figures(root):
             print(f"figure: {path}", flush=True)
     print(f"results: {root}", flush=True)

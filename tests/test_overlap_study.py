@@ -83,3 +83,13 @@ def test_table_rows_sweep_and_reruns(tmp_path):
     again = {r["label"]: r for r in load_rows(tmp_path, warmup=1)}
     assert abs(again["lw 4MB"]["step_s"] - 0.6) < 1e-9
     assert again["layerwise"]["step_s"] == 1.6  # no run folder: as recorded
+
+
+def test_no_plots_is_the_spelling_and_no_figures_still_works(capsys):
+    from experiments.overlap import parse
+
+    assert parse([]).no_plots is False
+    assert parse(["--no-plots"]).no_plots is True
+    assert capsys.readouterr().err == ""
+    assert parse(["--no-figures"]).no_plots is True  # the old spelling
+    assert "--no-figures is deprecated" in capsys.readouterr().err
