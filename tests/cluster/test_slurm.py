@@ -154,6 +154,7 @@ def test_site_mpi_environment_under_srun_pmix(slurm, tmp_path):
         tmp_path,
         "-n",
         "3",
+        "--overcommit",  # three tasks on the node's two CPUs
         "scripts/slurm.sbatch",
         "experiments.train",
         *TINY,
