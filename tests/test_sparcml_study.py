@@ -113,3 +113,32 @@ def test_comm_bound_check_compares_time_to_target_on_emulated_links_only():
     assert len(checks) == 1 and checks[0].startswith("PASS"), checks
     rows[1]["time_to_target_s"] = None
     assert comm_bound_checks(rows)[0].startswith("FAIL  candle_p1b2, 10gbps")
+
+
+def test_comm_bound_check_says_where_the_time_goes():
+    """A FAIL carries its reason in numbers: each arm's phases, and the
+    selection's cost against what the smaller allreduce saves."""
+    base = {"model": "candle_p1b2", "link": "10gbps", "final_test_acc": 0.5}
+    rows = [
+        {
+            **base,
+            "arm": "dense",
+            "time_to_target_s": 20.0,
+            "mean_step_s": 0.63,
+            "target": 0.25,
+            "phases_ms": {"compute": 250.0, "comm": 165.0, "update": 121.0},
+        },
+        {
+            **base,
+            "arm": "topk_ef",
+            "time_to_target_s": 21.0,
+            "mean_step_s": 0.64,
+            "target": 0.25,
+            "phases_ms": {"compute": 238.0, "select": 125.0, "comm": 108.0},
+        },
+    ]
+    (check,) = comm_bound_checks(rows)
+    assert check.startswith("FAIL")
+    assert "top-k compute 238 + select 125 + comm 108" in check
+    assert "dense compute 250 + comm 165 + update 121" in check
+    assert "selection 125 ms against 57 ms the smaller allreduce saves" in check

@@ -270,6 +270,12 @@ def load_arm(run_dir: Path, target_acc: float) -> dict[str, Any]:
     sent = [r["comm_bytes"] for r in rows if "comm_bytes" in r and "step_time" in r]
     out["bytes_per_step"] = statistics.fmean(sent) if sent else None
     out["curve"] = [(e["step"], e["test_acc"]) for e in rows if e.get("kind") == "eval"]
+    # Median ms per step of each phase the executor reports (step 1 compiles).
+    out["phases_ms"] = {
+        key[:-2]: 1e3 * statistics.median(vals)
+        for key in ("compute_s", "select_s", "comm_s", "update_s")
+        if (vals := [r[key] for r in rows if key in r and r.get("step", 0) > 1])
+    }
     return out
 
 

@@ -103,6 +103,26 @@ def format_comm_bound(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _phases_note(topk: dict[str, Any], dense: dict[str, Any]) -> str:
+    """Where the step time goes, and what the selection costs against what the
+    smaller allreduce saves (the reason a FAIL fails, in numbers)."""
+    pt, pd = topk.get("phases_ms") or {}, dense.get("phases_ms") or {}
+    if not pt or not pd:
+        return ""
+
+    def parts(p: dict[str, float]) -> str:
+        return " + ".join(f"{k} {v:.0f}" for k, v in p.items())
+
+    note = f"; ms per step: top-k {parts(pt)}; dense {parts(pd)}"
+    if "select" in pt and "comm" in pt and "comm" in pd:
+        saved = pd["comm"] - pt["comm"]
+        note += (
+            f"; selection {pt['select']:.0f} ms against {saved:.0f} ms the "
+            "smaller allreduce saves"
+        )
+    return note
+
+
 def comm_bound_checks(rows: list[dict[str, Any]]) -> list[str]:
     """Top-k with error feedback faster to ``target`` than dense on each emulated
     link, for P1B2 (the claim) and the other models (reported the same way)."""
@@ -119,6 +139,7 @@ def comm_bound_checks(rows: list[dict[str, Any]]) -> list[str]:
             f"steps {1e3 * (r['mean_step_s'] or 0):.0f} vs "
             f"{1e3 * (d['mean_step_s'] or 0):.0f} ms"
         )
+        steps += _phases_note(r, d)
         if ts is None or td is None:
             why = "top-k" if ts is None else "dense"
             if ts is None and td is None:
