@@ -137,8 +137,11 @@ def test_comm_bound_check_says_where_the_time_goes():
             "phases_ms": {"compute": 238.0, "select": 125.0, "comm": 108.0},
         },
     ]
+    rows[0]["curve"] = [(10, 0.1), (20, 0.26)]
+    rows[1]["curve"] = [(10, 0.1), (20, 0.2), (30, 0.3)]
     (check,) = comm_bound_checks(rows)
     assert check.startswith("FAIL")
     assert "top-k compute 238 + select 125 + comm 108" in check
     assert "dense compute 250 + comm 165 + update 121" in check
     assert "selection 125 ms against 57 ms the smaller allreduce saves" in check
+    assert "reached at step 30 vs 20" in check

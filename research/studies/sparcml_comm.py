@@ -103,6 +103,11 @@ def format_comm_bound(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _step_reached(row: dict[str, Any], target: float) -> int | None:
+    """The first evaluated step at or above ``target`` (None: never)."""
+    return next((s for s, acc in row.get("curve", []) if acc >= target), None)
+
+
 def _phases_note(topk: dict[str, Any], dense: dict[str, Any]) -> str:
     """Where the step time goes, and what the selection costs against what the
     smaller allreduce saves (the reason a FAIL fails, in numbers)."""
@@ -150,8 +155,12 @@ def comm_bound_checks(rows: list[dict[str, Any]]) -> list[str]:
                 f"{d['final_test_acc']:.4f})"
             )
             continue
+        reached = ""
+        at_s, at_d = _step_reached(r, target), _step_reached(d, target)
+        if at_s is not None and at_d is not None:
+            reached = f"; reached at step {at_s} vs {at_d}"
         out.append(
             f"{'PASS' if ts < td else 'FAIL'}  {model}, {link}: top-k + EF faster "
-            f"to {target:g} than dense: {ts:.1f} s vs {td:.1f} s ({steps})"
+            f"to {target:g} than dense: {ts:.1f} s vs {td:.1f} s ({steps}{reached})"
         )
     return out
