@@ -177,3 +177,27 @@ def test_measured_bytes_match_the_model(comm, algorithm, density):
     mean = comm.allreduce(st.bytes_sent) / P
     model = predicted_bytes(algorithm, comm.allgather(v.nnz), dim, P)
     assert mean == pytest.approx(model, rel=0.03, abs=64)
+
+
+def test_ensure_calibrated_measures_once_where_none_exists(
+    comm, tmp_path_factory, monkeypatch
+):
+    """A fresh machine has no calibration: ``ensure_calibrated`` measures it
+    (collective), rank 0 saves it and says so; a second call finds it."""
+    import json
+    from pathlib import Path
+
+    from research.comm.sparse.cost import ensure_calibrated, load_model
+
+    folder = comm.bcast(str(tmp_path_factory.mktemp("cost")) if comm.rank == 0 else 0)
+    path = Path(folder) / f"cost-{comm.Get_size()}.json"
+    monkeypatch.setenv("RESEARCH_SPARSE_COST", str(path))
+    said = []
+    assert ensure_calibrated(comm, say=said.append) == path
+    comm.Barrier()
+    assert path.exists() and load_model(comm.Get_size()).source == str(path)
+    assert json.loads(path.read_text())["beta"] > 0
+    assert (len(said) == 1) == (comm.rank == 0)
+    stamp = path.stat().st_mtime_ns
+    ensure_calibrated(comm, say=said.append)
+    assert path.stat().st_mtime_ns == stamp and len(said) == (comm.rank == 0)

@@ -313,6 +313,25 @@ def load_model(size: int, path: str | os.PathLike | None = None) -> CostModel:
     return DEFAULTS
 
 
+def ensure_calibrated(comm, say=None) -> Path:
+    """Calibrate for ``comm``'s size unless a calibration exists (collective).
+
+    Rank 0 looks for :func:`default_path`; where there is none, every rank of
+    ``comm`` calibrates (a few seconds) and rank 0 saves it, saying so through
+    ``say`` (a print-like function, None: silent). Returns the path.
+    """
+    path = default_path(comm.Get_size())
+    missing = comm.bcast(not path.exists() if comm.Get_rank() == 0 else None)
+    if missing:
+        if say is not None and comm.Get_rank() == 0:
+            say(
+                f"sparse cost model: no calibration for {comm.Get_size()} ranks at "
+                f"{path}; calibrating now (a few seconds)"
+            )
+        calibrate(comm, path)
+    return path
+
+
 _agreed: dict[tuple[int, int], CostModel] = {}
 _agreed_lock = threading.Lock()
 
