@@ -81,7 +81,7 @@ def bench_one(
 
     P, rank = comm.Get_size(), comm.Get_rank()
     have = comm.bcast(default_path(P).exists() if rank == 0 else None)
-    model = agreed_model(comm) if have else calibrate(comm)
+    model = agreed_model(comm) if have else calibrate(comm)  # (a library caller)
     emu_model = link_model(model, link, P)
     rows = []
     for density in densities:
@@ -466,8 +466,9 @@ def plot(root: Path, bench, results, link: Link) -> list[Path]:
 
 def _calibrate_missing(world, sizes: list[int]) -> None:
     """``auto``'s cost model measured on this machine for every rank count the
-    experiment runs at, where none was (a fresh machine: the defaults once
-    sent ``auto`` to an algorithm 1.9x slower than the best at 10% density)."""
+    experiment runs at, where none was, before anything uses it: the training
+    arms too (``--skip-bench`` runs, such as ``--comm-bound``, used to train
+    with the uncalibrated defaults on a fresh machine)."""
     from mpi4py import MPI
 
     from research.comm.sparse.cost import ensure_calibrated
