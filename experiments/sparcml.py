@@ -120,12 +120,15 @@ Where sparse training wins wall-clock here, and where it cannot:
 ResNet-50 at 32x32 is compute-bound here: journal, 2026-11-24, top-k 2300
 against dense 2070 ms per step at 10 Gb/s, under load.
 
-Collective micro-benchmark (default command, 2026-11-23, 4 ranks, ResNet-50-
-sized vector; unchanged code since): on the emulated 10 Gb/s link the sparse
-allreduce (``auto``) takes 0.019 of the dense allreduce's time at 0.1% density
-and 0.108 at 1%, ``dsar_sag`` 0.644 at 10%, dense wins at 50%; ``auto`` picks
-the fastest at all 8 points; bytes match the model within 1.05x. The
-order-of-magnitude claim holds for the collective at 0.1-1% density.
+Collective micro-benchmark (default command, 2026-11-24 19:20 UTC, quiet, 4
+ranks, ResNet-50-sized vector; ``docs/results/sparcml.md``): on the emulated
+10 Gb/s link the sparse allreduce (``auto``) takes 0.015 of the dense
+allreduce's time at 0.1% density and 0.096 at 1%; dense wins at 50%; bytes
+match the model within 1.05x. The order-of-magnitude claim holds for the
+collective at 0.1-1% density. ``auto`` picks the fastest at 7 of 8 points; at
+4 ranks and 10% it took ``ssar_sag`` on the emulated link, 2.24x slower than
+``dsar_sag`` (also 1.9x in a run just before; on 2026-11-23 it picked right at
+all 8): the calibrated model underrates merging when 4 ranks share 2 cores.
 
 Accuracy (``cnn_small``, 160 steps, 3 seeds, 2026-11-23; the selection picks
 the same set now, so these hold): dense 0.9085 +- 0.0072, top-k 1% + EF 0.9004
