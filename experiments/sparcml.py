@@ -128,7 +128,7 @@ match the model within 1.05x. The order-of-magnitude claim holds for the
 collective at 0.1-1% density. ``auto`` picks the fastest at 7 of 8 points; at
 4 ranks and 10% it took ``ssar_sag`` on the emulated link, 2.24x slower than
 ``dsar_sag`` (also 1.9x in a run just before; on 2026-11-23 it picked right at
-all 8): the calibrated model underrates merging when 4 ranks share 2 cores.
+all 8). Why the model mispredicts there is not yet established.
 
 Accuracy (``cnn_small``, 160 steps, 3 seeds, 2026-11-23; the selection picks
 the same set now, so these hold): dense 0.9085 +- 0.0072, top-k 1% + EF 0.9004
