@@ -423,7 +423,10 @@ class HostBuffers:
                 if scale is None or np.issubdtype(dst.dtype, np.integer):
                     np.copyto(dst, src, casting="unsafe")
                 else:
-                    np.divide(src, scale, out=dst, casting="unsafe")
+                    # In the wider of the two dtypes: a bfloat16 leaf divided
+                    # in bfloat16 lost ~0.4% before its float32 sum.
+                    wide = np.promote_types(src.dtype, dst.dtype)
+                    np.divide(src, scale, out=dst, dtype=wide, casting="unsafe")
         return self.buffers
 
     def views(self) -> Any:
