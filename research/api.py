@@ -27,11 +27,12 @@ model, per rank), and ``avg.close()``:
 * ``sparse``: top-k with error feedback (:class:`TopKAllreduce`), outside
   ``jit``; ``state`` is this rank's residual.
 
-Not offered in this form, with the reason: ``ps`` (the parameter server
-exchanges gradients for parameters, it returns no mean), ``layerwise`` and
-``overlap`` (their collectives run stage by stage inside the backward and the
-next forward: ``experiments.train --strategy overlap``, or their building block
-``research.comm.handles.AsyncComm``).
+Not offered in this form, each saying why (``Averager.no_call_form``): ``ps``
+(the parameter server exchanges gradients for parameters, it returns no mean),
+``layerwise`` and ``overlap`` (their collectives run stage by stage inside the
+backward and the next forward: ``experiments.train --strategy overlap``, or
+their building block ``research.comm.handles.AsyncComm``). A strategy decides
+its own form: ``Averager.averaging`` (``sparse`` overrides it).
 """
 
 from __future__ import annotations
@@ -43,24 +44,12 @@ import jax.numpy as jnp
 
 from research.comm.base import CommInfo
 
-#: Strategies without an ``avg(grads)`` form, and why.
-NOT_OFFERED = {
-    "ps": "the parameter server exchanges gradients for parameters (push, "
-    "pull); it returns no mean. Use the Trainer: experiments.train --strategy ps",
-    "layerwise": "its allreduces start during the backward pass, bucket by "
-    "bucket, inside the Trainer's executor. Use experiments.train --strategy "
-    "layerwise, or research.comm.handles.AsyncComm for the nonblocking calls",
-    "overlap": "it reduce-scatters stage by stage and its allgathers are "
-    "waited for by the next forward, inside the Trainer's executor. Use "
-    "experiments.train --strategy overlap, or research.comm.handles.AsyncComm",
-}
-
 
 def averaging(name: str, world: Any, **options: Any) -> Averaging:
     """The strategy ``name`` behind one calling convention (see module doc).
 
     Args:
-      name: ``fused``, ``host``, ``solo``, ``majority``, ``sync`` or ``sparse``.
+      name: a strategy that has the form (``experiments.train --list``).
       world: a :class:`research.comm.world.World` or an mpi4py
         intracommunicator (collective: every rank of it builds it alike).
       **options: the strategy's options (``experiments.train --list``).
@@ -69,35 +58,39 @@ def averaging(name: str, world: Any, **options: Any) -> Averaging:
       ValueError: an unknown name, a strategy not offered in this form (with
         the reason and what to use instead), or a bad option.
     """
-    from research.comm.registry import check_options, get_averager, known_averagers
+    from research.comm.registry import averager_factory, check_options
 
-    if name in NOT_OFFERED:
-        why = NOT_OFFERED[name]
-        raise ValueError(f"strategy {name!r} has no avg(grads) form: {why}")
-    if name == "sparse":
-        from research.comm.sparse.topk import TopKAllreduce
-
-        problem = check_options(name, options)
-        if problem:
-            raise ValueError(problem)
-        if options.pop("warmup_steps", 0) or options.pop("select", "threshold") != (
-            "threshold"
-        ):
-            raise ValueError(
-                "sparse: warmup_steps and select=exact are Trainer options; "
-                "averaging('sparse') is one-pass top-k from the first call"
-            )
-        return _TopK(TopKAllreduce(world, **options))
     problem = check_options(name, options)
     if problem:
         raise ValueError(problem)
-    averager = get_averager(name, world, **options)
+    factory = averager_factory(name)
+    why = getattr(factory, "no_call_form", None)
+    if why:
+        raise ValueError(f"strategy {name!r} has no avg(grads) form: {why}")
+    make = getattr(factory, "averaging", None)
+    return make(world, **options) if make else wrap(factory(world, **options))
+
+
+def offered() -> list[str]:
+    """The strategies that have the ``avg(grads)`` form."""
+    from research.comm.registry import averager_factory, list_averagers
+
+    return [
+        n
+        for n in list_averagers()
+        if not getattr(averager_factory(n), "no_call_form", None)
+    ]
+
+
+def wrap(averager: Any) -> Averaging:
+    """An averager behind the one call, by the kind of executor that runs it."""
     if averager.executor == "fused":
         return _InJit(averager)
     if averager.executor == "staged":
         return _Staged(averager)
-    valid = sorted(set(known_averagers()) - set(NOT_OFFERED))
-    raise ValueError(f"strategy {name!r} has no avg(grads) form; these do: {valid}")
+    raise ValueError(
+        f"strategy {averager.name!r} has no avg(grads) form; these do: {offered()}"
+    )
 
 
 class Averaging:
@@ -187,9 +180,11 @@ class _Staged(Averaging):
             close()
 
 
-class _TopK(Averaging):
+class TopK(Averaging):
+    """A :class:`~research.comm.sparse.topk.TopKAllreduce` behind the one call."""
+
     def __init__(self, topk: Any) -> None:
-        self.topk, self.name = topk, "sparse"
+        self.topk, self.name = topk, topk.averager.name
 
     def __call__(self, grads: Any) -> tuple[Any, CommInfo]:
         return self.topk(grads)

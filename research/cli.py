@@ -223,7 +223,7 @@ def check_private_dir(path: str | os.PathLike, flag: str) -> str | None:
 
 def listing() -> str:
     import models
-    from research.comm.registry import BUILTIN_OPTIONS, known_averagers
+    from research.comm.registry import declared_options, known_averagers
     from research.data import list_datasets
 
     lines = [
@@ -232,6 +232,6 @@ def listing() -> str:
         "strategies (--strategy-opt KEY=VALUE):",
     ]
     for name in known_averagers():
-        opts = ", ".join(BUILTIN_OPTIONS.get(name, {})) or "-"
+        opts = ", ".join(declared_options(name) or {}) or "-"
         lines.append(f"  {name:<10} {opts}")
     return "\n".join(lines)

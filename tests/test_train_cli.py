@@ -167,34 +167,67 @@ def test_flag_checks_before_relaunch_do_not_start_mpi():
 
 
 def test_builtin_strategy_names_match_what_the_modules_register():
-    import importlib
+    """The names read from the sources (research.comm.declared) are exactly
+    those the modules register when imported."""
+    from research.comm import declared, registry
 
-    from research.comm import registry
-
-    for module in set(registry.BUILTIN_NAMES.values()):
-        importlib.import_module(module)
+    registry.list_averagers()  # imports every strategy module
     registered = {
         name: f.__module__
         for name, f in registry._REGISTRY.items()
         if f.__module__.startswith("research.comm.")
     }
-    assert registered == registry.BUILTIN_NAMES
-    assert set(registry.STRATEGY_MODULES) == set(registry.BUILTIN_NAMES.values())
+    assert registered == {n: s.module for n, s in declared.strategies().items()}
+    assert registry.builtin_modules() == sorted(set(registered.values()))
 
 
 def test_builtin_options_match_the_constructors():
+    """The options read from the source agree with the imported constructors:
+    the same keywords, and every default of an accepted type and value."""
     import inspect
 
-    from research.comm import registry
+    from research.comm import declared, registry
 
-    registry.list_averagers()  # imports every strategy module
-    for name, options in registry.BUILTIN_OPTIONS.items():
+    registry.list_averagers()
+    for name, strategy in declared.strategies().items():
         factory = registry._REGISTRY[name]
         params = inspect.signature(factory).parameters
-        assert set(registry._keywords(factory)) == set(options), name
-        for key, types in options.items():
+        assert set(registry._keywords(factory)) == set(strategy.options), name
+        for key, option in strategy.options.items():
             default = params[key].default
-            assert isinstance(default, types), (name, key, default)
+            assert isinstance(default, option.types), (name, key, default)
+            if option.choices is not None:
+                assert default in option.choices, (name, key, default)
+
+
+def test_a_strategy_is_declared_in_its_own_module_only(tmp_path):
+    """Adding a strategy touches its module: no list in registry.py names the
+    built-in ones, and the library's core (the registry, the loop, the
+    executors, the CLI and the public API) names none of them (executor kinds,
+    ``Averager.executor``, are names of their own)."""
+    import re
+    from pathlib import Path
+
+    from research.comm import declared
+
+    root = Path(__file__).resolve().parent.parent / "research"
+    core = [
+        root / "comm" / "registry.py",
+        root / "comm" / "base.py",
+        root / "train" / "loop.py",
+        root / "train" / "executors.py",
+        root / "cli.py",
+        root / "api.py",
+    ]
+    names = sorted(declared.strategies())
+    for path in core:
+        text = path.read_text()
+        code = re.sub(r'""".*?"""', "", text, flags=re.S)  # docstrings may
+        code = re.sub(r"#.*", "", code)
+        # Executor kinds are their own names (Averager.executor), not strategies.
+        code = re.sub(r'register_executor\("\w+"\)|executor == "\w+"', "", code)
+        for name in names:
+            assert f'"{name}"' not in code, (path.name, name)
 
 
 def test_flags_come_from_the_config_fields():

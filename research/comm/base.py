@@ -54,6 +54,18 @@ class Averager:
     #: The executor that runs this strategy's steps (research.train.executors).
     executor: ClassVar[str] = "staged"
     name: ClassVar[str] = "base"
+    #: Why this strategy has no ``grads, info = avg(grads)`` form
+    #: (``research.averaging``), with what to use instead; None: it has one.
+    no_call_form: ClassVar[str | None] = None
+
+    @classmethod
+    def averaging(cls, world: Any, **options: Any) -> Any:
+        """This strategy behind ``research.averaging``'s one call
+        (:mod:`research.api`); a strategy whose call form is not itself
+        wrapped (``sparse``: its top-k object) overrides this."""
+        from research.api import wrap
+
+        return wrap(cls(world, **options))
 
     def average_in_jit(self, grads: Any) -> Any:
         """Fused: average ``grads`` inside a jitted function."""

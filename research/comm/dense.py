@@ -64,7 +64,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -159,7 +159,7 @@ class FusedAllreduce(Averager):
         alone_bytes: int | None = DEFAULT_ALONE_BYTES,
         sequential: bool = True,
         prescale: bool = True,
-        native: bool | str = "auto",
+        native: Literal[True, False, "auto"] = "auto",
         in_place: bool = False,
         segment_bytes: int | None = None,
     ) -> None:
@@ -296,7 +296,7 @@ class HostAllreduce(Averager):
         as_jax: bool = False,
         link: str = "real",
         alone_bytes: int | None = DEFAULT_ALONE_BYTES,
-        native: bool | str = "auto",
+        native: Literal[True, False, "auto"] = "auto",
     ) -> None:
         self.world = world = as_world(world)
         self.size = world.size

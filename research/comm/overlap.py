@@ -76,6 +76,11 @@ class LayerwiseAllreduce(_Handled):
 
     executor = "layerwise"
     name = "layerwise"
+    no_call_form = (
+        "its allreduces start during the backward pass, bucket by bucket, "
+        "inside the Trainer's executor. Use experiments.train --strategy "
+        "layerwise, or research.comm.handles.AsyncComm for the nonblocking calls"
+    )
 
     def __init__(
         self, world: Any, *, bucket_bytes: int = DDP_BUCKET_BYTES, link: str = "real"
@@ -128,6 +133,11 @@ class ShardedOverlap(_Handled):
 
     executor = "overlap"
     name = "overlap"
+    no_call_form = (
+        "it reduce-scatters stage by stage and its allgathers are waited for by "
+        "the next forward, inside the Trainer's executor. Use experiments.train "
+        "--strategy overlap, or research.comm.handles.AsyncComm"
+    )
 
     def __init__(
         self, world: Any, *, link: str = "real", fc_exchange: bool = False

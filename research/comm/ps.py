@@ -381,6 +381,10 @@ class ParameterServerAverager(Averager):
 
     name = "ps"
     executor = "server"
+    no_call_form = (
+        "the parameter server exchanges gradients for parameters (push, pull); "
+        "it returns no mean. Use the Trainer: experiments.train --strategy ps"
+    )
 
     def __init__(
         self,

@@ -1,22 +1,23 @@
 """Averaging strategies by name: ``get_averager("fused", world, bucket_bytes=...)``.
 
-How a new strategy registers (e.g. ``solo`` in ``research/comm/partial.py``)::
+A strategy lives in one module: its class, registered with a decorator, and its
+options as the constructor's annotated keyword arguments (e.g. ``solo`` in
+``research/comm/partial.py``)::
 
     from research.comm.base import Averager
     from research.comm.registry import register_averager
 
     @register_averager("solo")
     class SoloAllreduce(Averager):
-        def __init__(self, world, *, staleness_bound=32): ...
+        def __init__(self, world, *, staleness_bound: int = 32): ...
 
-then append ``"research.comm.partial"`` to :data:`STRATEGY_MODULES` below (and
-its names to :data:`BUILTIN_NAMES`, which a test keeps true). The
-registry imports those modules lazily, on the first ``get_averager`` or
-``list_averagers`` call, so import order never matters: the strategy modules
-import this one (not the other way round at import time), and a user never has to
-import a strategy module just to make its name known. Code outside
-``research/comm`` (an experiment's own strategy) calls :func:`add_strategy_module`
-or simply imports its module before asking for the name.
+Nothing else names it. A module under ``research/comm`` is found by its source
+(:mod:`research.comm.declared` reads the names and options without importing
+it, so a flag is checked before an experiment starts MPI); it is imported on
+the first ``get_averager`` or ``list_averagers`` call, so import order never
+matters. Code outside ``research/comm`` (an experiment's own strategy) calls
+:func:`add_strategy_module` or simply imports its module before asking for the
+name; its options are then checked against the constructor itself.
 
 A factory is any callable ``factory(world, **options) -> Averager``; a class is
 the usual one.
@@ -28,78 +29,23 @@ import importlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from research.comm import declared
 from research.comm.base import Averager
 
-#: Modules whose import registers strategies. Append yours (see module docstring).
-STRATEGY_MODULES: list[str] = [
-    "research.comm.dense",
-    "research.comm.partial",
-    "research.comm.ps",
-    "research.comm.overlap",
-    "research.comm.sparse.strategy",
-]
+#: Modules outside ``research/comm`` whose import registers strategies
+#: (:func:`add_strategy_module`); the built-in ones are found by their source.
+STRATEGY_MODULES: list[str] = []
 
-#: Names the built-in modules register, known without importing them: checking a
-#: ``--strategy`` flag before relaunching under mpiexec must not import mpi4py (its
-#: import initializes MPI in the parent process).
-BUILTIN_NAMES: dict[str, str] = {
-    "fused": "research.comm.dense",
-    "host": "research.comm.dense",
-    "solo": "research.comm.partial",
-    "majority": "research.comm.partial",
-    "sync": "research.comm.partial",
-    "ps": "research.comm.ps",
-    "layerwise": "research.comm.overlap",
-    "overlap": "research.comm.overlap",
-    "sparse": "research.comm.sparse.strategy",
-}
 
-#: Options of the built-in strategies (``--strategy-opt KEY=VALUE``) and the
-#: types they accept, also known without importing the modules, so a misspelt
-#: option is one line before launch; a test keeps it true to the constructors.
-_INT, _INT_OR_NONE, _FLOAT, _BOOL = (int,), (int, type(None)), (float, int), (bool,)
-_NATIVE = (bool, str)  # True, False or "auto" (research.comm.choose)
-_PARTIAL = {
-    "seed": _INT,
-    "sync_every": _INT_OR_NONE,
-    "max_sleep": _FLOAT,
-    "link": (str,),
-}
-BUILTIN_OPTIONS: dict[str, dict[str, tuple[type, ...]]] = {
-    "fused": {
-        "bucket_bytes": _INT,
-        "alone_bytes": _INT_OR_NONE,
-        "sequential": _BOOL,
-        "prescale": _BOOL,
-        "native": _NATIVE,
-        "in_place": _BOOL,
-        "segment_bytes": _INT_OR_NONE,
-    },
-    "host": {
-        "bucket_bytes": _INT,
-        "as_jax": _BOOL,
-        "link": (str,),
-        "alone_bytes": _INT_OR_NONE,
-        "native": _NATIVE,
-    },
-    "solo": _PARTIAL,
-    "majority": _PARTIAL,
-    "sync": _PARTIAL,
-    "ps": {"root": _INT, "max_sleep": _FLOAT, "link": (str,)},
-    "layerwise": {"bucket_bytes": _INT, "link": (str,)},
-    "overlap": {"link": (str,), "fc_exchange": _BOOL},
-    "sparse": {
-        "density": _FLOAT,
-        "scope": (str,),
-        "bits": _INT,
-        "warmup_steps": _INT,
-        "error_feedback": _BOOL,
-        "algorithm": (str,),
-        "seed": _INT,
-        "link": (str,),
-        "select": (str,),
-    },
-}
+def builtin_modules() -> list[str]:
+    """The modules under research/comm that register strategies."""
+    return sorted({s.module for s in declared.strategies().values()})
+
+
+def declared_options(name: str) -> dict[str, declared.Option] | None:
+    """A built-in strategy's options as its constructor declares them."""
+    strategy = declared.strategies().get(name)
+    return None if strategy is None else strategy.options
 
 
 def check_options(name: str, options: dict[str, Any]) -> str | None:
@@ -108,32 +54,31 @@ def check_options(name: str, options: dict[str, Any]) -> str | None:
     Built-in strategies are checked by name and type; a strategy registered
     from outside is checked against its constructor's keyword arguments.
     """
-    known = BUILTIN_OPTIONS.get(name)
+    known = declared_options(name)
     if known is None:
         if name not in _REGISTRY:
             return None  # unknown strategy: reported by the name check
-        known = {k: (object,) for k in _keywords(_REGISTRY[name])}
+        known = {k: declared.Option((object,)) for k in _keywords(_REGISTRY[name])}
     for key, value in options.items():
         if key not in known:
             valid = ", ".join(sorted(known)) or "none"
             return f"strategy {name!r} has no option {key!r}; its options: {valid}"
-        types = known[key]
+        types, choices = known[key].types, known[key].choices
         if not isinstance(value, types) or (
             isinstance(value, bool) and bool not in types
         ):
             want = " or ".join("None" if t is type(None) else t.__name__ for t in types)
             return f"strategy option {key}={value!r} must be {want}"
-        if key in _CHOICES and value not in _CHOICES[key]:
-            valid = ", ".join(map(repr, _CHOICES[key]))
+        if choices is not None and not any(
+            value == c and type(value) is type(c) for c in choices
+        ):
+            valid = ", ".join(map(repr, choices))
             return f"strategy option {key}={value!r} must be one of {valid}"
         low, high = _RANGES.get(key, (None, None))
         if isinstance(value, int) and low is not None and not low <= value <= high:
             return f"strategy option {key}={value!r} must be in [{low}, {high}]"
     return None
 
-
-#: Options with a fixed set of values.
-_CHOICES = {"native": (True, False, "auto")}  # research.comm.choose.NATIVE_VALUES
 
 #: Integer options whose value is checked before launch (the ring's C++ code
 #: would otherwise end in an uncaught exception or an MPI count overflow).
@@ -152,11 +97,13 @@ def check_link(name: str, spec: str) -> str | None:
         link = Link.parse(spec)
     except ValueError as e:
         return f"--link: {e}"
-    if link.emulated and "link" not in BUILTIN_OPTIONS.get(name, {"link": None}):
+    options = declared_options(name)
+    if link.emulated and options is not None and "link" not in options:
+        linked = [n for n, s in declared.strategies().items() if "link" in s.options]
         return (
             f"--link: strategy {name!r} cannot run on an emulated link (its "
-            "communication is not host-side collectives); use host, solo, "
-            "majority, sync, ps, layerwise, overlap or sparse"
+            "communication is not host-side collectives); use "
+            + ", ".join(sorted(linked))
         )
     return None
 
@@ -206,7 +153,7 @@ def add_strategy_module(module: str) -> None:
 
 
 def _load_strategy_modules() -> None:
-    for module in list(STRATEGY_MODULES):
+    for module in [*builtin_modules(), *STRATEGY_MODULES]:
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:
@@ -228,9 +175,9 @@ def known_averagers() -> list[str]:
     The built-in names, those registered so far, and, for modules added with
     :func:`add_strategy_module` (whose names cannot be known otherwise), theirs.
     """
-    if any(m not in BUILTIN_NAMES.values() for m in STRATEGY_MODULES):
+    if STRATEGY_MODULES:
         _load_strategy_modules()
-    return sorted(set(BUILTIN_NAMES) | set(_REGISTRY))
+    return sorted(set(declared.strategies()) | set(_REGISTRY))
 
 
 def averager_factory(name: str) -> Callable[..., Averager]:

@@ -102,6 +102,24 @@ class SparseAverager(Averager):
 
     executor = "sparse"
     name = "sparse"
+
+    @classmethod
+    def averaging(cls, world: Any, **options: Any) -> Any:
+        """``research.averaging("sparse", ...)``: one-pass top-k with error
+        feedback from the first call (:class:`~research.comm.sparse.topk.
+        TopKAllreduce`), the residual kept inside."""
+        from research.api import TopK
+        from research.comm.sparse.topk import TopKAllreduce
+
+        if options.pop("warmup_steps", 0) or options.pop("select", "threshold") != (
+            "threshold"
+        ):
+            raise ValueError(
+                "sparse: warmup_steps and select=exact are Trainer options; "
+                "the one call is one-pass top-k from the first call"
+            )
+        return TopK(TopKAllreduce(world, **options))
+
     #: The executor adds weight decay to the local gradient; the optimizer must not.
     local_weight_decay = True
 
