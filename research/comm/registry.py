@@ -212,15 +212,6 @@ def _qualname(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', obj)}"
 
 
-def wants_local_weight_decay(name: str, averager: Any = None) -> bool:
-    """Whether the strategy decays the local gradient itself (``sparse``: before
-    its residual and selection), so the optimizer must not decay again."""
-    factory = averager
-    if factory is None and name in list_averagers():
-        factory = averager_factory(name)  # an unknown name fails where it is built
-    return bool(getattr(factory, "local_weight_decay", False))
-
-
 def strategy_options(name: str, options: dict[str, Any], link: str) -> dict[str, Any]:
     """The strategy's constructor options with ``--link`` applied to it.
 

@@ -174,3 +174,28 @@ class TrainConfig:
         CKPT,
         metavar="DIR",
     )
+
+
+def load_data(config: TrainConfig, world: Any) -> tuple[Any, Any, int]:
+    """This rank's ``(dataset, loader, total_steps)`` for ``config`` (local work:
+    no collective; bad data raises here)."""
+    import math
+
+    from research.data import get_dataset
+    from research.data.sharding import ShardedLoader
+
+    dataset = get_dataset(
+        config.dataset, path=config.data_dir, seed=config.seed, **config.data_options
+    )
+    loader = ShardedLoader(
+        dataset.train_x,
+        dataset.train_y,
+        batch_size=config.batch_size,
+        rank=world.rank,
+        size=world.size,
+        seed=config.seed,
+    )
+    steps = config.steps
+    if steps <= 0:
+        steps = max(1, math.ceil(config.epochs * loader.steps_per_epoch))
+    return dataset, loader, steps

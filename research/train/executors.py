@@ -57,17 +57,18 @@ class StepContext:
 
     Attributes:
       world_size: ranks in the job.
-      optimizer: ``optimizer(pushes_per_step) -> (schedule, tx)``, the run's
-        optimizer for a consumer that applies ``pushes_per_step`` updates per
-        synchronous step (1 for the loop itself; P for a parameter server).
+      optimizer: ``optimizer(pushes_per_step, weight_decay=None) -> (schedule,
+        tx)``, the run's optimizer for a consumer that applies
+        ``pushes_per_step`` updates per synchronous step (1 for the loop
+        itself; P for a parameter server); ``weight_decay`` overrides the
+        run's (0 for an executor that decays the local gradient itself and
+        swaps the state's optimizer in :meth:`Executor.start`).
       model: the Flax module, for executors that run it stage by stage.
-      weight_decay: the run's weight decay, for a strategy that applies it to
-        the local gradient itself (``local_weight_decay`` on its averager; the
-        loop then builds the optimizer without it).
+      weight_decay: the run's weight decay.
     """
 
     world_size: int
-    optimizer: Callable[[int], Any]
+    optimizer: Callable[..., Any]
     model: Any = None
     weight_decay: float = 0.0
 

@@ -28,8 +28,6 @@ it, write the run folder and ``run`` raises
 
 from __future__ import annotations
 
-import math
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -42,13 +40,20 @@ from research.launch import UsageError
 from research.rundir import MetricsWriter, write_json
 from research.trace import NullTracer, Tracer, get_tracer, set_tracer
 from research.train.callback import Callback  # re-exported: callbacks subclass it
-from research.train.config import TrainConfig
+from research.train.config import TrainConfig, load_data
 from research.train.evaluate import average_batch_stats, evaluate
 from research.train.executors import StepContext, make_executor
 from research.train.optim import make_optimizer_for
 from research.train.periodic import itstime
 from research.train.preemption import StopAgreement, Stopped, lag_for, save_at_stop
-from research.train.report import config_record, progress_bar, summary_record
+from research.train.report import (
+    config_record,
+    eval_row,
+    progress_bar,
+    say_eval,
+    step_row,
+    summary_record,
+)
 
 __all__ = ["Callback", "Trainer"]
 from research.train.state import TrainState, create_train_state
@@ -72,11 +77,7 @@ class Trainer:
         callbacks: tuple[Callback, ...] | list[Callback] = (),
         run_dir: str | Path | None = None,
     ) -> None:
-        from research.comm.registry import (
-            get_averager,
-            strategy_options,
-            wants_local_weight_decay,
-        )
+        from research.comm.registry import get_averager, strategy_options
 
         self.config = config
         self.world = world
@@ -84,7 +85,6 @@ class Trainer:
         self.run_dir = Path(run_dir or config.run_dir).absolute()
         self.callbacks = list(callbacks)
         self.imbalance = imbalance or Imbalance()
-        self._local_wd = wants_local_weight_decay(config.strategy, averager)
         # Local set-up first (no collective): bad data or settings raise here on
         # any rank; the ranks then agree, so every rank stops alike.
         problem = None
@@ -117,7 +117,7 @@ class Trainer:
                 world.size,
                 self._optimizer,
                 self.model,
-                weight_decay=config.weight_decay if self._local_wd else 0.0,
+                weight_decay=config.weight_decay,
             ),
         )
         # Collective (a communicator of its own); catches SIGTERM and SIGUSR1.
@@ -143,29 +143,9 @@ class Trainer:
     def _setup_local(self) -> None:
         """Data, loader, schedule, model and state: this rank's work alone."""
         import models
-        from research.data import get_dataset
-        from research.data.sharding import ShardedLoader
 
-        config, world = self.config, self.world
-        self.dataset = get_dataset(
-            config.dataset,
-            path=config.data_dir,
-            seed=config.seed,
-            **config.data_options,
-        )
-        self.loader = ShardedLoader(
-            self.dataset.train_x,
-            self.dataset.train_y,
-            batch_size=config.batch_size,
-            rank=world.rank,
-            size=world.size,
-            seed=config.seed,
-        )
-        self.total_steps = (
-            config.steps
-            if config.steps > 0
-            else max(1, math.ceil(config.epochs * self.loader.steps_per_epoch))
-        )
+        config = self.config
+        self.dataset, self.loader, self.total_steps = load_data(config, self.world)
         self.schedule, tx = self._optimizer(1)
         self.model = models.get_model(
             config.model, num_classes=self.dataset.num_classes, **config.model_options
@@ -182,14 +162,16 @@ class Trainer:
         if data_position is not None:
             self.loader.set_position(data_position)
 
-    def _optimizer(self, pushes_per_step: int):
-        """``(schedule, tx)`` for a consumer of ``pushes_per_step`` updates per step."""
+    def _optimizer(self, pushes_per_step: int, weight_decay: float | None = None):
+        """``(schedule, tx)`` for a consumer of ``pushes_per_step`` updates per
+        step; ``weight_decay`` overrides the run's (0: a strategy that decays
+        the local gradient itself)."""
         return make_optimizer_for(
             self.config,
             self.world.size,
             self.total_steps,
             pushes_per_step,
-            weight_decay=0.0 if self._local_wd else None,
+            weight_decay=weight_decay,
         )
 
     # -- one step -----------------------------------------------------------------
@@ -298,19 +280,7 @@ class Trainer:
         if self.world.rank == 0 and itstime(
             self.step, cfg.log_every, self.total_steps, first=True
         ):
-            row = {
-                "step": self.step,
-                "loss": float(m["loss"]),
-                "acc": float(m["acc"]),
-                "lr": float(self.schedule(self.step - 1)),
-                "step_time": dt,
-                "wall": time.perf_counter() - self._t_start,
-                "train_time": self.train_time,
-                **phases,
-            }
-            if info is not None:
-                row.update({f"comm_{k}": v for k, v in info.as_dict().items()})
-            self.metrics.write(row)
+            self.metrics.write(step_row(self, m, info, phases, dt))
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{float(m['loss']):.3f}", refresh=False)
@@ -334,21 +304,8 @@ class Trainer:
 
     def _eval_and_log(self) -> None:
         t0 = time.perf_counter()
-        ev = self.evaluate()
-        row = {
-            "step": self.step,
-            "epoch": self.step / self.loader.steps_per_epoch,
-            "wall": t0 - self._t_start,
-            "train_time": self.train_time,
-            "eval_s": time.perf_counter() - t0,
-            **ev,
-        }
+        row = eval_row(self, self.evaluate(), t0)
         self.evals.append(row)
         if self.world.rank == 0:
             self.metrics.write({"kind": "eval", **row})
-            if not (sys.stderr.isatty() and self.config.progress):
-                print(
-                    f"r0 | step {self.step}/{self.total_steps} "
-                    f"test_acc {ev['test_acc']:.4f} test_loss {ev['test_loss']:.4f}",
-                    flush=True,
-                )
+            say_eval(self, row)

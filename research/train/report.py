@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import statistics
+import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -120,3 +122,43 @@ def progress_bar(t: Trainer):
         dynamic_ncols=True,
         mininterval=0.5,
     )
+
+
+def step_row(t: Trainer, m: dict, info: Any, phases: dict, dt: float) -> dict:
+    """One step's row of ``metrics.jsonl``: loss, accuracy, rate, times, phases
+    (``*_s``, the executor's) and the communication record (``comm_*``)."""
+    row = {
+        "step": t.step,
+        "loss": float(m["loss"]),
+        "acc": float(m["acc"]),
+        "lr": float(t.schedule(t.step - 1)),
+        "step_time": dt,
+        "wall": time.perf_counter() - t._t_start,
+        "train_time": t.train_time,
+        **phases,
+    }
+    if info is not None:
+        row.update({f"comm_{k}": v for k, v in info.as_dict().items()})
+    return row
+
+
+def eval_row(t: Trainer, ev: dict, t0: float) -> dict:
+    """An evaluation's row (``kind: eval`` in ``metrics.jsonl``), ``t0`` its start."""
+    return {
+        "step": t.step,
+        "epoch": t.step / t.loader.steps_per_epoch,
+        "wall": t0 - t._t_start,
+        "train_time": t.train_time,
+        "eval_s": time.perf_counter() - t0,
+        **ev,
+    }
+
+
+def say_eval(t: Trainer, row: dict) -> None:
+    """One line per evaluation on rank 0, unless the progress bar shows it."""
+    if not (sys.stderr.isatty() and t.config.progress):
+        print(
+            f"r0 | step {t.step}/{t.total_steps} test_acc {row['test_acc']:.4f} "
+            f"test_loss {row['test_loss']:.4f}",
+            flush=True,
+        )

@@ -32,8 +32,8 @@ it to every rank on restore, so a resumed sparse run with them is not exact:
 the other ranks' unsent mass is lost and rank 0's is applied P times.
 
 Weight decay is applied here once, to the local gradient before the residual
-and selection; the loop builds this strategy's optimizer without it
-(``local_weight_decay`` on the averager, ``StepContext.weight_decay``).
+and selection; :meth:`SparseExecutor.start` swaps the state's optimizer for one
+without it (``StepContext.optimizer(1, weight_decay=0.0)``).
 """
 
 from __future__ import annotations
@@ -110,6 +110,10 @@ class SparseExecutor(Executor):
         if not getattr(avg, "local_weight_decay", False):
             raise ValueError(f"strategy {avg.name!r} does not apply weight decay")
         wd = float(self.ctx.weight_decay)
+        # Decay is applied here, to the local gradient before the residual and
+        # the selection: the update must not decay again.
+        _, tx = self.ctx.optimizer(1, weight_decay=0.0)
+        state = state.replace(tx=tx, opt_state=tx.init(state.params))
         flat, self._unravel_fn = ravel_pytree(state.params)
         self.dim = int(flat.size)
         if flat.dtype != jnp.float32:
