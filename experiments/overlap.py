@@ -10,8 +10,9 @@ not stated; most likely one process).
 
 What runs: for each rank count (one mpiexec job each) and each model, a few
 training steps with each strategy: ``host`` (blocking allreduce after the whole
-backward pass), ``fused`` (mpi4jax inside the jitted step), ``layerwise`` (DDP
-buckets, an allreduce started as each fills), ``overlap`` (the SC18 scheme;
+backward pass), ``fused`` (inside the jitted step), ``layerwise`` (DDP buckets,
+an allreduce started as each fills; ``research.train.layerwise``), ``overlap``
+(the SC18 scheme;
 ``research.comm.overlap``, ``research.train.overlapped``) and, for VGG-16,
 ``overlap-fcx``: ``overlap`` with the FC-activation exchange (option
 ``fc_exchange``; ``research.train.activation_exchange``): the fc stages

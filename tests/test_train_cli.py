@@ -175,7 +175,7 @@ def test_builtin_strategy_names_match_what_the_modules_register():
     registered = {
         name: f.__module__
         for name, f in registry._REGISTRY.items()
-        if f.__module__.startswith("research.comm.")
+        if f.__module__.startswith("research.")
     }
     assert registered == {n: s.module for n, s in declared.strategies().items()}
     assert registry.builtin_modules() == sorted(set(registered.values()))

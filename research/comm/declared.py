@@ -10,7 +10,7 @@ Checking ``--strategy solo --strategy-opt seed=3`` happens before an experiment
 relaunches itself under ``mpiexec``, where importing the strategy module would
 import mpi4py and so initialise MPI in the launching process. So the names and
 their options are read here from the source of the modules under
-``research/comm`` with :mod:`ast`: every class decorated
+``research/comm`` and ``research/train`` with :mod:`ast`: every class decorated
 ``@register_averager("NAME")``, and the keyword arguments of its ``__init__``
 (or of the nearest base class in the same module that defines one) with their
 annotations. ``int``, ``float`` (an ``int`` is accepted too), ``bool``, ``str``,
@@ -26,7 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent  # research/comm
+PACKAGE = Path(__file__).resolve().parent.parent  # research/
+#: Where strategy modules live: communication-only ones under research/comm,
+#: those that bring their own executor (``layerwise``) under research/train.
+ROOTS = (PACKAGE / "comm", PACKAGE / "train")
 _TYPES: dict[str, tuple[type, ...]] = {
     "int": (int,),
     "float": (float, int),
@@ -128,26 +131,52 @@ def _init_of(cls: ast.ClassDef, classes: dict[str, ast.ClassDef]) -> ast.Functio
 
 
 def _module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT.parent.parent).with_suffix("")
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
     return ".".join(rel.parts)
+
+
+def modules_with(marker: str) -> list[str]:
+    """Modules under :data:`ROOTS` whose source contains ``marker`` (e.g. a
+    decorator), found without importing anything."""
+    return [
+        _module_name(path)
+        for root in ROOTS
+        for path in sorted(root.rglob("*.py"))
+        if marker in path.read_text()
+    ]
+
+
+def _declared_in(path: Path, module: str, out: dict[str, Strategy]) -> None:
+    text = path.read_text()
+    if "@register_averager(" not in text:
+        return
+    tree = ast.parse(text, filename=str(path))
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    for cls in classes.values():
+        name = _registered_name(cls)
+        if name is None:
+            continue
+        if name in out:
+            raise ValueError(f"strategy {name!r} registered twice: {path}")
+        out[name] = Strategy(name, module, _keywords(_init_of(cls, classes)))
 
 
 @functools.lru_cache(maxsize=1)
 def strategies() -> dict[str, Strategy]:
-    """Every built-in strategy, by name, from the sources under research/comm."""
+    """Every built-in strategy, by name, from the sources under :data:`ROOTS`."""
     out: dict[str, Strategy] = {}
-    for path in sorted(ROOT.rglob("*.py")):
-        text = path.read_text()
-        if "@register_averager(" not in text:
-            continue
-        tree = ast.parse(text, filename=str(path))
-        classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
-        for cls in classes.values():
-            name = _registered_name(cls)
-            if name is None:
-                continue
-            if name in out:
-                raise ValueError(f"strategy {name!r} registered twice: {path}")
-            options = _keywords(_init_of(cls, classes))
-            out[name] = Strategy(name, _module_name(path), options)
+    for path in (p for root in ROOTS for p in sorted(root.rglob("*.py"))):
+        _declared_in(path, _module_name(path), out)
+    return out
+
+
+def strategies_in(module: str) -> dict[str, Strategy]:
+    """The strategies a module outside research/ declares, from its source
+    (found with ``importlib.util.find_spec``: the module is not imported)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    out: dict[str, Strategy] = {}
+    if spec is not None and spec.origin and spec.origin.endswith(".py"):
+        _declared_in(Path(spec.origin), module, out)
     return out

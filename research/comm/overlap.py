@@ -1,14 +1,11 @@
-"""Averaging overlapped with backward and forward: ``layerwise`` and ``overlap``.
+"""Averaging overlapped with backward and forward: ``overlap``, and the base of
+the strategies whose collectives are handles on the progress thread.
 
-Two strategies whose steps run stage by stage (their executors are in
-``research.train.overlapped``); this module is their communication side, on
-numpy buffers and the rank's progress thread (:mod:`research.comm.handles`).
+:class:`HandledAverager` is the communication side of the stage-by-stage
+strategies, on numpy buffers and the rank's progress thread
+(:mod:`research.comm.handles`); ``layerwise`` (the DDP baseline) is one module
+of its own, averager and executor together (``research/train/layerwise.py``).
 
-* ``layerwise`` (:class:`LayerwiseAllreduce`): the PyTorch DDP / Horovod /
-  HiPC'17 baseline. Stage gradients, in reverse stage order, are packed into
-  buckets of about ``bucket_bytes`` (DDP's 25 MiB by default); each bucket's
-  allreduce starts as soon as its last stage's gradient exists, while the rest
-  of the backward pass runs. After the last wait, the ordinary update.
 * ``overlap`` (:class:`ShardedOverlap`): the SC18 multistep scheme (Lee et al.,
   MLHPC@SC18; the authors' ``ffbp_multistep.c``). Each stage's parameters are
   one float32 vector padded to a multiple of P; its gradient's reduce-scatter
@@ -19,8 +16,9 @@ numpy buffers and the rank's progress thread (:mod:`research.comm.handles`).
   Optimizer memory per rank is 1/P of the replicated strategies' (ZeRO-1's
   saving, with its traffic: reduce-scatter + allgather = one allreduce).
 
-Both are exact synchronous SGD: every rank applies the mean of all ranks'
-gradients of the step, as ``host`` does (``tests/mpi/test_overlap.py``).
+Its executor is in ``research.train.overlapped``. It is exact synchronous SGD,
+as ``layerwise`` is: every rank applies the mean of all ranks' gradients of the
+step, as ``host`` does (``tests/mpi/test_overlap.py``).
 
 Collectives start in the same order on every rank: stages come out of the
 backward pass in one fixed order, and buckets are fixed by the parameter shapes.
@@ -30,7 +28,6 @@ Every collective carries a name on the timeline (``reduce-scatter <stage>``,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -40,11 +37,8 @@ from research.comm.handles import AsyncComm, Handle
 from research.comm.registry import register_averager
 from research.comm.world import as_world
 
-#: PyTorch DDP's default bucket (``bucket_cap_mb=25``, in MiB).
-DDP_BUCKET_BYTES = 25 * 2**20
 
-
-class _Handled(Averager):
+class HandledAverager(Averager):
     """An averager whose collectives are handles on the progress thread."""
 
     def __init__(self, world: Any, *, link: str = "real", name: str) -> None:
@@ -63,62 +57,8 @@ class _Handled(Averager):
         self.engine.close()
 
 
-@register_averager("layerwise")
-class LayerwiseAllreduce(_Handled):
-    """Bucketed allreduce started as the backward pass fills each bucket.
-
-    Args:
-      world: the world to average over.
-      bucket_bytes: a bucket closes once it holds at least this many bytes; a
-        stage larger than it is a bucket of its own (stages are not split).
-      link: an emulated link (``research.comm.link``) or ``"real"``.
-    """
-
-    executor = "layerwise"
-    name = "layerwise"
-    no_call_form = (
-        "its allreduces start during the backward pass, bucket by bucket, "
-        "inside the Trainer's executor. Use experiments.train --strategy "
-        "layerwise, or research.comm.handles.AsyncComm for the nonblocking calls"
-    )
-
-    def __init__(
-        self, world: Any, *, bucket_bytes: int = DDP_BUCKET_BYTES, link: str = "real"
-    ) -> None:
-        if bucket_bytes < 1:
-            raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
-        super().__init__(world, link=link, name="layerwise")
-        self.bucket_bytes = int(bucket_bytes)
-
-    def plan(self, stage_bytes: Sequence[int]) -> list[list[int]]:
-        """Buckets of stage indices, in the order the backward pass fills them.
-
-        Args:
-          stage_bytes: gradient bytes of each stage, in forward order.
-
-        Returns:
-          Lists of stage indices, last stage first; every stage in exactly one.
-        """
-        buckets, current, filled = [], [], 0
-        for i in reversed(range(len(stage_bytes))):
-            current.append(i)
-            filled += int(stage_bytes[i])
-            if filled >= self.bucket_bytes:
-                buckets.append(current)
-                current, filled = [], 0
-        if current:
-            buckets.append(current)
-        return buckets
-
-    def allreduce(
-        self, buf: np.ndarray, label: str, out: np.ndarray | None = None
-    ) -> Handle:
-        """Start the sum of ``buf`` over ranks (into ``out``, or a fresh buffer)."""
-        return self.engine.allreduce(buf, out=out, name=f"allreduce {label}")
-
-
 @register_averager("overlap")
-class ShardedOverlap(_Handled):
+class ShardedOverlap(HandledAverager):
     """Per-stage reduce-scatter, sharded update, per-stage allgather (SC18).
 
     Args:

@@ -15,9 +15,9 @@ Nothing else names it. A module under ``research/comm`` is found by its source
 (:mod:`research.comm.declared` reads the names and options without importing
 it, so a flag is checked before an experiment starts MPI); it is imported on
 the first ``get_averager`` or ``list_averagers`` call, so import order never
-matters. Code outside ``research/comm`` (an experiment's own strategy) calls
-:func:`add_strategy_module` or simply imports its module before asking for the
-name; its options are then checked against the constructor itself.
+matters. A module elsewhere (an experiment's own strategy) is named with
+:func:`add_strategy_module`; its names and options are read from its source the
+same way (or it is simply imported before its name is asked for).
 
 A factory is any callable ``factory(world, **options) -> Averager``; a class is
 the usual one.
@@ -43,8 +43,13 @@ def builtin_modules() -> list[str]:
 
 
 def declared_options(name: str) -> dict[str, declared.Option] | None:
-    """A built-in strategy's options as its constructor declares them."""
+    """A strategy's options as its constructor declares them: a built-in one,
+    or one in a module added with :func:`add_strategy_module` (read from its
+    source, not imported)."""
     strategy = declared.strategies().get(name)
+    for module in STRATEGY_MODULES:
+        if strategy is None:
+            strategy = declared.strategies_in(module).get(name)
     return None if strategy is None else strategy.options
 
 
@@ -172,12 +177,12 @@ def list_averagers() -> list[str]:
 def known_averagers() -> list[str]:
     """Like :func:`list_averagers` without importing any strategy module.
 
-    The built-in names, those registered so far, and, for modules added with
-    :func:`add_strategy_module` (whose names cannot be known otherwise), theirs.
+    The built-in names, those declared in modules added with
+    :func:`add_strategy_module` (read from their source), and any registered
+    so far.
     """
-    if STRATEGY_MODULES:
-        _load_strategy_modules()
-    return sorted(set(declared.strategies()) | set(_REGISTRY))
+    added = {n for m in STRATEGY_MODULES for n in declared.strategies_in(m)}
+    return sorted(set(declared.strategies()) | added | set(_REGISTRY))
 
 
 def averager_factory(name: str) -> Callable[..., Averager]:

@@ -26,9 +26,11 @@ Built in, chosen by the averager's ``executor`` attribute:
   optimizer steps P times per synchronous step (lr / P on a P-times-longer
   schedule: the same per-example rate).
 
-Registered by modules in :data:`EXECUTOR_MODULES`: ``layerwise`` and ``overlap``
-(``research.train.overlapped``), ``sparse`` (``research.train.sparse``: jitted
-top-k with error feedback, host SparCML allreduce, jitted update).
+Registered by the modules that define them, found by their source
+(``research.comm.declared.modules_with``): ``overlap``
+(``research.train.overlapped``), ``layerwise`` (``research.train.layerwise``,
+with its averager), ``sparse`` (``research.train.sparse``: top-k with error
+feedback, host SparCML allreduce, jitted update).
 
 A strategy that runs its step differently (stage by stage, overlapped) registers
 its own executor with :func:`register_executor` and names it in its averager.
@@ -107,10 +109,6 @@ class Executor:
 
 _EXECUTORS: dict[str, type[Executor]] = {}
 
-#: Modules whose import registers more executors, imported on first need (they
-#: import this module, so not at import time).
-EXECUTOR_MODULES: list[str] = ["research.train.overlapped", "research.train.sparse"]
-
 
 def register_executor(name: str):
     """Class decorator: averagers with ``executor = name`` run on this class."""
@@ -126,9 +124,13 @@ def make_executor(averager: Averager, ctx: StepContext) -> Executor:
     """The executor that runs ``averager``'s steps."""
     kind = averager.executor
     if kind not in _EXECUTORS:
+        # The averager's own module may define it (a strategy in one module);
+        # else a module that registers executors, found by its source.
         import importlib
 
-        for module in EXECUTOR_MODULES:
+        from research.comm.declared import modules_with
+
+        for module in modules_with("@register_executor("):
             importlib.import_module(module)
     if kind not in _EXECUTORS:
         raise ValueError(

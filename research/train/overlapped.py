@@ -1,12 +1,11 @@
-"""Steps run stage by stage, communication overlapped: ``layerwise``, ``overlap``.
+"""Steps run stage by stage, communication overlapped: the ``overlap`` executor,
+and :class:`StagedExecutor`, which ``layerwise`` (``research/train/layerwise.py``)
+shares.
 
-The step side of the strategies in :mod:`research.comm.overlap`. Both run the
-model with :class:`research.train.stages.StagedGrad` and start a collective on
-the progress thread as soon as the backward pass has produced what it needs:
+Both run the model with :class:`research.train.stages.StagedGrad` and start a
+collective on the progress thread as soon as the backward pass has produced
+what it needs:
 
-* ``layerwise``: forward; backward stage by stage, each bucket's allreduce
-  started when its last stage is done; wait for all; the ordinary jitted update
-  (``research.train.step.apply_step``).
 * ``overlap``: forward stage by stage, stage ``i`` first waiting for its
   allgather from the previous step; backward stage by stage, each stage's
   reduce-scatter started at once; then, in forward order, wait for the stage's
@@ -48,7 +47,6 @@ held by this rank).
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -61,7 +59,6 @@ import optax
 from research.comm.base import CommInfo
 from research.comm.handles import Handle
 from research.trace import get_tracer
-from research.train import step as steps
 from research.train.activation_exchange import ActivationExchange, ravel_concat
 from research.train.executors import Executor, StepContext, StepOut, register_executor
 from research.train.flat import (
@@ -75,7 +72,7 @@ from research.train.stages import Stage, StagedGrad, commit, split_model
 from research.train.state import TrainState, tree_bytes
 
 
-class _StagedExecutor(Executor):
+class StagedExecutor(Executor):
     """Forward and backward stage by stage, each stage timed and traced."""
 
     def __init__(self, averager: Any, ctx: StepContext) -> None:
@@ -155,83 +152,8 @@ class _StagedExecutor(Executor):
         )
 
 
-@register_executor("layerwise")
-class LayerwiseExecutor(_StagedExecutor):
-    """Bucketed allreduce overlapped with the backward pass (DDP-style)."""
-
-    def start(self, state: TrainState) -> None:
-        flats = [FlatStage(s, state.params) for s in self.stages]
-        self.buckets = self.averager.plan([f.nbytes for f in flats])
-        self._closes = {b[-1]: k for k, b in enumerate(self.buckets)}
-        self._labels = [
-            self.stages[b[0]].name
-            if len(b) == 1
-            else f"{self.stages[b[0]].name}..{self.stages[b[-1]].name}"
-            for b in self.buckets
-        ]
-        self._parts = [tuple(flats[i] for i in b) for b in self.buckets]
-        # Result buffers reused every step (the update reads them before the
-        # next step's allreduces write them), at addresses JAX can alias.
-        self._out = [
-            aligned_empty(sum(flats[i].padded for i in b)) for b in self.buckets
-        ]
-
-    def step(self, state, x, y, *, step, hold) -> StepOut:
-        self._begin()
-        metrics = self._forward(state, x, y, step)
-        grads, handles, done = {}, [], {}
-        divisor = jnp.float32(self.size)
-
-        def on_grad(i: int, g: Any) -> None:
-            done[i] = g
-            k = self._closes.get(i)
-            if k is not None:
-                trees = [done.pop(j) for j in self.buckets[k]]
-                buf = np.asarray(_pack_bucket(self._parts[k], trees, divisor))
-                self._sent += buf.nbytes
-                out = self._out[k]
-                handles.append(self.averager.allreduce(buf, self._labels[k], out=out))
-
-        self._backward(step, on_grad)
-        hold()
-        t0 = time.perf_counter()
-        for k, h in enumerate(handles):
-            out = self._wait(h, f"allreduce {self._labels[k]}", step)
-            for part in _split_bucket(self._parts[k], host_view(out)):
-                grads.update(part)
-        t1 = time.perf_counter()
-        with get_tracer().span("update", "update", step=step):
-            state = steps.apply_step(state, grads, self.staged.batch_stats)
-            jax.block_until_ready(state.params)
-        phases = {
-            "compute_s": self._compute,
-            "comm_s": t1 - t0,
-            "update_s": time.perf_counter() - t1,
-        }
-        info = self._info(step, tree_bytes(state.opt_state))
-        return state, jax.device_get(metrics), info, phases
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _pack_bucket(part: tuple[FlatStage, ...], trees: list, divisor: Any) -> jax.Array:
-    """A bucket's stages' gradients as one message vector."""
-    return jnp.concatenate(
-        [f._pack(t, divisor) for f, t in zip(part, trees, strict=True)]
-    )
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _split_bucket(part: tuple[FlatStage, ...], flat: jax.Array) -> list[Any]:
-    """A bucket's message vector back into its stages' gradient trees."""
-    out, start = [], 0
-    for f in part:
-        out.append(f._unpack(flat[start : start + f.n]))
-        start += f.n
-    return out
-
-
 @register_executor("overlap")
-class OverlapExecutor(_StagedExecutor):
+class OverlapExecutor(StagedExecutor):
     """Reduce-scatter, sharded update and allgather overlapped (SC18); with
     ``fc_exchange``, dense stages exchange activations instead
     (``research.train.activation_exchange``)."""
