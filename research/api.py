@@ -86,8 +86,8 @@ def wrap(averager: Any) -> Averaging:
     """An averager behind the one call, by the kind of executor that runs it."""
     if averager.executor == "fused":
         return _InJit(averager)
-    if averager.executor == "staged":
-        return _Staged(averager)
+    if averager.executor == "host-side":
+        return _HostSide(averager)
     raise ValueError(
         f"strategy {averager.name!r} has no avg(grads) form; these do: {offered()}"
     )
@@ -156,7 +156,7 @@ class _InJit(Averaging):
         return self._jitted(grads), info
 
 
-class _Staged(Averaging):
+class _HostSide(Averaging):
     def __init__(self, averager: Any) -> None:
         self.averager, self.name = averager, averager.name
         self._last: list[Any] = []  # the last call's input leaves, for their kind
@@ -167,8 +167,7 @@ class _Staged(Averaging):
         return _like(self._last, out), info
 
     def drain(self) -> tuple[Any, CommInfo] | None:
-        flush = getattr(self.averager, "flush", None)
-        rest = flush() if flush else None
+        rest = self.averager.drain()
         if rest is None:  # nothing carried: no zero-gradient step
             return None
         tree, info = rest

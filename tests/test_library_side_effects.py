@@ -68,3 +68,14 @@ def test_checkpoint_config_due_follows_every():
     final = CheckpointConfig(every=10, final=True)
     assert [s for s in range(1, 26) if final.due(s, 25)] == [10, 20, 25]
     assert not any(CheckpointConfig(every=0).due(s) for s in range(1, 50))
+
+
+def test_old_flush_spelling_still_works_and_says_so_once(capsys):
+    """``drain`` is the one word for delivering what is in flight or carried;
+    ``flush`` still works for one release, with a one-line note."""
+    from research.comm.base import Averager
+
+    assert Averager().flush() is None
+    assert Averager().flush() is None
+    err = capsys.readouterr().err
+    assert err.count("Averager.flush() is now drain()") == 1

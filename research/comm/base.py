@@ -6,7 +6,7 @@ by the averager's ``executor`` attribute:
 
 * ``"fused"``: :meth:`Averager.average_in_jit` is traced into one jitted program
   with the gradient and the update (mpi4jax);
-* ``"staged"``: :meth:`Averager.reduce` gets the step's gradients on the host and
+* ``"host-side"``: :meth:`Averager.reduce` gets the step's gradients on the host and
   returns the gradients to apply (communication may run on the progress thread
   and may return another round's result, as partial collectives do);
 * ``"server"``: :meth:`Averager.reduce` returns the *parameters* to continue
@@ -18,6 +18,7 @@ Every call returns a :class:`CommInfo` record of what happened.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, ClassVar
 
 
@@ -52,7 +53,7 @@ class Averager:
     """Base class of gradient-averaging strategies (see module docstring)."""
 
     #: The executor that runs this strategy's steps (research.train.executors).
-    executor: ClassVar[str] = "staged"
+    executor: ClassVar[str] = "host-side"
     name: ClassVar[str] = "base"
     #: Why this strategy has no ``grads, info = avg(grads)`` form
     #: (``research.averaging``), with what to use instead; None: it has one.
@@ -73,11 +74,17 @@ class Averager:
 
     def reduce(self, grads: Any) -> tuple[Any, CommInfo]:
         """Staged: the gradients to apply (server: the parameters) and a record."""
-        raise NotImplementedError(f"{type(self).__name__} is not a staged strategy")
+        raise NotImplementedError(f"{type(self).__name__} is not a host-side strategy")
+
+    def drain(self) -> tuple[Any, CommInfo] | None:
+        """Complete what is in flight and deliver what is still carried, as
+        ``(tree, info)`` to apply, or None (nothing to apply). Collective."""
+        return None
 
     def flush(self) -> tuple[Any, CommInfo] | None:
-        """Deliver whatever a staged strategy still carries (None: nothing)."""
-        return None
+        """The old name of :meth:`drain`, accepted for one release."""
+        renamed("Averager.flush()", "drain()")
+        return self.drain()
 
     def close(self) -> None:
         """Release threads and communicators. Idempotent."""
@@ -87,3 +94,17 @@ class Averager:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+_SAID: set[str] = set()
+
+
+def renamed(old: str, new: str) -> None:
+    """One line on stderr, once per process, when an old spelling is used."""
+    if old not in _SAID:
+        _SAID.add(old)
+        print(
+            f"research: {old} is now {new} (the old name works for one release)",
+            file=sys.stderr,
+            flush=True,
+        )

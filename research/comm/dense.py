@@ -285,7 +285,7 @@ class HostAllreduce(Averager):
         :class:`FusedAllreduce`, with mpi4py's ``Allreduce`` as MPI's own.
     """
 
-    executor = "staged"
+    executor = "host-side"
     name = "host"
 
     def __init__(

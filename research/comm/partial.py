@@ -9,7 +9,7 @@ Usage::
         for step in range(n):
             avg, info = pa.reduce(grads)      # avg: round result, sum / P
             ...
-        rest, info = pa.flush()               # what missed its round, delivered
+        rest, info = pa.drain()               # what missed its round, delivered
 
 Semantics (exact)
 -----------------
@@ -23,7 +23,7 @@ Semantics (exact)
   if ``reduce`` call r has already handed it in (a *fresh* gradient), plus every
   gradient that missed its own round (*carried*), or zeros. A gradient that missed
   its round goes into the next round this rank takes part in, so every gradient
-  computed is applied exactly once (see ``flush``).
+  computed is applied exactly once (see ``drain``).
 * solo: the first rank whose call r arrives activates round r; the others join at
   once with what they hold. The activator waits only for the round's
   communication. A rank that arrives after round r ran takes its result at once.
@@ -36,12 +36,12 @@ Semantics (exact)
   delivered there and a gradient is never applied more than K-1 rounds late.
   ``K=1`` or ``mode="sync"`` makes every round synchronous, i.e. a plain allreduce
   of the gradients divided by P. ``sync_every=None`` never forces a round.
-* ``flush()`` counts as the next call: a synchronous round with no fresh
+* ``drain()`` counts as the next call: a synchronous round with no fresh
   gradient that delivers whatever any rank still carries, returning ``(tree,
   info)`` (zeros when nothing was carried). ``close()`` runs one more synchronous
   round that stops the background task and frees the communicator; it warns if
-  that round had to deliver carried gradients (call ``flush`` first to apply them).
-  Every rank must make the same number of ``reduce`` calls before ``flush`` or
+  that round had to deliver carried gradients (call ``drain`` first to apply them).
+  Every rank must make the same number of ``reduce`` calls before ``drain`` or
   ``close``; a mismatch is detected in the round and raised on every rank.
 * A fast rank may run ahead: rounds it activates run with the slow ranks' carried
   gradients or zeros, and the slow ranks' results wait in a queue (at most K
@@ -83,7 +83,7 @@ from typing import Any, Literal
 import numpy as np
 from mpi4py import MPI
 
-from research.comm.base import Averager, CommInfo
+from research.comm.base import Averager, CommInfo, renamed
 from research.comm.fusion import FlatLayout
 from research.comm.link import Link
 from research.comm.progress import Poll, Task, get_progress
@@ -205,14 +205,14 @@ class PartialAllreduce:
         return int(np.random.default_rng((self.seed, int(r))).integers(self.size))
 
     def is_sync_round(self, r: int) -> bool:
-        """True when round ``r`` is synchronous by schedule (not counting flush)."""
+        """True when round ``r`` is synchronous by schedule (not counting drain)."""
         return self.mode == "sync" or (
             self.sync_every is not None and r % self.sync_every == 0
         )
 
     @property
     def calls(self) -> int:
-        """Calls made so far (``reduce`` and ``flush``): the last round taken."""
+        """Calls made so far (``reduce`` and ``drain``): the last round taken."""
         return self._calls
 
     def reduce(self, tree: Any) -> tuple[Any, CommInfo]:
@@ -233,7 +233,7 @@ class PartialAllreduce:
         call, rec, waited = self._hand_in(_REDUCE, self._layout.pack(tree))
         return self._unpack(rec.total), self._info(call, rec, waited)
 
-    def flush(self) -> tuple[Any, CommInfo]:
+    def drain(self) -> tuple[Any, CommInfo]:
         """Run a synchronous round that delivers every carried gradient.
 
         Collective: every rank calls it after the same number of ``reduce`` calls.
@@ -241,9 +241,14 @@ class PartialAllreduce:
         many late gradients (over all ranks) it delivered (0: the tree is zeros).
         """
         if self._layout is None:
-            raise RuntimeError("flush() before any reduce(): nothing to flush")
+            raise RuntimeError("drain() before any reduce(): nothing to drain")
         call, rec, waited = self._hand_in(_FLUSH, None)
         return self._unpack(rec.total), self._info(call, rec, waited)
+
+    def flush(self) -> tuple[Any, CommInfo]:
+        """The old name of :meth:`drain`, accepted for one release."""
+        renamed("PartialAllreduce.flush()", "drain()")
+        return self.drain()
 
     def close(self) -> None:
         """Stop the background task after a final synchronous round. Collective.
@@ -570,14 +575,14 @@ def _abandon_open() -> None:
 
 # -- the averaging seam -------------------------------------------------------------
 class PartialAverager(Averager):
-    """Staged :class:`Averager` over :class:`PartialAllreduce` (registered modes).
+    """Host-side :class:`Averager` over :class:`PartialAllreduce` (registered modes).
 
     ``reduce`` returns the round result to apply; ``flush`` returns None when no
     rank carried anything (so the loop skips a zero update that momentum would
     still turn into a step).
     """
 
-    executor = "staged"
+    executor = "host-side"
     mode: Mode = "solo"
 
     def __init__(
@@ -601,10 +606,10 @@ class PartialAverager(Averager):
     def reduce(self, grads: Any) -> tuple[Any, CommInfo]:
         return self.pa.reduce(grads)
 
-    def flush(self) -> tuple[Any, CommInfo] | None:
+    def drain(self) -> tuple[Any, CommInfo] | None:
         if self.pa._layout is None:
             return None
-        tree, info = self.pa.flush()
+        tree, info = self.pa.drain()
         return (tree, info) if info.extra["carried_total"] else None
 
     def close(self) -> None:

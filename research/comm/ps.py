@@ -409,7 +409,7 @@ class ParameterServerAverager(Averager):
     def reduce(self, grads: Any) -> tuple[Any, CommInfo]:
         return self.ps.push_pull(grads)
 
-    def flush(self) -> tuple[Any, CommInfo] | None:
+    def drain(self) -> tuple[Any, CommInfo] | None:
         if self.ps._tmpl is None:
             return None
         return self.ps.finish()

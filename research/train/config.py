@@ -105,7 +105,7 @@ class TrainConfig:
     )
     strategy: str = flag(
         "fused",
-        "gradient averaging: fused (mpi4jax in jit), host (mpi4py, staged), or a "
+        "gradient averaging: fused (mpi4jax in jit), host (on the host), or a "
         "paper's strategy (see --list); default %(default)s",
         PARALLEL,
     )

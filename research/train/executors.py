@@ -18,7 +18,7 @@ or first when the whole step is one program.
 Built in, chosen by the averager's ``executor`` attribute:
 
 * ``fused``: gradient, mpi4jax allreduce and update are one jitted program;
-* ``staged``: jitted gradient, the averager's host-side ``reduce`` (which may
+* ``host-side``: jitted gradient, the averager's host-side ``reduce`` (which may
   return another round's result, as partial collectives do), jitted update;
   ``drain`` runs the averager's ``flush`` (a synchronous round delivering what
   it carries), so evaluation and checkpoints never miss a computed gradient;
@@ -166,8 +166,8 @@ class FusedExecutor(Executor):
         return state, m, None, {"compute_s": time.perf_counter() - t0}
 
 
-@register_executor("staged")
-class StagedExecutor(Executor):
+@register_executor("host-side")
+class HostSideExecutor(Executor):
     """Jitted gradient, host-side averaging, jitted update."""
 
     def step(self, state, x, y, *, step, hold) -> StepOut:
@@ -202,19 +202,19 @@ class StagedExecutor(Executor):
         return state
 
     def drain(self, state: TrainState, final: bool = False) -> TrainState:
-        out = self.averager.flush()
+        out = self.averager.drain()
         if out is None:
             return state
         tree, info = out
-        with get_tracer().span("flush", "comm", contributors=info.contributors):
+        with get_tracer().span("drain", "comm", contributors=info.contributors):
             done = int(state.step)
             state = self._apply(state, tree, state.batch_stats)
-        # The flush round delivers carried gradients: it is not a new step.
+        # The drain round delivers carried gradients: it is not a new step.
         return state.replace(step=done)
 
 
 @register_executor("server")
-class ServerExecutor(StagedExecutor):
+class ServerExecutor(HostSideExecutor):
     """Push gradients to a parameter server, pull its parameters (``ps``)."""
 
     def start(self, state: TrainState) -> None:

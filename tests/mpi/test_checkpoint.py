@@ -316,8 +316,8 @@ def test_a_solo_restart_applies_every_gradient_exactly_once(world, shared):
             self.contributors.append(info.contributors)
             return tree, info
 
-        def flush(self):
-            out = super().flush()
+        def drain(self):
+            out = super().drain()
             if out is not None:
                 self.applied.append(flat(out[0]))
             return out

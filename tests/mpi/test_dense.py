@@ -81,7 +81,7 @@ def test_registry_names_and_errors(world) -> None:
     avg = get_averager("fused", world, bucket_bytes=1 << 20)
     assert isinstance(avg, FusedAllreduce) and avg.executor == "fused"
     host = get_averager("host", world)
-    assert isinstance(host, HostAllreduce) and host.executor == "staged"
+    assert isinstance(host, HostAllreduce) and host.executor == "host-side"
     assert isinstance(host, Averager)
     with pytest.raises(ValueError, match="fused") as err:
         get_averager("no-such-strategy", world)

@@ -112,7 +112,7 @@ def test_rounds_reconstructed_from_their_results(world, mode, sync_every):
             out, info = pa.reduce(one_hot(world.rank, s, P, steps))
             rounds.append(out)
             infos.append(info)
-        rest, finfo = pa.flush()
+        rest, finfo = pa.drain()
         rounds.append(rest)
         initiators = [pa.initiator(b) for b in range(1, steps + 1)]
     assert len(set(world.allgather(digest(rounds)))) == 1
@@ -155,7 +155,7 @@ def test_conservation_and_identical_results(world, mode, sync_every):
     delays = rng.exponential(0.004, size=60) * (rng.random(60) < 0.5)
     with PartialAllreduce(world.comm, mode=mode, sync_every=sync_every) as pa:
         results, infos, own = run_steps(pa, world, 60, lambda s: delays[s], seed=3)
-        rest, finfo = pa.flush()
+        rest, finfo = pa.drain()
     results.append(flat(rest))
     # Every gradient computed is applied exactly once: P * sum(results) == sum(g).
     # Each round's sum is an integer; divided by a P that is not a power of two it
@@ -189,7 +189,7 @@ def test_identical_parameters_after_many_steps(world):
             }
             avg, _ = pa.reduce(grads)
             params = {k: params[k] - np.float32(0.1) * avg[k] for k in params}
-        rest, _ = pa.flush()
+        rest, _ = pa.drain()
         params = {k: params[k] - np.float32(0.1) * rest[k] for k in params}
     assert len(set(world.allgather(digest(params.values())))) == 1
 
@@ -216,7 +216,7 @@ def test_thousand_rounds_random_delays(world, mode, sync_every):
             own += g
             out, _ = pa.reduce(g)
             total += np.rint(world.size * out.astype(np.float64))  # see above
-        rest, _ = pa.flush()
+        rest, _ = pa.drain()
         total += np.rint(world.size * rest.astype(np.float64))
     np.testing.assert_array_equal(total, world.comm.allreduce(own))
     assert time.perf_counter() - t0 < 60
@@ -232,7 +232,7 @@ def test_background_sleeps_while_idle(world):
         time.sleep(0.5)  # the background task awaits the next activation
         rounds = get_progress().rounds - rounds0
         wall = time.perf_counter() - wall0
-        pa.flush()
+        pa.drain()
     # Sleeping between polls (rising to 1 ms while nothing comes): hundreds of
     # wake-ups in 0.5 s, where a busy-polling task would make one every few
     # microseconds. A count, so a loaded machine lowers it and cannot fail it.
@@ -254,7 +254,7 @@ def test_flush_then_no_message_left(world):
     if world.rank == 0:
         for r in range(1, world.size):
             side.send(None, dest=r, tag=3)
-    out, info = pa.flush()
+    out, info = pa.drain()
     total += np.rint(world.size * out.astype(np.float64))
     side.Free()
     # Every rank's 1..5, each applied once (sums / P, rounded back to integers).
@@ -277,7 +277,7 @@ def test_mismatched_calls_are_detected(world):
     # raises) or a peer ran it as a partial round first (rank 0 raises).
     try:
         if world.rank == 0:
-            pa.flush()
+            pa.drain()
         else:
             pa.reduce(np.zeros(2, np.float32))
         raised = False
@@ -295,7 +295,7 @@ def test_averager_adapter(world):
     assert info.round == 1
     out, info = av.reduce(tree)  # round 2 is synchronous
     np.testing.assert_array_equal(out["a"], np.mean(range(world.size)))
-    assert av.flush() is None  # nothing carried after a synchronous round
+    assert av.drain() is None  # nothing carried after a synchronous round
     av.close()
 
 
@@ -304,7 +304,7 @@ def test_left_open_does_not_hang_finalize(world):
     # MPI_Finalize. A hang here would time the whole file out.
     pa = PartialAllreduce(world.comm, mode="majority")
     pa.reduce(np.ones(2, np.float32))
-    pa.flush()
+    pa.drain()
 
 
 @pytest.mark.parametrize("mode", ["sync", "solo"])
@@ -314,7 +314,7 @@ def test_emulated_link_holds_each_round(world, mode):
     link = Link.parse("1gbps:1ms")
     with PartialAllreduce(world.comm, mode=mode, link=link) as pa:
         infos = run_steps(pa, world, 3, lambda s: 0.0)[1]
-        pa.flush()
+        pa.drain()
     nbytes = infos[0].bytes + (5 + world.size) * 4  # payload + metadata, float32
     model = link.allreduce(nbytes, world.size)
     for info in infos:

@@ -90,7 +90,7 @@ def test_optimizer_update_and_averager(world):
     for s in range(5):
         params, info = av.reduce({"w": np.full(3, float(world.rank + s), np.float32)})
         assert params["w"].shape == (3,)
-    final, info = av.flush()
+    final, info = av.drain()
     digests = world.comm.allgather(np.asarray(final["w"]).tobytes())
     assert len(set(digests)) == 1
     assert info.round == 5 * world.size
