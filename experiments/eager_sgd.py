@@ -147,68 +147,15 @@ allreduce's std (1.2 s), so with 3 seeds it is within noise; final accuracies
 (std .004-.008) agree within ``ACC_TOLERANCE``, as they should; throughput ratios
 move by 10-20% with the machine's load.
 
-Where the parameter server loses (``--sweep``, ``research/studies/eager_sweep.py``).
-Every step each of P workers pushes its whole gradient to the one server and
-pulls the whole model back, and the server unpacks, applies and repacks each push
-in turn: its link and its CPU serialise 2 (P - 1) messages of the model's size per
-step, so its step grows as P x bytes, while an allreduce moves about
-2 (P - 1) / P x bytes through every rank, ~2 x bytes whatever P. While compute
-dominates (small models) the server's asynchrony wins: no worker waits for the
-straggler. Once P x bytes outweighs a step's compute the server is the
-bottleneck and falls below allreduce, earlier the more workers there are.
-Measured: ``python -m experiments.eager_sgd --sweep`` once, real shared-memory
-link, 2 cores, load 7.7-12 (other developers' jobs; 8 min 16 s in all, ~3.6 min
-of it CPU of ours), one seed, 16 steps per arm, each size under
-random:k=1:seconds=auto (its own no-imbalance step)::
-
-    ranks  params MB   samples/s: allreduce  solo  majority   ps  ps/allreduce
-      2       3.7                    152      350     334     341     2.24x
-      2      11.0                     67      106     138     148     2.19x
-      2      36.2                     18       19      36      26     1.48x
-      4       3.7                    446      680     605     659     1.48x
-      4      11.0                    142      265     205     287     2.03x
-      4      36.2                     37       60      55      35     0.92x
-
-    per step through the busiest rank (MB): 4 ranks, 36.2 MB: allreduce 54,
-    server 217 (2 x 3 messages of 36.2 MB); 2 ranks: 36 against 72.
-
-With 4 ranks the crossover lies between 11 and 36 MB: at 36 MB the server moves
-4x allreduce's bytes and falls to 0.92x allreduce, and solo runs 1.71x faster
-than the server (the paper's direction: 2.64x at 64 workers and 100 MB). With 2
-ranks the server has one remote worker (2 messages per step, against ~1 model of
-allreduce) and still led at 36 MB (1.48x); an earlier 2-rank run at 118 MB
-without imbalance had it at 0.35x allreduce, so there the crossover lies between
-36 and 118 MB. Time to 40% was reached within 16 steps only at 3.7 MB (the wider
-inputs learn slower; ``--steps`` longer measures it). Single seed at load ~10:
-ratios move by 20-30% between runs; the crossover's side at 36 MB (4x the
-bytes) is the robust part.
-
-The same sweep on an emulated 10 Gb/s link (``--sweep --sweep-ranks 2 4 8
---link 10gbps``: every arm also sleeps its messages' time on that link, the
-server's one port taking the pushes in and the replies out one after another,
-``research.comm.ps``), and on the real link at 8 ranks (``--sweep-ranks 8``);
-2026-11-23, 2 cores, load 7-11 (other developers' jobs), 7 min 0 s and 4 min
-30 s, one seed, ps / allreduce samples/s (solo / allreduce in brackets)::
-
-    ranks   3.7 MB         11.0 MB        36.2 MB       link
-      2     1.94x (1.39)   1.57x (1.65)   0.94x (1.35)  emulated 10 Gb/s
-      4     2.64x (1.72)   2.07x (1.46)   0.85x (1.27)  emulated 10 Gb/s
-      8     2.97x (1.58)   3.82x (1.38)   1.31x (1.42)  emulated 10 Gb/s
-      8     4.36x (1.88)   2.23x (1.29)   2.75x (2.24)  real shared memory
-
-    busiest MB per step at 36.2 MB: 4 ranks allreduce 54, server 217; 8 ranks
-    63 against 507 (8 x 36 MB through one port: 405 ms at 10 Gb/s)
-
-On the emulated link the crossover is where the model puts it: between 11 and
-36 MB at 2 and at 4 ranks, where the server falls to 0.94x and 0.85x allreduce
-and solo leads it by 1.44x and 1.49x. At 8 ranks it does not appear on this
-machine, on either link: 8 ranks share 2 cores, so each step's compute (the
-no-imbalance step: 0.68 s at 36 MB, 1.5 s on the real link at a busier moment)
-and the injected delay (as long as that step) outweigh the server port's
-0.4 s, and the server's workers never wait for the straggler. On a cluster,
-where 8 workers compute in parallel, the same 507 MB per step would make the
-server the bottleneck earlier than at 4 ranks (the model's P x bytes); the
-paper's 2.64x at 64 workers is that regime, which 2 cores cannot reach.
+Where the parameter server loses (``--sweep``, ``research/studies/eager_sweep.py``):
+every step the one server moves 2 (P - 1) messages of the model's size, an
+allreduce about 2 x the model through every rank, so once P x bytes outweighs a
+step's compute the server falls below allreduce. Measured 2026-11-23 (one seed,
+load 7-12; the full tables are in ``docs/journal.md``): at 4 ranks the crossover
+lies between 11 and 36 MB, on the real link (ps 0.92x allreduce at 36 MB, solo
+1.71x the server) and on an emulated 10 Gb/s link (0.85x); at 8 ranks on 2 cores
+it does not appear, since compute and the injected delay outweigh the server's
+port; the paper's 2.64x at 64 workers is a regime 2 cores cannot reach.
 """
 
 from __future__ import annotations

@@ -14,9 +14,8 @@ interleaved repetitions (median of the slowest rank per repetition):
   copy MPICH makes of every input, the divide as a pass of its own);
 * ``host``, ``host-ring``, ``host-mpi``: ``HostAllreduce.reduce`` (numpy
   buckets) with ``native=auto``, the ring, and mpi4py's ``Allreduce``;
-* ``fused-again``, ``host-again``: a second ``native=auto`` averager of each,
-  built and timed the same way: how far two identical configurations differ
-  in one run is the noise ``auto`` is judged against;
+* ``fused-again``, ``host-again``: a second ``native=auto`` averager of each:
+  how far two identical ones differ is the noise ``auto`` is judged against;
 * ``mpi4py-per-leaf-sum``: one ``Allreduce(IN_PLACE)`` per leaf on warm numpy
   buffers, a sum without the mean (a second reference: MPICH's own algorithm
   on messages of our sizes, without the baseline's 51 MB temporary);

@@ -66,6 +66,9 @@ gradients with their transposing copies of activations and kernels (about
 250 ms of thunk time). A contended machine flatters our ratio to PyTorch: at
 load 6-7 its step slowed 14x and ours 3x (the script warns when the load
 average exceeds the core count).
+
+Why one file of more than 500 lines: one benchmark's models, both frameworks'
+step functions and its report; split, the like-for-like setup would drift.
 """
 
 from __future__ import annotations

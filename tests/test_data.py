@@ -2,6 +2,9 @@
 
 On-disk tests write small files in the exact real formats (CIFAR-10 Python 2 style
 pickles with bytes keys, headerless NT3 CSV, headered P1B2 CSV) and read them back.
+
+One file of more than 500 lines: every dataset and loader case, so a new
+dataset adds its tests where the others are.
 """
 
 from __future__ import annotations

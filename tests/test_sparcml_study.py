@@ -5,8 +5,9 @@ from __future__ import annotations
 from research.comm.link import Link
 from research.comm.sparse.cost import DEFAULTS, choose
 from research.comm.sparse.strategy import link_model
-from research.studies.sparcml import bench_checks, crossover, train_checks, verdict
+from research.studies.sparcml import bench_checks, train_checks, verdict
 from research.studies.sparcml_comm import comm_bound_checks
+from research.studies.sparcml_plots import crossover
 
 DIM = 1_000_000
 

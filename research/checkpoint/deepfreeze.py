@@ -38,6 +38,10 @@ Failures (a full disk, a permission error, a corrupt fast-tier file, a fast
 tier or private folder that fails its check, made before every write and
 flush) are reported in the commit round, so every rank raises
 ``CheckpointError`` on its next ``save`` or ``wait``.
+
+Why one file of more than 500 lines: the checkpointer's protocol (snapshot,
+hand-off to the writer, the commit agreement, restore and the fast tier's
+housekeeping) is one class whose ordering rules are checked together.
 """
 
 from __future__ import annotations

@@ -49,6 +49,9 @@ at a time in start order (one NIC per rank): collective k occupies it from
 in flight completes no earlier than ``start + model`` and concurrent ones share
 the bandwidth instead of each getting all of it. Each :class:`Handle` records
 the real time, the modelled time and the extra time the emulation added.
+
+Why one file of more than 500 lines: :class:`AsyncComm` and its handle types
+share the progress thread's locking and failure rules.
 """
 
 from __future__ import annotations

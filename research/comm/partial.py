@@ -68,6 +68,11 @@ With an emulated ``link`` (:mod:`research.comm.link`), a round's result is held
 on the progress thread, sleeping, until the ring-allreduce model of its buffer
 has passed since this rank issued the round's Iallreduce; the tiny activation
 messages are not modelled. ``info.extra["emulated_s"]`` is the time added.
+
+Why one file of more than 500 lines: the round protocol (initiator, activation,
+carried gradients, the synchronous schedule, the drain and the stop) is one
+state machine shared by the caller's thread and the progress task; split, its
+invariants would live in two places.
 """
 
 from __future__ import annotations

@@ -44,6 +44,10 @@ can load it (an averager asks when it is built, :mod:`research.comm.dense`);
 elsewhere the fused path uses mpi4jax, the host path mpi4py. Where every rank
 can, ``native=auto`` then times the ring against MPI's own allreduce and keeps
 the faster (:mod:`research.comm.choose`).
+
+Why one file of more than 500 lines: the build (cache key, lock, compiler, the
+MPI it was built for) and the two bindings (XLA FFI and ctypes) of one C
+library, which must agree on its ABI.
 """
 
 from __future__ import annotations
