@@ -70,6 +70,11 @@ Commands::
     sbatch -N 64 --ntasks-per-node=4 scripts/slurm.sbatch experiments.overlap \\
         --paper-scale
 
+The latest run, 2026-11-24 on a quiet machine, is ``docs/results/overlap.md``
+(generated from its run folder): VGG-16 1.58x / 1.23x host at 2 / 4 ranks on
+the emulated link, ResNet-50 1.42x / 1.15x, hiding 76-100%. The figures below
+are the 2026-11-23 runs'.
+
 Measured (this 2-core CPU machine, 2026-11-23 13:37-13:44 UTC, ``flock
 /work/bench.lock python -m experiments.overlap --run-dir runs/ov-final``, with
 the matmul kernel gradient of ``models/conv.py`` (the default since this run's

@@ -28,6 +28,10 @@ update, blocking the training thread 5 ms (overlap) and 130 ms (host) per save.
 Its step-time overhead measured -23% and -8%: below the run-to-run noise (20-30%
 here), since the background thread competes with training for the same 2 cores.
 
+The latest default run, 2026-11-24 on a quiet machine, is
+``docs/results/scalability.md`` (generated from its run folder). The figures
+below are the 2026-11-23 runs'.
+
 Measured (2026-11-23, ``flock /work/bench.lock timeout 900 python -m
 experiments.scalability``: 179 s with a warm compile cache; load average 7.1 at
 its start and 4.9 at its end: other helpers' tests ran beside it). Median step
