@@ -71,6 +71,7 @@ def run_under_mpiexec(
 #: The communication files, also run at 3 ranks.
 COMMUNICATION = {
     "test_api.py",
+    "test_contract.py",
     "test_overlap.py",
     "test_ring.py",
     "test_dense.py",

@@ -78,6 +78,11 @@ class CheckpointCallback(Callback):
         if restored is not None:
             extra = restored.extra_for(trainer.world.rank)
             trainer.restore(restored.state, restored.step, extra.get("data"))
+            # The allreduce the interrupted run measured and took: the same
+            # path again, so the resumed run continues bit for bit.
+            adopt = getattr(trainer.averager, "adopt_allreduce", None)
+            if adopt is not None:
+                adopt(extra.get("allreduce"))
             self.resumed_from = restored.step
             trainer.world.log(
                 f"resumed from step {restored.step} "
@@ -98,9 +103,11 @@ class CheckpointCallback(Callback):
             self._save(trainer, trainer.step)
 
     def _save(self, trainer: Trainer, step: int) -> None:
-        self.ckpt.save(
-            step, trainer.state, extra={"data": trainer.loader.position, "step": step}
-        )
+        extra = {"data": trainer.loader.position, "step": step}
+        choice = getattr(trainer.averager, "allreduce_choice", None)
+        if choice is not None:
+            extra["allreduce"] = choice
+        self.ckpt.save(step, trainer.state, extra=extra)
         self._saved_at = step
 
     def on_train_end(self, trainer: Trainer) -> None:

@@ -151,3 +151,27 @@ def settle(
         "reps": reps,
     }
     return out
+
+
+def adopt(decision: dict[str, Any], recorded: dict[str, Any] | None) -> dict[str, Any]:
+    """``decision`` settled as ``recorded`` says, where ``native=auto`` has not
+    measured yet: a resumed run takes the path the interrupted one took, so it
+    continues bit for bit (the two paths sum in different orders, which differ
+    in the last bit at rank counts that are not powers of two).
+
+    ``recorded`` is a settled decision of an earlier run with the same
+    configuration (from a checkpoint: the same on every rank). Unchanged when
+    nothing is pending, nothing usable is recorded, or the ring was recorded
+    but cannot be used here.
+    """
+    if not decision.get("pending") or not recorded or "ring" not in recorded:
+        return decision
+    if recorded.get("pending"):
+        return decision
+    use_ring = bool(recorded["ring"]) and bool(decision["ring"])
+    out = {k: v for k, v in decision.items() if k != "pending"}
+    out["ring"] = use_ring
+    out["measured"] = recorded.get("measured")
+    path = "ring" if use_ring else "MPI_Allreduce"
+    out["reason"] = f"native=auto: {path}, as the run this one resumes took"
+    return out

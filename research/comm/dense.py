@@ -213,6 +213,11 @@ class FusedAllreduce(Averager):
         """True when the sums go through :mod:`research.comm.ring`."""
         return self.allreduce_choice["ring"]
 
+    def adopt_allreduce(self, recorded: dict[str, Any] | None) -> None:
+        """Take the path an interrupted run recorded (see
+        :func:`research.comm.choose.adopt`); the same on every rank."""
+        self.allreduce_choice = choose.adopt(self.allreduce_choice, recorded)
+
     def _allreduce(self, use_ring: bool) -> tuple[Any, bool]:
         """``(allreduce(x, divisor), fold)``: the ring (it divides, ``fold``),
         or mpi4jax's (the chain divides)."""
@@ -370,6 +375,10 @@ class HostAllreduce(Averager):
 
     def _uses_ring(self) -> bool:
         return self.allreduce_choice["ring"]
+
+    def adopt_allreduce(self, recorded: dict[str, Any] | None) -> None:
+        """As :meth:`FusedAllreduce.adopt_allreduce`."""
+        self.allreduce_choice = choose.adopt(self.allreduce_choice, recorded)
 
     def _sum(
         self, grads: Any, host: HostBuffers, use_ring: bool

@@ -132,7 +132,9 @@ class Trainer:
             max_events=config.trace_max_events,
         )
         self.metrics = MetricsWriter(self.run_dir, enabled=world.rank == 0)
-        self._stats_mean = HostAllreduce(world)  # BatchNorm statistics
+        # BatchNorm statistics: the ring where every rank can load it, not a
+        # timed choice, so a resumed run averages them exactly as before.
+        self._stats_mean = HostAllreduce(world, native=True)
         self.step_times: list[float] = []
         self.delays: list[float] = []  # injected into each step (imbalance)
         self.contributors: list[int] = []

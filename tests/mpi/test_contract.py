@@ -45,7 +45,7 @@ def _parts(state) -> dict:
         "params": state.params,
         "opt_state": state.opt_state,
         "batch_stats": state.batch_stats,
-        "step": state.step,
+        "step": np.asarray(int(state.step), np.int64),  # int or int32 array
     }
 
 

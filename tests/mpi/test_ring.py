@@ -419,3 +419,23 @@ def test_large_buffers_go_in_pieces(world, monkeypatch, n):
         )(jnp.asarray(x))
     assert ring.ring_calls() - before == 2 * pieces
     np.testing.assert_allclose(np.asarray(got), _mean64(world, x), rtol=1e-12)
+
+
+def test_a_resumed_run_adopts_the_recorded_path(world):
+    """native=auto on resume: the recorded path, not a new measurement (the
+    two paths differ in the last bit at 3 ranks); a forced or settled choice,
+    or a ring recorded where none can load here, is left alone."""
+    from research.comm import choose
+
+    comm = world.dup("test-adopt")
+    pending = choose.agree(comm, "auto")
+    for ring_then in (True, False):
+        got = choose.adopt(pending, {"ring": ring_then, "measured": {"ring_s": 1}})
+        assert got["ring"] is ring_then and "pending" not in got
+        assert "as the run this one resumes took" in got["reason"]
+    assert choose.adopt(pending, None) is pending
+    assert choose.adopt(pending, {"ring": True, "pending": True}) is pending
+    forced = choose.agree(comm, False)
+    assert choose.adopt(forced, {"ring": True}) is forced
+    no_ring = dict(pending, ring=False)
+    assert choose.adopt(no_ring, {"ring": True})["ring"] is False
