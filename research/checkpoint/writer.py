@@ -293,8 +293,19 @@ class WriterProcess:
         return json.loads(line)
 
     def _send(self, msg: dict) -> None:
-        self.proc.stdin.write(json.dumps(msg) + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(json.dumps(msg) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            # The same failure as a read that finds the pipe closed: say so
+            # alike, whichever end noticed first.
+            try:
+                code = self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
+            raise RuntimeError(
+                f"checkpoint writer process ended (exit code {code})"
+            ) from None
 
     def request(self, req: dict, progress: Progress) -> dict[str, Any]:
         """Send one request and wait (sleeping in a pipe read) for its reply."""
@@ -313,7 +324,7 @@ class WriterProcess:
             try:
                 self._send({"op": "exit"})
                 self.proc.wait(timeout)
-            except (OSError, subprocess.TimeoutExpired):
+            except (OSError, RuntimeError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait()
         for pipe in (self.proc.stdin, self.proc.stdout):
