@@ -151,7 +151,7 @@ Where the parameter server loses (``--sweep``, ``research/studies/eager_sweep.py
 every step the one server moves 2 (P - 1) messages of the model's size, an
 allreduce about 2 x the model through every rank, so once P x bytes outweighs a
 step's compute the server falls below allreduce. Measured 2026-11-23 (one seed,
-load 7-12; the full tables are in ``docs/journal.md``): at 4 ranks the crossover
+a shared machine; the full tables are in ``docs/journal.md``): at 4 ranks the crossover
 lies between 11 and 36 MB, on the real link (ps 0.92x allreduce at 36 MB, solo
 1.71x the server) and on an emulated 10 Gb/s link (0.85x); at 8 ranks on 2 cores
 it does not appear, since compute and the injected delay outweigh the server's

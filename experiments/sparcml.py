@@ -61,8 +61,8 @@ Commands::
     sbatch -N 4 --ntasks-per-node=4 scripts/slurm.sbatch experiments.sparcml \\
         --bench-link real --model resnet18 --steps 2000
 
-Measured on this 2-core CPU machine, 2026-11-24 19:05-19:20 UTC, nothing else
-running (every timing under ``flock /work/bench.lock``). Earlier figures, taken
+Measured on this 2-core CPU machine, 2026-11-24, nothing else running (every
+timing under ``flock /work/bench.lock``). Earlier figures, taken
 under load, are in ``docs/journal.md``.
 
 Selection (``python -m scripts.bench_select``, 2 ranks selecting at once): ms,
@@ -120,7 +120,7 @@ Where sparse training wins wall-clock here, and where it cannot:
 ResNet-50 at 32x32 is compute-bound here: journal, 2026-11-24, top-k 2300
 against dense 2070 ms per step at 10 Gb/s, under load.
 
-Collective micro-benchmark (default command, 2026-11-24 19:20 UTC, quiet, 4
+Collective micro-benchmark (default command, 2026-11-24, nothing else running, 4
 ranks, ResNet-50-sized vector; ``docs/results/sparcml.md``): on the emulated
 10 Gb/s link the sparse allreduce (``auto``) takes 0.015 of the dense
 allreduce's time at 0.1% density and 0.096 at 1%; dense wins at 50%; bytes

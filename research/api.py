@@ -174,9 +174,7 @@ class _HostSide(Averaging):
         return _like(self._last, tree), info
 
     def close(self) -> None:
-        close = getattr(self.averager, "close", None)
-        if close:
-            close()
+        self.averager.close()
 
 
 class TopK(Averaging):

@@ -72,16 +72,15 @@ def bench_one(
     from research.comm.sparse import ALGORITHMS, SparseVector, sparse_allreduce
     from research.comm.sparse.cost import (
         agreed_model,
-        calibrate,
         choose,
-        default_path,
+        ensure_calibrated,
         predicted_bytes,
     )
     from research.comm.sparse.strategy import link_model
 
     P, rank = comm.Get_size(), comm.Get_rank()
-    have = comm.bcast(default_path(P).exists() if rank == 0 else None)
-    model = agreed_model(comm) if have else calibrate(comm)  # (a library caller)
+    ensure_calibrated(comm)  # a no-op after _calibrate_missing
+    model = agreed_model(comm)
     emu_model = link_model(model, link, P)
     rows = []
     for density in densities:
