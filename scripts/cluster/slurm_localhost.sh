@@ -87,9 +87,23 @@ stop_daemons() {
       rm -f "$pidfile"
     fi
   done
-  # The pid files do not always name every daemon (slurmctld forks a helper):
-  # end whatever runs with this configuration.
+  # The pid files do not always name every daemon (slurmctld forks a helper),
+  # and a job still running when the daemons stop (a requeued one, say) leaves
+  # its slurmstepd, batch script and srun behind, re-parented to init: end
+  # every process of a job of this Slurm (SLURM_JOB_ID with our SLURM_CONF in
+  # its environment; slurmstepd has the configuration only), then the daemons.
+  for env in /proc/[0-9]*/environ; do
+    pid="${env#/proc/}"; pid="${pid%/environ}"
+    [ "$pid" = "$$" ] && continue
+    if grep -qz "^SLURM_CONF=$CONF\$" "$env" 2>/dev/null &&
+       { grep -qz "^SLURM_JOB_ID=" "$env" 2>/dev/null ||
+         [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = slurmstepd ]; }; then
+      kill -9 "$pid" 2>/dev/null || true
+    fi
+  done
   pkill -f -- "-f $CONF" 2>/dev/null || true
+  sleep 1
+  pkill -9 -f -- "-f $CONF" 2>/dev/null || true
 }
 
 case "${1:-}" in
