@@ -195,3 +195,46 @@ def test_sigkill_keeps_every_rank_timeline(tmp_path):
         spans = [e for e in events if e.get("ph") == "X"]
         assert spans and len(events) < 5_000
         assert {e["name"] for e in spans} >= {"load batch"}
+
+
+_LATE_COPY = """
+import os, signal
+from research.comm.world import get_world
+from research.train.preemption import StopAgreement
+stop = StopAgreement(get_world())
+os.kill(os.getpid(), signal.SIGTERM)
+assert stop.check(1), "the signal was not seen"
+stop.close()
+os.kill(os.getpid(), signal.SIGTERM)  # a copy forwarded by a launcher, late
+print("survived the late copy", flush=True)
+raise SystemExit(stop.stopped["exit_code"])
+"""
+
+
+def test_a_late_copy_of_the_stop_signal_does_not_kill_a_stopping_rank(tmp_path):
+    """The CI failure of 2026-11-24: the group's SIGTERM reached a rank directly
+    and again through the launcher and Hydra; the second copy came after the
+    agreement had put back the default action and killed the rank in its final
+    checkpoint ("Terminated (signal 15)" instead of exit 143)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _LATE_COPY],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == STOP_EXIT["SIGTERM"], done.stdout + done.stderr
+    assert "survived the late copy" in done.stdout
+
+
+def test_without_a_signal_close_puts_the_previous_handlers_back():
+    from research.comm.world import get_world
+    from research.train.preemption import SIGNALS, StopAgreement
+
+    before = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    stop = StopAgreement(get_world())
+    assert all(signal.getsignal(sig) != before[sig] for sig in SIGNALS)
+    assert not stop.check(1)
+    stop.close()
+    assert {sig: signal.getsignal(sig) for sig in SIGNALS} == before

@@ -167,7 +167,19 @@ class StopAgreement:
         self.restore_handlers()
 
     def restore_handlers(self) -> None:
-        """Put back the handlers found at construction (local; error paths too)."""
+        """Put back the handlers found at construction (local; error paths too).
+
+        Not after a stop signal came: the process is on its way out with
+        ``128 + signal``, and more copies of the signal are still on their way
+        (a signal sent to the job's process group reaches a rank directly and
+        again through each launcher that forwards it, Hydra included). Put
+        back, the default action would kill the rank in the middle of its
+        final checkpoint, and the job would end "Terminated (signal 15)"
+        instead of exit 143. The flag-only handler stays, so the copies are
+        recorded and otherwise ignored.
+        """
+        if self.received is not None:
+            return
         for sig, prev in self._previous.items():
             signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
         self._previous = {}
