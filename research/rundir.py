@@ -106,3 +106,31 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return rows
+
+
+def step_medians(run_dir: str | os.PathLike, warmup: int) -> dict[str, Any]:
+    """Medians of rank 0's step timings after ``warmup`` steps, any strategy.
+
+    Read from the executors' common keys (``research.train.executors.PHASES``):
+    ``step_s``, ``compute_s``, ``comm_s`` (communication under way) and
+    ``exposed_s`` (the training thread waiting for it); None where a run did
+    not separate a phase (the fused program's communication is in its compute).
+    ``steps_measured`` counts the rows used.
+    """
+    import statistics
+
+    rows = [r for r in read_metrics(run_dir) if r.get("kind") != "eval"]
+    rows = [r for r in rows if r["step"] > warmup] or rows
+
+    def median(key: str) -> float | None:
+        vals = [r[key] for r in rows if r.get(key) is not None]
+        return statistics.median(vals) if vals else None
+
+    return {
+        "step_s": median("step_time"),
+        "compute_s": median("compute_s"),
+        "comm_s": median("comm_busy_s"),
+        "exposed_s": median("comm_exposed_s"),
+        "sent_bytes": median("comm_bytes"),
+        "steps_measured": len(rows),
+    }

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -103,38 +102,17 @@ def _config(
     )
 
 
-def _median(rows: list[dict], key: str) -> float | None:
-    vals = [r[key] for r in rows if r.get(key) is not None]
-    return statistics.median(vals) if vals else None
-
-
-def _timing(run_dir: Path, strategy: str, warmup: int) -> dict[str, Any]:
+def _timing(run_dir: Path, warmup: int) -> dict[str, Any]:
     """Medians over the steps after ``warmup`` of a run's ``metrics.jsonl``."""
-    from research.rundir import read_metrics
+    from research.rundir import step_medians
 
-    rows = [r for r in read_metrics(run_dir) if r.get("kind") != "eval"]
-    rows = [r for r in rows if r["step"] > warmup] or rows
-    step = _median(rows, "step_time")
-    if strategy == "fused":
-        compute, comm, exposed = step, None, None
-    elif strategy == "host":
-        compute = _median(rows, "compute_s")
-        comm = exposed = _median(rows, "comm_s")
-    else:
-        compute = _median(rows, "compute_s")
-        comm, exposed = _median(rows, "comm_comm_s"), _median(rows, "comm_wait_s")
-    return {
-        "step_s": step,
-        "compute_s": compute,
-        "comm_s": comm,
-        "exposed_s": exposed,
-        "hidden": None if not comm else max(0.0, 1.0 - (exposed or 0.0) / comm),
-        "sent_bytes": _median(rows, "comm_bytes"),
-        "steps_measured": len(rows),
-    }
+    m = step_medians(run_dir, warmup)
+    comm, exposed = m["comm_s"], m["exposed_s"]
+    m["hidden"] = None if not comm else max(0.0, 1.0 - (exposed or 0.0) / comm)
+    return m
 
 
-def _measure(trainer: Any, strategy: str, warmup: int) -> dict[str, Any]:
+def _measure(trainer: Any, warmup: int) -> dict[str, Any]:
     from research.train.state import tree_bytes
 
     executor = trainer.executor
@@ -145,7 +123,7 @@ def _measure(trainer: Any, strategy: str, warmup: int) -> dict[str, Any]:
         (tree_bytes(s.params(trainer.state.params)) for s in stages), default=grad
     )
     return {
-        **_timing(trainer.run_dir, strategy, warmup),
+        **_timing(trainer.run_dir, warmup),
         "opt_bytes": int(opt),
         "grad_bytes": int(grad),
         "biggest_stage_share": biggest / grad,
@@ -224,7 +202,7 @@ def run_point(args: Any, root: Path, world: Any) -> None:
                 "link": link,
                 "link_kind": link_kind,
                 "run": name,
-                **_measure(trainer, strategy, args.warmup),
+                **_measure(trainer, args.warmup),
             }
             if strategy == "host" and link_kind == "real" and world.size > 1:
                 links.append(
@@ -386,9 +364,7 @@ def load_rows(root: Path, warmup: int | None = None) -> list[dict[str, Any]]:
     )
     if warmup is not None:
         rows = [
-            {**r, **_timing(Path(root) / r["run"], r["strategy"], warmup)}
-            if r.get("run")
-            else r
+            {**r, **_timing(Path(root) / r["run"], warmup)} if r.get("run") else r
             for r in rows
         ]
     return rows

@@ -205,27 +205,12 @@ def train_config(p: Point, args: Any, run_dir: Path, steps: int | None = None):
     )
 
 
-def _median(rows: list[dict], key: str) -> float | None:
-    vals = [r[key] for r in rows if r.get(key) is not None]
-    return statistics.median(vals) if vals else None
+def _timings(run_dir: Path, warmup: int) -> dict[str, Any]:
+    """Rank 0's median step, compute, communication and exposed times."""
+    from research.rundir import step_medians
 
-
-def measure_metrics(run_dir: Path, strategy: str, warmup: int) -> dict[str, Any]:
-    """Medians of rank 0's per-step timings after ``warmup`` steps."""
-    from research.rundir import read_metrics
-
-    rows = [r for r in read_metrics(run_dir) if r.get("kind") != "eval"]
-    rows = [r for r in rows if r["step"] > warmup] or rows
-    out = {
-        "step_s": _median(rows, "step_time"),
-        "compute_s": _median(rows, "compute_s"),
-    }
-    if strategy == "host":
-        out["comm_s"] = out["exposed_s"] = _median(rows, "comm_s")
-    else:
-        out["comm_s"] = _median(rows, "comm_comm_s")
-        out["exposed_s"] = _median(rows, "comm_wait_s")
-    return out
+    m = step_medians(run_dir, warmup)
+    return {k: m[k] for k in ("step_s", "compute_s", "comm_s", "exposed_s")}
 
 
 def _union(iv: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -309,7 +294,7 @@ def run_point(p: Point, tags: list[str], args: Any, root: Path, world: Any) -> d
         row["steps"] = steps
         row["warmup"] = args.warmup
         row["paper_scale"] = bool(args.paper_scale)
-        row.update(measure_metrics(run_dir, p.strategy, args.warmup))
+        row.update(_timings(run_dir, args.warmup))
         row.update(measure_trace(run_dir, args.warmup))
         with open(root / "results.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")

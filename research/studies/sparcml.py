@@ -269,11 +269,14 @@ def load_arm(run_dir: Path, target_acc: float) -> dict[str, Any]:
     sent = [r["comm_bytes"] for r in rows if "comm_bytes" in r and "step_time" in r]
     out["bytes_per_step"] = statistics.fmean(sent) if sent else None
     out["curve"] = [(e["step"], e["test_acc"]) for e in rows if e.get("kind") == "eval"]
-    # Median ms per step of each phase the executor reports (step 1 compiles).
+    # Median ms per step of each phase the executor reports (step 1 compiles):
+    # the common keys (research.train.executors.PHASES) and top-k's selection.
+    keys = {"compute": "compute_s", "select": "select_s", "comm": "comm_busy_s"}
+    keys["update"] = "update_s"
     out["phases_ms"] = {
-        key[:-2]: 1e3 * statistics.median(vals)
-        for key in ("compute_s", "select_s", "comm_s", "update_s")
-        if (vals := [r[key] for r in rows if key in r and r.get("step", 0) > 1])
+        name: 1e3 * statistics.median(vals)
+        for name, key in keys.items()
+        if (vals := [r[key] for r in rows if r.get(key) is not None and r["step"] > 1])
     }
     return out
 

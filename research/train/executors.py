@@ -50,7 +50,41 @@ from research.trace import get_tracer
 from research.train import step as steps
 from research.train.state import TrainState
 
-StepOut = tuple[TrainState, dict, "CommInfo | None", dict[str, float]]
+StepOut = tuple[TrainState, dict, "CommInfo | None", dict[str, float | None]]
+
+#: The timing keys of every executor's ``phases``, and so of every step's row in
+#: ``metrics.jsonl``, whatever the strategy (seconds; None where the executor
+#: cannot separate the phase):
+#:
+#: * ``compute_s``: forward and backward (the fused program: the whole step, its
+#:   allreduce and update are inside it);
+#: * ``comm_exposed_s``: the training thread waiting for communication;
+#: * ``comm_busy_s``: time with the step's communication under way (equal to
+#:   the exposed time for a blocking strategy, more where it runs behind
+#:   computation);
+#: * ``update_s``: the optimizer update.
+#:
+#: An executor may add keys of its own after these (sparse: ``select_s``).
+#: Studies and plots read these keys and never the strategy's name.
+PHASES = ("compute_s", "comm_exposed_s", "comm_busy_s", "update_s")
+
+
+def step_phases(
+    compute_s: float,
+    *,
+    exposed_s: float | None = None,
+    busy_s: float | None = None,
+    update_s: float | None = None,
+    **more: float,
+) -> dict[str, float | None]:
+    """A step's ``phases`` in the :data:`PHASES` schema, then ``more``."""
+    return {
+        "compute_s": compute_s,
+        "comm_exposed_s": exposed_s,
+        "comm_busy_s": busy_s,
+        "update_s": update_s,
+        **more,
+    }
 
 
 @dataclass(frozen=True)
@@ -163,7 +197,7 @@ class FusedExecutor(Executor):
         with get_tracer().span("fwd+bwd+allreduce+update", "compute", step=step):
             state, m = self._step(state, x, y)
             m = jax.device_get(m)
-        return state, m, None, {"compute_s": time.perf_counter() - t0}
+        return state, m, None, step_phases(time.perf_counter() - t0)
 
 
 @register_executor("host-side")
@@ -189,11 +223,12 @@ class HostSideExecutor(Executor):
         t1 = time.perf_counter()
         with get_tracer().span("update", "update", step=step):
             state = self._apply(state, out, batch_stats)
-        phases = {
-            "compute_s": compute_s,
-            "comm_s": t1 - t0,
-            "update_s": time.perf_counter() - t1,
-        }
+        phases = step_phases(
+            compute_s,
+            exposed_s=t1 - t0,  # blocking: all of it is exposed
+            busy_s=t1 - t0,
+            update_s=time.perf_counter() - t1,
+        )
         return state, m, info, phases
 
     def _apply(self, state: TrainState, grads: Any, batch_stats: Any) -> TrainState:

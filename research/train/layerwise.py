@@ -31,7 +31,7 @@ from research.comm.overlap import HandledAverager
 from research.comm.registry import register_averager
 from research.trace import get_tracer
 from research.train import step as steps
-from research.train.executors import StepOut, register_executor
+from research.train.executors import StepOut, register_executor, step_phases
 from research.train.flat import FlatStage, aligned_empty, host_view
 from research.train.overlapped import StagedExecutor
 from research.train.state import TrainState, tree_bytes
@@ -133,7 +133,6 @@ class LayerwiseExecutor(StagedExecutor):
 
         self._backward(step, on_grad)
         hold()
-        t0 = time.perf_counter()
         for k, h in enumerate(handles):
             out = self._wait(h, f"allreduce {self._labels[k]}", step)
             for part in _split_bucket(self._parts[k], host_view(out)):
@@ -142,12 +141,13 @@ class LayerwiseExecutor(StagedExecutor):
         with get_tracer().span("update", "update", step=step):
             state = steps.apply_step(state, grads, self.staged.batch_stats)
             jax.block_until_ready(state.params)
-        phases = {
-            "compute_s": self._compute,
-            "comm_s": t1 - t0,
-            "update_s": time.perf_counter() - t1,
-        }
         info = self._info(step, tree_bytes(state.opt_state))
+        phases = step_phases(
+            self._compute,
+            exposed_s=info.wait_s,
+            busy_s=info.extra["comm_s"],
+            update_s=time.perf_counter() - t1,
+        )
         return state, jax.device_get(metrics), info, phases
 
 

@@ -60,7 +60,13 @@ from research.comm.base import CommInfo
 from research.comm.handles import Handle
 from research.trace import get_tracer
 from research.train.activation_exchange import ActivationExchange, ravel_concat
-from research.train.executors import Executor, StepContext, StepOut, register_executor
+from research.train.executors import (
+    Executor,
+    StepContext,
+    StepOut,
+    register_executor,
+    step_phases,
+)
 from research.train.flat import (
     ALIGN,
     FlatStage,
@@ -313,7 +319,7 @@ class OverlapExecutor(StagedExecutor):
         hold()
         gather = [ag[self._parity] for ag in self._ag]
         self._parity ^= 1
-        t0, update_s = time.perf_counter(), 0.0
+        update_s = 0.0
         for i, stage in enumerate(self.stages):
             if i in self.fcx:
                 update_s += self._exchange_update(i, reduced[i], step)
@@ -329,16 +335,17 @@ class OverlapExecutor(StagedExecutor):
             buf = np.asarray(p)
             self._sent += buf.nbytes
             self.pending[i] = self.averager.allgather(buf, stage.name, out=gather[i])
-        phases = {
-            "compute_s": self._compute,
-            "comm_s": time.perf_counter() - t0 - update_s,
-            "update_s": update_s,
-        }
         # The optimizer state lives in the slices until the next drain.
         state = state.replace(
             step=state.step + 1, batch_stats=self.staged.batch_stats, opt_state=None
         )
         info = self._info(step, self.opt_bytes)
+        phases = step_phases(
+            self._compute,
+            exposed_s=info.wait_s,
+            busy_s=info.extra["comm_s"],
+            update_s=update_s,
+        )
         return state, jax.device_get(metrics), info, phases
 
     def _post(self, i: int) -> Callable[[list], jax.Array]:

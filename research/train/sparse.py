@@ -54,6 +54,7 @@ from research.train.executors import (
     StepOut,
     _timed_grad,
     register_executor,
+    step_phases,
 )
 from research.train.state import TrainState
 
@@ -213,12 +214,13 @@ class SparseExecutor(Executor):
             else:
                 state = steps.apply_step(state, self._unravel(mean), batch_stats)
                 jax.block_until_ready(state.params)
-        phases = {
-            "compute_s": compute_s,
-            "select_s": t1 - t0,
-            "comm_s": t2 - t1,
-            "update_s": time.perf_counter() - t2,
-        }
+        phases = step_phases(
+            compute_s,
+            exposed_s=t2 - t1,  # blocking
+            busy_s=t2 - t1,
+            update_s=time.perf_counter() - t2,
+            select_s=t1 - t0,
+        )
         return state, m, info, phases
 
     def drain(self, state: TrainState, final: bool = False) -> TrainState:

@@ -6,6 +6,8 @@ being named here), a short Trainer run with DeepFreeze checkpoints:
 * replicas agree: every rank ends with the same parameters;
 * ``drain`` twice is harmless: a second drain right after the first changes
   nothing;
+* one metrics schema: every step row has the executors' common timing keys
+  (``research.train.executors.PHASES``), so studies read any strategy alike;
 * resume: a second run of the same configuration restores the checkpoint of
   step 5 and trains to step 8; where the strategy is deterministic (all but
   eager-SGD's partial rounds and the asynchronous parameter server, whose
@@ -68,6 +70,21 @@ class _DrainTwice(Callback):
             self.same = identical(_parts(trainer.state), first)
 
 
+def _check_phases(name: str, run_dir: Path) -> None:
+    from research.rundir import read_metrics
+    from research.train.executors import PHASES
+
+    rows = [r for r in read_metrics(run_dir) if r.get("kind") != "eval"]
+    assert rows, f"{name}: no step rows"
+    for row in rows:
+        assert set(PHASES) <= set(row), f"{name}: {sorted(row)} lacks {PHASES}"
+        assert row["compute_s"] > 0, (name, row)
+        for key in PHASES:
+            assert row[key] is None or row[key] >= 0, (name, key, row[key])
+        # Communication is either separated in both keys or in neither.
+        assert (row["comm_busy_s"] is None) == (row["comm_exposed_s"] is None), row
+
+
 @pytest.mark.parametrize("name", list_averagers())
 def test_every_strategy_keeps_the_contract(world, shared, name):
     from research.checkpoint import CheckpointConfig
@@ -102,6 +119,8 @@ def test_every_strategy_keeps_the_contract(world, shared, name):
     sums = world.allgather(_checksum(first.state.params))
     assert len(set(sums)) == 1, f"{name}: replicas differ {sums}"
     assert drain1.same, f"{name}: a second drain changed the state"
+    if world.rank == 0:
+        _check_phases(name, shared / "a")
     second, ck2, _ = run("b")
     assert ck2.resumed_from == 5 and second.step == 8, name
     sums = world.allgather(_checksum(second.state.params))
