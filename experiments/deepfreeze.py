@@ -128,11 +128,12 @@ them on every rank alike.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
 
-from research.cli import config_from_args
+from research.cli import nested, override, parse_config
 from research.launch import UsageError, fail_usage
 from research.studies.deepfreeze import (
     STRATEGIES,
@@ -142,8 +143,8 @@ from research.studies.deepfreeze import (
     run_job,
     without,
 )
-from research.studies.presets import experiment_parser, parse_with_presets, start_job
-from research.train.config import TrainConfig
+from research.studies.presets import ExperimentConfig, start_job, with_model
+from research.train.config import CKPT, OUTPUT, TrainConfig, flag
 
 PROG = "python -m experiments.deepfreeze"
 
@@ -172,164 +173,160 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 #: --paper-scale: the paper's model sizes (224x224, 1000 classes), for clusters.
-PAPER_SCALE = {
-    "data_options": [
-        "image_size=224",
-        "num_classes=1000",
-        "n_train=2048",
-        "n_test=256",
-    ],
-    "model_options": ["stem='imagenet'", "image_size=224"],
+PAPER_SCALE: dict[str, Any] = {
+    "data_options": {
+        "image_size": 224,
+        "num_classes": 1000,
+        "n_train": 2048,
+        "n_test": 256,
+    },
+    "model_options": {"stem": "imagenet", "image_size": 224},
     "batch_size": 32,
     "rounds": 3,
-    "np_": 64,
+    "np": 64,
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = experiment_parser(
-        PROG,
-        __doc__,
-        TrainConfig(
-            model="candle",
-            strategy="sync",
-            batch_size=16,
-            lr=0.01,
-            warmup_steps=5,
-            eval_every=0,
-            log_every=1000,
-            trace=True,
-        ),
-        np_=4,
+def _train() -> TrainConfig:
+    return TrainConfig(
+        model="candle",
+        strategy="sync",
+        batch_size=16,
+        lr=0.01,
+        warmup_steps=5,
+        eval_every=0,
+        log_every=1000,
+        trace=True,
     )
-    g = p.add_argument_group("checkpointing")
-    g.add_argument(
-        "--strategies",
-        nargs="+",
-        default=list(STRATEGIES),
+
+
+@dataclasses.dataclass
+class Config(ExperimentConfig):
+    """The strategies compared, the interleaved periods and DeepFreeze's knobs.
+
+    The fast tier is ``train.fast_dir`` (``--fast-dir``).
+    """
+
+    train: TrainConfig = nested(_train)
+    strategies: list[str] = flag(
+        None,
+        "strategies compared (none is always the reference); default all",
+        CKPT,
+        factory=lambda: list(STRATEGIES),
         choices=STRATEGIES,
-        help="strategies compared (none is always the reference); default all",
     )
-    g.add_argument(
-        "--interval",
-        type=int,
-        default=10,
-        help="checkpoint every N steps for the table; default %(default)s",
+    interval: int = flag(
+        10, "checkpoint every N steps for the table; default %(default)s", CKPT
     )
-    g.add_argument(
-        "--intervals",
-        type=int,
+    intervals: list[int] = flag(
+        None,
+        "more intervals for the overhead figure (rank0-sync and deepfreeze); "
+        "default %(default)s",
+        CKPT,
+        factory=lambda: [5],
         nargs="*",
-        default=[5],
-        help="more intervals for the overhead figure (rank0-sync and "
-        "deepfreeze); default %(default)s",
     )
-    g.add_argument(
-        "--rounds",
-        type=int,
-        default=28,
-        help="rounds: periods per arm at --interval (and of the placebo); "
+    rounds: int = flag(
+        28,
+        "rounds: periods per arm at --interval (and of the placebo); "
         "default %(default)s",
+        CKPT,
     )
-    g.add_argument(
-        "--minor-rounds",
-        type=int,
-        default=3,
-        help="periods of the other arms (in-flight policies, --intervals); "
+    minor_rounds: int = flag(
+        3,
+        "periods of the other arms (in-flight policies, --intervals); "
         "default %(default)s",
+        CKPT,
     )
-    g.add_argument(
-        "--window",
-        type=int,
-        default=10,
-        help="steps per period; default %(default)s",
+    window: int = flag(10, "steps per period; default %(default)s", CKPT)
+    settle: int = flag(
+        4,
+        "steps after a period's last checkpoint before its work is waited for "
+        "(charged); the rest of the period is the reference; default %(default)s",
+        CKPT,
     )
-    g.add_argument(
-        "--settle",
-        type=int,
-        default=4,
-        help="steps after a period's last checkpoint before its work is "
-        "waited for (charged); the rest of the period is the reference; "
-        "default %(default)s",
-    )
-    g.add_argument(
-        "--tiers",
-        default="fast+persistent",
+    tiers: str = flag(
+        "fast+persistent",
+        "DeepFreeze tiers; default %(default)s",
+        CKPT,
         choices=("fast+persistent", "persistent"),
-        help="DeepFreeze tiers; default %(default)s",
     )
-    g.add_argument(
-        "--fast-dir",
-        default="auto",
-        help="fast tier (node-local): a folder of yours nobody else can write "
-        "in (created 0700); default: /dev/shm/research-<user>/ckpt-<hash>",
-    )
-    g.add_argument(
-        "--snapshot",
-        default="auto",
+    snapshot: str = flag(
+        "auto",
+        "DeepFreeze snapshot mode; default %(default)s",
+        CKPT,
         choices=("auto", "view", "host", "device"),
-        help="DeepFreeze snapshot mode; default %(default)s",
     )
-    g.add_argument(
-        "--writer",
-        default="process",
+    writer: str = flag(
+        "process",
+        "DeepFreeze writer: a niced helper process per rank, or a thread of the "
+        "rank; default %(default)s",
+        CKPT,
         choices=("process", "thread"),
-        help="DeepFreeze writer: a niced helper process per rank, or a "
-        "thread of the rank; default %(default)s",
     )
-    g.add_argument(
-        "--nice",
-        type=int,
-        default=10,
-        help="niceness of DeepFreeze's helper process; default %(default)s",
+    nice: int = flag(
+        10, "niceness of DeepFreeze's helper process; default %(default)s", CKPT
     )
-    g.add_argument(
-        "--writer-priority",
-        default="nice",
+    writer_priority: str = flag(
+        "nice",
+        "DeepFreeze's helper process under SCHED_IDLE (runs only on idle cores), "
+        "or only niced; default %(default)s",
+        CKPT,
         choices=("idle", "nice"),
-        help="DeepFreeze's helper process under SCHED_IDLE (runs only on idle "
-        "cores), or only niced; default %(default)s",
     )
-    g.add_argument(
-        "--bind",
-        default="core",
-        choices=("core", "none"),
-        help="laptop launches: bind each rank, with its writer and threads, to "
+    bind: str = flag(
+        "core",
+        "laptop launches: bind each rank, with its writer and threads, to "
         "--threads cores (at least one), round robin (MPICH's -bind-to core), "
         "or let the OS move them (none). Unbound, 4 ranks on 2 cores gave "
         "2-3x wider placebo intervals and a DeepFreeze cost of 34-67 ms per "
         "checkpoint from run to run. Under your own mpiexec or srun, bind "
         "there (e.g. srun --cpu-bind=cores); default %(default)s",
+        CKPT,
+        choices=("core", "none"),
     )
-    g.add_argument(
-        "--sweep-ranks",
-        type=int,
+    sweep_ranks: list[int] = flag(
+        None,
+        "extra jobs with these rank counts for the ranks figure (laptop only: "
+        "started from here); default %(default)s",
+        CKPT,
+        factory=lambda: [1, 2],
         nargs="*",
-        default=[1, 2],
-        help="extra jobs with these rank counts for the ranks figure "
-        "(laptop only: started from here); default %(default)s",
     )
-    g.add_argument(
-        "--job", choices=("all", "main", "ranks"), default="all", help=argparse.SUPPRESS
+    job: str = flag("all", argparse.SUPPRESS, CKPT, choices=("all", "main", "ranks"))
+    paper_scale: bool = flag(
+        False, "the paper's model sizes at 224x224 (for clusters)", CKPT
     )
-    g.add_argument(
-        "--paper-scale",
-        action="store_true",
-        help="the paper's model sizes at 224x224 (for clusters)",
-    )
-    g.add_argument("--no-plots", action="store_true", help="skip the figures")
-    return p
+    plots: bool = flag(True, "skip the figures", OUTPUT, name="--no-plots")
+
+    def problem(self) -> str | None:
+        """The first problem with the experiment's own values, or None."""
+        return check_flags(self)
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
-    # At paper scale --model names the full-size model, not a laptop preset.
-    args = parse_with_presets(
-        build_parser(), argv, MODEL_PRESETS, PAPER_SCALE, presets_at_paper_scale=False
+def get_config(model: str | None = None, paper_scale: bool = False) -> Config:
+    """The experiment's config for a preset (explicit flags are applied over it).
+
+    At paper scale ``--model`` names the full-size model, not a laptop preset
+    (default ResNet-50: the paper's options are an image model's).
+    """
+    cfg = Config()
+    if paper_scale:
+        cfg = override(cfg, **PAPER_SCALE, paper_scale=True)
+        name = model or "resnet50"
+        return override(cfg, model=MODEL_PRESETS.get(name, {}).get("model", name))
+    return with_model(cfg, model, MODEL_PRESETS)
+
+
+def parse(argv: list[str]) -> Config:
+    return parse_config(
+        argv,
+        get_config,
+        prog=PROG,
+        doc=__doc__,
+        # Of the checkpointing fields only the fast tier applies here.
+        hide=("checkpoint", "checkpoint_every", "resume"),
     )
-    problem = check_flags(args)
-    if problem:
-        fail_usage(PROG, problem)
-    return args
 
 
 def _plot(root: Path) -> list[Path]:
@@ -340,33 +337,29 @@ def _plot(root: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> str | None:
     argv = sys.argv[1:] if argv is None else argv
-    args = parse(argv)
-    if args.list:
-        from research.cli import listing
-
-        print(listing())
-        return None
-    config_from_args(args, PROG)  # validate before paying for MPI start-up
-    plot = None if args.no_plots else _plot
+    cfg = parse(argv)  # bad flags end here, before paying for MPI start-up
+    plot = _plot if cfg.plots else None
     from research.comm.env import launched_by_mpi
 
-    if not launched_by_mpi() and args.np_ > 0:
+    if not launched_by_mpi() and cfg.np > 0:
         from research.rundir import default_run_dir
 
-        root = Path(args.run_dir or default_run_dir("deepfreeze")).absolute()
+        root = Path(cfg.train.run_dir or default_run_dir("deepfreeze")).absolute()
         root.mkdir(parents=True, exist_ok=True)
         argv = without(argv, "--run-dir")
-        code = launch_jobs(args, argv, root, "experiments.deepfreeze")
+        code = launch_jobs(cfg, argv, root, "experiments.deepfreeze")
         if code != 0:
             raise SystemExit(code)
         return report(root, plot)
-    world, root = start_job(args, "deepfreeze", compile_cache=False)
+    world, root = start_job(
+        cfg.train.threads, cfg.train.run_dir, "deepfreeze", compile_cache=False
+    )
     root.mkdir(parents=True, exist_ok=True)
     try:
-        run_job(args, root, PROG)
+        run_job(cfg, root)
     except UsageError as e:  # data or model settings: raised alike on every rank
         fail_usage(PROG, str(e))
-    if args.job == "all" and world.rank == 0:  # started by the user's own mpiexec
+    if cfg.job == "all" and world.rank == 0:  # started by the user's own mpiexec
         return report(root, plot)
     return None
 

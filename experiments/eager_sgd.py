@@ -161,11 +161,12 @@ port; the paper's 2.64x at 64 workers is a regime 2 cores cannot reach.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
 
-from research.cli import config_from_args
+from research.cli import nested, override, parse_config
 from research.launch import UsageError, fail_usage, maybe_relaunch
 from research.studies.eager_sgd import (
     ARMS,
@@ -182,14 +183,15 @@ from research.studies.eager_sweep import (
     run_sweep_job,
     write_sweep,
 )
-from research.studies.presets import (
-    experiment_parser,
-    parse_with_presets,
-    start_job,
-)
-from research.train.config import TrainConfig
+from research.studies.presets import ExperimentConfig, start_job, with_model
+from research.train.config import CKPT, OUTPUT, TrainConfig, flag
 
 PROG = "python -m experiments.eager_sgd"
+EAGER = "eager-SGD"
+SWEEP = (
+    "parameter-server crossover sweep (one MPI job per rank count; defaults "
+    "change to " + ", ".join(f"{k}={v}" for k, v in SWEEP_DEFAULTS.items()) + ")"
+)
 
 #: --model shortcuts: model options and the synthetic task that fits the model.
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
@@ -214,7 +216,7 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
     },
 }
 
-#: --dataset digits (real data, research/data/digits.py): parser defaults that train
+#: --dataset digits (real data, research/data/digits.py): defaults that train
 #: cnn_small on the 8x8 images to ~97% (explicit flags still win); 1437 training
 #: images make 11 steps per epoch on 4 ranks of 32. Measured (4 ranks, fused,
 #: 20 epochs): lr 0.05 reached 60%, lr 0.2 97.8%.
@@ -229,7 +231,7 @@ DIGITS_CNN_OPTIONS = {"image_size": 8, "channels": 1, "pooled_size": 2}
 #: same 102 MB per allreduce), cycled for a fixed number of steps, because 1.28M
 #: generated images would not fit in memory. Pass --dataset/--data-dir for real
 #: data; accuracy on this synthetic set is not ImageNet accuracy.
-PAPER_SCALE = {
+PAPER_SCALE: dict[str, Any] = {
     "model": "resnet50",
     "momentum": 0.9,
     "steps": 2000,
@@ -240,188 +242,192 @@ PAPER_SCALE = {
     "warmup_steps": 200,
     "imbalance": "random:k=1-2:seconds=0.32",
     "sync_every": 32,
-    "np_": 64,
-    "data_options": [
-        "image_size=224",
-        "num_classes=1000",
-        "n_train=4096",
-        "n_test=1024",
-    ],
-    "model_options": ["stem='imagenet'", "image_size=224"],
+    "np": 64,
+    "data_options": {
+        "image_size": 224,
+        "num_classes": 1000,
+        "n_train": 4096,
+        "n_test": 1024,
+    },
+    "model_options": {"stem": "imagenet", "image_size": 224},
     "eval_every": 200,
     "target_acc": 0.5,
     "reference_steps": 200,
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    # The issue's default: 4 ranks launched by the module.
-    p = experiment_parser(
-        PROG,
-        __doc__,
-        TrainConfig(
-            model="cnn_small",
-            epochs=4.0,
-            batch_size=32,
-            eval_every=16,
-            log_every=1,
-            trace=True,
-            momentum=0.7,
-        ),
-        np_=4,
+def _train() -> TrainConfig:
+    return TrainConfig(
+        model="cnn_small",
+        epochs=4.0,
+        batch_size=32,
+        eval_every=16,
+        log_every=1,
+        trace=True,
+        momentum=0.7,
     )
-    g = p.add_argument_group("eager-SGD")
-    g.add_argument(
-        "--arms",
-        nargs="+",
-        default=list(ARMS),
+
+
+@dataclasses.dataclass
+class Config(ExperimentConfig):
+    """The arms, the imbalance, and the parameter-server sweep."""
+
+    train: TrainConfig = nested(_train)
+    arms: list[str] = flag(
+        None,
+        "arms to run, in order; default %(default)s",
+        EAGER,
+        factory=lambda: list(ARMS),
         choices=ARMS,
-        help="arms to run, in order; default %(default)s",
     )
-    g.add_argument(
-        "--imbalance",
-        default=DEFAULT_IMBALANCE,
-        help="injected imbalance (research.imbalance grammar: none, "
+    imbalance: str = flag(
+        DEFAULT_IMBALANCE,
+        "injected imbalance (research.imbalance grammar: none, "
         "fixed:ranks=1:seconds=0.1, random:k=1-2:seconds=0.32, "
         "dist:exponential:mean=0.05; optional :start=S and :how=sleep|spin, "
         "spin keeping the straggler's core busy); a value 'auto' is --delay-scale "
         "times the balanced reference's median step time; default %(default)s",
+        EAGER,
     )
-    g.add_argument(
-        "--delay-scale",
-        type=float,
-        default=1.0,
-        help="an 'auto' delay in --imbalance is this times the no-imbalance step "
+    delay_scale: float = flag(
+        1.0,
+        "an 'auto' delay in --imbalance is this times the no-imbalance step "
         "time; default %(default)s",
+        EAGER,
     )
-    g.add_argument(
-        "--seeds",
-        nargs="+",
-        type=int,
-        default=[0],
-        help="seeds (one run per arm and seed; table shows mean +- std)",
+    seeds: list[int] = flag(
+        None,
+        "seeds (one run per arm and seed; table shows mean +- std)",
+        EAGER,
+        factory=lambda: [0],
     )
-    g.add_argument(
-        "--sync-every",
-        type=int,
-        default=4,
-        help="eager arms: every K-th round is synchronous (bounded staleness); "
+    sync_every: int = flag(
+        4,
+        "eager arms: every K-th round is synchronous (bounded staleness); "
         "default %(default)s (0: never). The authors used 32 with 64 ranks, where "
         "a rank is delayed in ~2%% of steps; with 4 ranks it is 25%%, lag "
         "builds up ~10x faster, and 4 keeps staleness alike",
+        EAGER,
     )
-    g.add_argument(
-        "--sync-strategy",
-        default="sync",
+    sync_strategy: str = flag(
+        "sync",
+        "strategy of the allreduce arm; default %(default)s",
+        EAGER,
         choices=("sync", "fused", "host"),
-        help="strategy of the allreduce arm; default %(default)s",
     )
-    g.add_argument(
-        "--target-acc",
-        type=float,
-        default=DEFAULT_TARGET,
-        help="test accuracy for the time-to-accuracy column; default %(default)s",
+    target_acc: float = flag(
+        DEFAULT_TARGET,
+        "test accuracy for the time-to-accuracy column; default %(default)s",
+        EAGER,
     )
-    g.add_argument(
-        "--reference-steps",
-        type=int,
-        default=60,
-        help="steps of the balanced synchronous reference (0: skip); "
-        "default %(default)s",
+    reference_steps: int = flag(
+        60,
+        "steps of the balanced synchronous reference (0: skip); default %(default)s",
+        EAGER,
     )
-    g.add_argument(
-        "--paper-scale",
-        action="store_true",
-        help="the paper's ResNet-50 setting for batch jobs (see above)",
+    paper_scale: bool = flag(
+        False, "the paper's ResNet-50 setting for batch jobs (see above)", EAGER
     )
-    g.add_argument("--no-plots", action="store_true", help="skip the figures")
-    s = p.add_argument_group(
-        "parameter-server crossover sweep (one MPI job per rank count; defaults "
-        "change to " + ", ".join(f"{k}={v}" for k, v in SWEEP_DEFAULTS.items()) + ")"
+    plots: bool = flag(True, "skip the figures", OUTPUT, name="--no-plots")
+    sweep: bool = flag(
+        False, "run the sweep (also implied by the two flags below)", SWEEP
     )
-    s.add_argument(
-        "--sweep",
-        action="store_true",
-        help="run the sweep (also implied by the two flags below)",
-    )
-    s.add_argument(
-        "--sweep-model-size",
-        nargs="+",
-        type=int,
-        metavar="FEATURES",
-        help="CANDLE P1B2 input features per size (1024 x FEATURES + 659722 "
+    sweep_model_size: list[int] | None = flag(
+        None,
+        "CANDLE P1B2 input features per size (1024 x FEATURES + 659722 "
         f"parameters; 28204: the real 118 MB); default {list(DEFAULT_FEATURES)}",
-    )
-    s.add_argument(
-        "--sweep-ranks",
-        nargs="+",
+        SWEEP,
         type=int,
+        nargs="+",
+        metavar="FEATURES",
+    )
+    sweep_ranks: list[int] | None = flag(
+        None,
+        f"rank counts, one MPI job each; default {list(DEFAULT_RANKS)}",
+        SWEEP,
+        type=int,
+        nargs="+",
         metavar="P",
-        help=f"rank counts, one MPI job each; default {list(DEFAULT_RANKS)}",
     )
     # Set by the sweep's driver on the jobs it launches: run, do not summarise.
-    s.add_argument("--sweep-child", action="store_true", help=argparse.SUPPRESS)
-    return p
+    sweep_child: bool = flag(False, argparse.SUPPRESS, SWEEP)
+
+    def problem(self) -> str | None:
+        """The first problem with the experiment's own values, or None."""
+        return check_flags(self) or (check_sweep_flags(self) if self.sweep else None)
 
 
-def _is_sweep(argv: list[str]) -> bool:
-    return any(a.split("=")[0] in ("--sweep", "--sweep-model-size", "--sweep-ranks")
-               for a in argv)  # fmt: skip
+def select(given: dict[str, Any]) -> dict[str, Any]:
+    """The preset the flags given choose: model, paper scale, digits, sweep."""
+    sweep = any(k in given for k in ("sweep", "sweep_model_size", "sweep_ranks"))
+    return {
+        "model": given.get("train.model"),
+        "paper_scale": bool(given.get("paper_scale", False)),
+        "dataset": given.get("train.dataset"),
+        "sweep": sweep,
+    }
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
-    p = build_parser()
-    sweep = _is_sweep(argv)
+def get_config(
+    model: str | None = None,
+    paper_scale: bool = False,
+    dataset: str | None = None,
+    sweep: bool = False,
+) -> Config:
+    """The experiment's config for a preset (explicit flags are applied over it).
+
+    ``sweep``: the parameter-server sweep's defaults; ``dataset="digits"``: the
+    real-data defaults; ``paper_scale``: the paper's ResNet-50 setting; then the
+    ``--model`` preset (:data:`MODEL_PRESETS`).
+    """
+    cfg = Config()
     if sweep:
-        p.set_defaults(**SWEEP_DEFAULTS)  # explicit flags still win
-    elif any("digits" in a for a in argv):  # its defaults; explicit flags win
-        pre = p.parse_known_args(argv)[0]
-        if pre.dataset == "digits":
-            p.set_defaults(**DIGITS_DEFAULTS)
-    args = parse_with_presets(p, argv, MODEL_PRESETS, PAPER_SCALE)
-    if args.dataset == "digits" and args.model == "cnn_small":
-        args.model_options = [
-            f"{k}={v!r}" for k, v in DIGITS_CNN_OPTIONS.items()
-        ] + list(args.model_options)
-    args.sweep = sweep
-    if sweep:
-        args.sweep_model_size = args.sweep_model_size or list(DEFAULT_FEATURES)
-        args.sweep_ranks = args.sweep_ranks or list(DEFAULT_RANKS)
-    problem = check_flags(args) or (check_sweep_flags(args) if sweep else None)
-    if problem:
-        fail_usage(PROG, problem)
-    # The shared config is the synchronous arm's; each arm then sets its own.
-    args.strategy = args.sync_strategy
-    return args
+        cfg = override(cfg, **SWEEP_DEFAULTS, sweep=True)
+        cfg = override(cfg, sweep_model_size=list(DEFAULT_FEATURES))
+        cfg = override(cfg, sweep_ranks=list(DEFAULT_RANKS))
+    elif dataset == "digits":
+        cfg = override(cfg, **DIGITS_DEFAULTS)
+    if paper_scale:
+        cfg = override(cfg, **PAPER_SCALE, paper_scale=True)
+    cfg = with_model(cfg, model, MODEL_PRESETS)
+    if dataset == "digits" and cfg.train.model == "cnn_small":
+        options = {**DIGITS_CNN_OPTIONS, **cfg.train.model_options}
+        cfg = override(cfg, model_options=options)
+    return cfg
 
 
-def sweep_driver(argv: list[str], args: argparse.Namespace) -> None:
+def parse(argv: list[str]) -> Config:
+    return parse_config(
+        argv, get_config, prog=PROG, doc=__doc__, hide=(CKPT,), select=select
+    )
+
+
+def sweep_driver(argv: list[str], cfg: Config) -> None:
     """Outside MPI: one job per rank count, then the sweep's table and figure."""
     from research.launch import relaunch
     from research.rundir import default_run_dir
 
-    root = Path(args.run_dir).absolute() if args.run_dir else None
-    root = root or Path(default_run_dir("eager_sweep"))
-    for size in args.sweep_ranks:
+    root = Path(cfg.train.run_dir or default_run_dir("eager_sweep")).absolute()
+    for size in cfg.sweep_ranks:
         job = [*argv, "--sweep-ranks", str(size), "--run-dir", str(root)]
         code = relaunch("experiments.eager_sgd", [*job, "--sweep-child"], size,
-                        args.threads)  # fmt: skip
+                        cfg.train.threads)  # fmt: skip
         if code != 0:
             raise SystemExit(code)
-    summarise_sweep(root, args)
+    summarise_sweep(root, cfg)
 
 
-def summarise_sweep(root: Path, args: argparse.Namespace) -> None:
+def summarise_sweep(root: Path, cfg: Config) -> None:
     """Table, crossover lines and figure of the sweep under ``root``."""
     from research.studies.eager_sweep import format_sweep
 
-    link = getattr(args, "link", None)
-    rows = write_sweep(root, args.target_acc, link)
-    print(format_sweep(rows, args.target_acc, link), flush=True)
-    if not args.no_plots:
+    link = cfg.train.link
+    rows = write_sweep(root, cfg.target_acc, link)
+    print(format_sweep(rows, cfg.target_acc, link), flush=True)
+    if cfg.plots:
         from research.studies.eager_sgd_plots import plot_sweep
 
-        print(f"figure {plot_sweep(root, args.target_acc)}", flush=True)
+        print(f"figure {plot_sweep(root, cfg.target_acc)}", flush=True)
     print(f"sweep results in {root} (sweep.md, sweep.json)", flush=True)
 
 
@@ -433,28 +439,22 @@ def _plot(root: Path, target_acc: float) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     argv = sys.argv[1:] if argv is None else argv
-    args = parse(argv)
-    if args.list:
-        from research.cli import listing
-
-        print(listing())
-        return None
-    config_from_args(args, PROG)  # validate before paying for MPI start-up
+    cfg = parse(argv)  # bad flags end here, before paying for MPI start-up
     from research.comm.env import launched_by_mpi
 
-    if args.sweep and not launched_by_mpi():
-        sweep_driver(argv, args)
+    if cfg.sweep and not launched_by_mpi():
+        sweep_driver(argv, cfg)
         return None
-    maybe_relaunch("experiments.eager_sgd", argv, args.np_, args.threads)
-    world, root = start_job(args, "eager_sgd")
-    plot = None if args.no_plots else _plot
+    maybe_relaunch("experiments.eager_sgd", argv, cfg.np, cfg.train.threads)
+    world, root = start_job(cfg.train.threads, cfg.train.run_dir, "eager_sgd")
+    plot = _plot if cfg.plots else None
     try:
-        if args.sweep:
-            run_sweep_job(args, config_from_args(args, PROG), root, world)
-            if world.rank == 0 and not args.sweep_child:  # started under mpiexec
-                summarise_sweep(root, args)
+        if cfg.sweep:
+            run_sweep_job(cfg, root, world)
+            if world.rank == 0 and not cfg.sweep_child:  # started under mpiexec
+                summarise_sweep(root, cfg)
             return None
-        return run_experiment(args, root, world, prog=PROG, plot=plot)
+        return run_experiment(cfg, root, world, plot=plot)
     except UsageError as e:  # data or model settings: raised alike on every rank
         fail_usage(PROG, str(e))
 

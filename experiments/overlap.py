@@ -194,10 +194,13 @@ allgathers under the next forward), ``timeline-resnet50.png``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
+from typing import Any
 
-from research.launch import relaunch
+from research.cli import override, parse_config
+from research.launch import UsageError, relaunch
 from research.studies.overlap import (
     LINKED,
     MODELS,
@@ -206,157 +209,160 @@ from research.studies.overlap import (
     report,
     run_point,
 )
+from research.train.config import OUTPUT, flag
 
 PROG = "python -m experiments.overlap"
+RUNS, OUT = "runs", "output"
+
+#: --paper-scale: ImageNet-size inputs, the paper's batch (flags still win).
+PAPER: dict[str, Any] = dict(
+    image_size=224, num_classes=1000, batch_size=32, steps=20, warmup=5
+)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=PROG,
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+@dataclasses.dataclass
+class Config:
+    """The models, strategies, rank counts and links of the study."""
+
+    models: list[str] = flag(
+        None,
+        "models (vgg16, resnet50 with the reduced options above; any other "
+        "registered model with its defaults and --image-size); default %(default)s",
+        RUNS,
+        factory=lambda: list(MODELS),
     )
-    p.add_argument(
-        "--models",
-        nargs="+",
-        default=list(MODELS),
-        help="models (vgg16, resnet50 with the reduced options above; any other "
-        "registered model with its defaults and --image-size)",
+    strategies: list[str] = flag(
+        None, "default %(default)s", RUNS, factory=lambda: list(STRATEGIES)
     )
-    p.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
-    p.add_argument("--ranks", nargs="+", type=int, default=[1, 2, 4])
-    p.add_argument(
-        "--links",
-        nargs="+",
-        default=["real", "auto"],
-        help="real, auto (comm = host's compute) or a spec like 10gbps:2us",
+    ranks: list[int] = flag(
+        None, "default %(default)s", RUNS, factory=lambda: [1, 2, 4]
     )
-    p.add_argument(
-        "--emulated-ranks",
-        nargs="+",
-        type=int,
-        default=[2, 4],
-        help="world sizes that also run the emulated link(s)",
+    links: list[str] = flag(
+        None,
+        "real, auto (comm = host's compute) or a spec like 10gbps:2us; "
+        "default %(default)s",
+        RUNS,
+        factory=lambda: ["real", "auto"],
     )
-    p.add_argument(
-        "--bucket-mb",
-        nargs="+",
-        type=float,
-        default=[1, 4, 25, 100],
-        help="layerwise bucket sweep (MiB), on the emulated link at --sweep-ranks; "
-        "25 elsewhere",
+    emulated_ranks: list[int] = flag(
+        None,
+        "world sizes that also run the emulated link(s); default %(default)s",
+        RUNS,
+        factory=lambda: [2, 4],
     )
-    p.add_argument("--sweep-ranks", nargs="+", type=int, default=[2])
-    p.add_argument(
-        "--sweep-models",
-        nargs="+",
-        default=["vgg16"],
-        help="models that get the layerwise bucket sweep",
+    bucket_mb: list[float] = flag(
+        None,
+        "layerwise bucket sweep (MiB), on the emulated link at --sweep-ranks; "
+        "25 elsewhere; default %(default)s",
+        RUNS,
+        factory=lambda: [1.0, 4.0, 25.0, 100.0],
     )
-    p.add_argument("--steps", type=int, default=4)
-    p.add_argument(
-        "--warmup",
-        type=int,
-        default=2,
-        help="steps left out (compilation; overlap's first step, which has no "
-        "allgather to wait for)",
+    sweep_ranks: list[int] = flag(
+        None, "default %(default)s", RUNS, factory=lambda: [2]
     )
-    p.add_argument("--batch-size", type=int, default=2, help="per rank")
-    p.add_argument("--image-size", type=int, default=32)
-    p.add_argument("--num-classes", type=int, default=10)
-    p.add_argument("--no-plots", action="store_true", help="skip the figures")
-    # The old spelling (one release): --figures/--no-figures.
-    p.add_argument(
-        "--figures",
-        dest="old_figures",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help=argparse.SUPPRESS,
+    sweep_models: list[str] = flag(
+        None,
+        "models that get the layerwise bucket sweep; default %(default)s",
+        RUNS,
+        factory=lambda: ["vgg16"],
     )
-    p.add_argument(
-        "--trace",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="write timelines (the figures' timeline excerpt reads them)",
+    steps: int = flag(4, "steps per run; default %(default)s", RUNS)
+    warmup: int = flag(
+        2,
+        "steps left out (compilation; overlap's first step, which has no "
+        "allgather to wait for); default %(default)s",
+        RUNS,
     )
-    p.add_argument("--threads", type=int, default=1, help="compute threads per rank")
-    p.add_argument("--run-dir", default=None)
-    p.add_argument("--paper-scale", action="store_true")
-    p.add_argument(
-        "--report-only",
-        action="store_true",
-        help="re-read --run-dir (timings re-derived leaving out --warmup steps)",
+    batch_size: int = flag(2, "per rank; default %(default)s", RUNS)
+    image_size: int = flag(32, "default %(default)s", RUNS)
+    num_classes: int = flag(10, "default %(default)s", RUNS)
+    threads: int = flag(1, "compute threads per rank; default %(default)s", RUNS)
+    paper_scale: bool = flag(False, "ImageNet-size inputs (for clusters)", RUNS)
+    plots: bool = flag(
+        True, "skip the figures", OUTPUT, name="--no-plots", aliases=("--no-figures",)
     )
-    p.add_argument("--point", action="store_true", help=argparse.SUPPRESS)
-    return p
+    trace: bool = flag(
+        True,
+        "write timelines (the figures' timeline excerpt reads them)",
+        OUTPUT,
+        negatable=True,
+    )
+    run_dir: str | None = flag(
+        None, "run folder (default runs/overlap-<timestamp>)", OUT, type=str
+    )
+    report_only: bool = flag(
+        False,
+        "re-read --run-dir (timings re-derived leaving out --warmup steps)",
+        OUT,
+    )
+    # Set by the driver on the jobs it launches: run, do not report.
+    point: bool = flag(False, argparse.SUPPRESS, OUT)
+
+    def problem(self) -> str | None:
+        """The first problem with the values as one line, or None."""
+        bad = [s for s in self.strategies if s not in STRATEGIES]
+        if bad:
+            return f"unknown strategy {bad[0]!r}; choose from {', '.join(STRATEGIES)}"
+        if any(k == "auto" for k in self.links) and "host" not in self.strategies:
+            return "--links auto needs host (its compute sets the link)"
+        if not set(self.strategies) & set(LINKED) and self.links != ["real"]:
+            return "only host, layerwise and overlap run on an emulated link"
+        if self.steps <= self.warmup:
+            return "--steps must exceed --warmup"
+        if self.report_only and not self.run_dir:
+            return "--report-only needs --run-dir"
+        return None
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
-    p = build_parser()
-    args = p.parse_args(argv)
-    if args.paper_scale:
-        p.set_defaults(
-            image_size=224, num_classes=1000, batch_size=32, steps=20, warmup=5
-        )
-        args = p.parse_args(argv)
-    bad = [s for s in args.strategies if s not in STRATEGIES]
-    if bad:
-        p.error(f"unknown strategy {bad[0]!r}; choose from {', '.join(STRATEGIES)}")
-    if any(k == "auto" for k in args.links) and "host" not in args.strategies:
-        p.error("--links auto needs host (its compute sets the link)")
-    if not set(args.strategies) & set(LINKED) and args.links != ["real"]:
-        p.error("only host, layerwise and overlap run on an emulated link")
-    if args.steps <= args.warmup:
-        p.error("--steps must exceed --warmup")
-    if args.old_figures is not None:
-        flag = "--figures" if args.old_figures else "--no-figures"
-        print(
-            f"experiments.overlap: {flag} is deprecated (accepted for one release); "
-            "figures are on by default, --no-plots skips them, as in every experiment",
-            file=sys.stderr,
-        )
-        args.no_plots = args.no_plots or not args.old_figures
-    return args
+def get_config(model: str | None = None, paper_scale: bool = False) -> Config:
+    """The reduced default, or ImageNet-size inputs at paper scale."""
+    return override(Config(), **PAPER, paper_scale=True) if paper_scale else Config()
+
+
+def parse(argv: list[str]) -> Config:
+    return parse_config(argv, get_config, prog=PROG, doc=__doc__)
 
 
 def main(argv: list[str] | None = None) -> str | None:
     from research.comm.env import launched_by_mpi
 
     argv = sys.argv[1:] if argv is None else argv
-    args = parse(argv)
+    cfg = parse(argv)
     if launched_by_mpi():
         from research.studies.presets import start_job
 
-        world, root = start_job(args, "overlap")
-        run_point(args, root, world)
-        if args.point or world.rank != 0:
+        world, root = start_job(cfg.threads, cfg.run_dir, "overlap")
+        try:
+            run_point(cfg, root, world)
+        except UsageError as e:  # raised alike on every rank
+            from research.launch import fail_usage
+
+            fail_usage(PROG, str(e))
+        if cfg.point or world.rank != 0:
             return None
-        text = report(root, args.models)  # a batch job: its own size only
+        text = report(root, cfg.models)  # a batch job: its own size only
         print(text, flush=True)
-        if not args.no_plots:
+        if cfg.plots:
             figures(root)
         return text
     from research.rundir import default_run_dir
 
-    root = Path(args.run_dir or default_run_dir("overlap")).absolute()
-    if args.report_only:
-        if not args.run_dir:
-            raise SystemExit("--report-only needs --run-dir")
-        text = report(root, args.models, warmup=args.warmup)
+    root = Path(cfg.run_dir or default_run_dir("overlap")).absolute()
+    if cfg.report_only:
+        text = report(root, cfg.models, warmup=cfg.warmup)
         print(text, flush=True)
-        if not args.no_plots:
-            for path in figures(root, warmup=args.warmup):
+        if cfg.plots:
+            for path in figures(root, warmup=cfg.warmup):
                 print(f"figure: {path}", flush=True)
         return text
-    for n in args.ranks:
+    for n in cfg.ranks:
         rest = [*argv, "--run-dir", str(root), "--point"]
-        code = relaunch("experiments.overlap", rest, n, args.threads)
+        code = relaunch("experiments.overlap", rest, n, cfg.threads)
         if code:
             raise SystemExit(code)
-    text = report(root, args.models)
+    text = report(root, cfg.models)
     print(text, flush=True)
-    if not args.no_plots:
+    if cfg.plots:
         for path in figures(root):
             print(f"figure: {path}", flush=True)
     print(f"results: {root}", flush=True)

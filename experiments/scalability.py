@@ -140,15 +140,22 @@ Commands::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+from research.cli import override, parse_config
 from research.launch import relaunch
 from research.studies.scalability import MODELS, STRATEGIES, SWEEPS, jobs, plan
+from research.train.config import OUTPUT, flag
 
 PROG = "python -m experiments.scalability"
-PAPER = dict(
+SC19, RUN = "sweeps", "runs and their folders"
+
+#: --paper-scale: the paper's settings (flags given explicitly still win).
+PAPER: dict[str, Any] = dict(
     steps=20,
     long_steps=40,
     warmup=5,
@@ -160,106 +167,114 @@ PAPER = dict(
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=PROG,
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+@dataclasses.dataclass
+class Config:
+    """The sweeps, their sizes, and where their runs go."""
+
+    sweeps: list[str] = flag(
+        None, "default %(default)s", SC19, factory=lambda: list(SWEEPS), choices=SWEEPS
     )
-    p.add_argument("--sweeps", nargs="+", default=list(SWEEPS), choices=SWEEPS)
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
-    p.add_argument(
-        "--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES
+    models: list[str] = flag(
+        None, "default %(default)s", SC19, factory=lambda: list(MODELS), choices=MODELS
     )
-    p.add_argument("--ranks", nargs="+", type=int, default=[1, 2, 4])
-    p.add_argument("--steps", type=int, default=5, help="steps per configuration")
-    p.add_argument("--warmup", type=int, default=2, help="first steps left out")
-    p.add_argument(
-        "--long-steps",
+    strategies: list[str] = flag(
+        None,
+        "default %(default)s",
+        SC19,
+        factory=lambda: list(STRATEGIES),
+        choices=STRATEGIES,
+    )
+    ranks: list[int] = flag(
+        None, "default %(default)s", SC19, factory=lambda: [1, 2, 4]
+    )
+    steps: int = flag(5, "steps per configuration; default %(default)s", SC19)
+    warmup: int = flag(2, "first steps left out; default %(default)s", SC19)
+    long_steps: int = flag(
+        10, "steps in the straggler and checkpoint sweeps; default %(default)s", SC19
+    )
+    batch_size: int = flag(
+        8, "batch per rank (weak) and global batch (strong); default %(default)s", SC19
+    )
+    batches: list[int] = flag(
+        None,
+        "batch sweep, per rank; default %(default)s",
+        SC19,
+        factory=lambda: [4, 8, 16],
+    )
+    nt3_features: int | None = flag(
+        None,
+        "NT3 input length (default 1024; 60483 with --paper-scale)",
+        SC19,
         type=int,
-        default=10,
-        help="steps in the straggler and checkpoint sweeps",
     )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=8,
-        help="batch per rank (weak) and global batch (strong)",
+    cores: int = flag(2, "threads x ranks sweep; default %(default)s", SC19)
+    delays: list[float] = flag(
+        None,
+        "straggler delays, seconds; default %(default)s",
+        SC19,
+        factory=lambda: [0.05, 0.2],
     )
-    p.add_argument(
-        "--batches",
-        nargs="+",
-        type=int,
-        default=[4, 8, 16],
-        help="batch sweep, per rank",
+    straggler_link: str = flag(
+        "1gbps",
+        "link of the straggler sweep (real or e.g. 10gbps:2us); default %(default)s",
+        SC19,
     )
-    p.add_argument(
-        "--nt3-features",
-        type=int,
-        default=None,
-        help="NT3 input length (default 1024; 60483 with --paper-scale)",
+    straggler_ranks: int = flag(
+        2, "ranks of the straggler and checkpoint sweeps; default %(default)s", SC19
     )
-    p.add_argument("--cores", type=int, default=2, help="threads x ranks sweep")
-    p.add_argument(
-        "--delays",
-        nargs="+",
-        type=float,
-        default=[0.05, 0.2],
-        help="straggler delays, seconds",
+    checkpoint_every: int = flag(
+        3, "checkpoint sweep: every N steps; default %(default)s", SC19
     )
-    p.add_argument(
-        "--straggler-link",
-        default="1gbps",
-        help="link of the straggler sweep (real or e.g. 10gbps:2us)",
-    )
-    p.add_argument(
-        "--straggler-ranks",
-        type=int,
-        default=2,
-        help="ranks of the straggler and checkpoint sweeps",
-    )
-    p.add_argument("--checkpoint-every", type=int, default=3)
-    p.add_argument(
-        "--scope",
+    scope: str = flag(
+        "laptop",
+        "laptop: every sweep for the first model, the weak ranks sweep (host, "
+        "overlap) for the others; full: everything; default %(default)s",
+        SC19,
         choices=("laptop", "full"),
-        default="laptop",
-        help="laptop: every sweep for the first model, the weak ranks "
-        "sweep (host, overlap) for the others; full: everything",
     )
-    p.add_argument("--paper-scale", action="store_true")
-    p.add_argument("--run-dir", default=None)
-    p.add_argument("--no-plots", action="store_true")
-    p.add_argument(
-        "--merge",
+    paper_scale: bool = flag(False, "the paper's settings (for clusters)", SC19)
+    run_dir: str | None = flag(
+        None, "run folder (default runs/scalability-<timestamp>)", RUN, type=str
+    )
+    plots: bool = flag(True, "skip the figures", OUTPUT, name="--no-plots")
+    merge: list[str] | None = flag(
+        None,
+        "only gather these run folders into the table and figures (into the "
+        "first, or --run-dir)",
+        RUN,
+        type=str,
         nargs="+",
         metavar="RUN_DIR",
-        help="only gather these run folders into the table and figures "
-        "(into the first, or --run-dir)",
     )
-    p.add_argument(
-        "--emit-cluster",
+    emit_cluster: str | None = flag(
+        None,
+        "write one flag file per job group and submit.sh; run nothing",
+        RUN,
+        type=str,
         metavar="DIR",
-        help="write one flag file per job group and submit.sh; run nothing",
     )
-    p.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
-    p.add_argument("--points", nargs="+", help=argparse.SUPPRESS)
-    return p
+    # Set by the driver on the jobs it launches.
+    threads: int = flag(1, argparse.SUPPRESS, RUN)
+    points: list[str] | None = flag(None, argparse.SUPPRESS, RUN, type=str, nargs="+")
+
+    def problem(self) -> str | None:
+        """The first problem with the values as one line, or None."""
+        if self.steps <= self.warmup:
+            return "--steps must exceed --warmup"
+        if min(self.ranks) < 1 or self.cores < 1 or self.straggler_ranks < 2:
+            return "--ranks and --cores must be >= 1, --straggler-ranks >= 2"
+        if any(d <= 0 for d in self.delays):
+            return "--delays must be > 0"
+        return None
 
 
-def parse(argv: list[str]) -> argparse.Namespace:
-    p = build_parser()
-    args = p.parse_args(argv)
-    if args.paper_scale:
-        p.set_defaults(**PAPER)  # explicit flags still win
-        args = p.parse_args(argv)
-    if args.steps <= args.warmup:
-        p.error("--steps must exceed --warmup")
-    if min(args.ranks) < 1 or args.cores < 1 or args.straggler_ranks < 2:
-        p.error("--ranks and --cores must be >= 1, --straggler-ranks >= 2")
-    if any(d <= 0 for d in args.delays):
-        p.error("--delays must be > 0")
-    return args
+def get_config(model: str | None = None, paper_scale: bool = False) -> Config:
+    """The laptop sweeps, or the paper's settings."""
+    return override(Config(), **PAPER, paper_scale=True) if paper_scale else Config()
+
+
+def parse(argv: list[str]) -> Config:
+    return parse_config(argv, get_config, prog=PROG, doc=__doc__)
 
 
 def _sweep_flags(argv: list[str]) -> list[str]:
@@ -278,14 +293,14 @@ def main(argv: list[str] | None = None) -> str | None:
     from research.studies.scalability_report import cluster_lists, report
 
     argv = sys.argv[1:] if argv is None else argv
-    args = parse(argv)
-    if args.merge:
-        text = report(args.merge, args.run_dir or args.merge[0], not args.no_plots)
+    cfg = parse(argv)
+    if cfg.merge:
+        text = report(cfg.merge, cfg.run_dir or cfg.merge[0], cfg.plots)
         print(text, flush=True)
         return text
-    points = plan(args)
-    if args.emit_cluster:
-        files, cmds = cluster_lists(points, _sweep_flags(argv), args.emit_cluster)
+    points = plan(cfg)
+    if cfg.emit_cluster:
+        files, cmds = cluster_lists(points, _sweep_flags(argv), cfg.emit_cluster)
         print(f"{len(points)} configurations in {len(files)} flag files; submit:")
         print(cmds, flush=True)
         return cmds
@@ -293,17 +308,17 @@ def main(argv: list[str] | None = None) -> str | None:
         from research.studies.presets import start_job
         from research.studies.scalability import run_points
 
-        world, root = start_job(args, "scalability")
-        ids = args.points or jobs(points).get((world.size, args.threads), [])
-        run_points(ids, args, root, world)
-        if args.points or world.rank != 0:
+        world, root = start_job(cfg.threads, cfg.run_dir, "scalability")
+        ids = cfg.points or jobs(points).get((world.size, cfg.threads), [])
+        run_points(ids, cfg, root, world)
+        if cfg.points or world.rank != 0:
             return None
-        text = report([root], root, not args.no_plots)
+        text = report([root], root, cfg.plots)
         print(text, flush=True)
         return text
     from research.rundir import default_run_dir
 
-    root = Path(args.run_dir or default_run_dir("scalability")).absolute()
+    root = Path(cfg.run_dir or default_run_dir("scalability")).absolute()
     groups = jobs(points)
     t0 = time.perf_counter()
     for k, ((n, t), ids) in enumerate(groups.items(), 1):
@@ -316,7 +331,7 @@ def main(argv: list[str] | None = None) -> str | None:
         code = relaunch("experiments.scalability", rest, n, t)
         if code:
             raise SystemExit(code)
-    text = report([root], root, not args.no_plots)
+    text = report([root], root, cfg.plots)
     print(text, flush=True)
     print(f"results: {root} ({time.perf_counter() - t0:.0f} s)", flush=True)
     return text

@@ -141,132 +141,126 @@ the drop is 1.45 +- 1.01 points: UNDECIDED against >= 1 point too.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
 
-from research.cli import config_from_args
+from research.cli import nested, parse_config
 from research.launch import UsageError, fail_usage, maybe_relaunch
-from research.studies.presets import experiment_parser, start_job
+from research.studies.presets import ExperimentConfig, start_job
 from research.studies.sparcml import ARMS, DENSITIES, RESNET50_DIM, run_experiment
 from research.studies.sparcml_comm import COMM_BOUND
-from research.train.config import TrainConfig
+from research.train.config import CKPT, OUTPUT, TrainConfig, flag
 
 PROG = "python -m experiments.sparcml"
+SPARCML, COMM = "SparCML", "communication-bound comparison (--comm-bound)"
 
 
-def build_parser():
-    p = experiment_parser(
-        PROG,
-        __doc__,
-        TrainConfig(
-            model="cnn_small",
-            steps=160,
-            batch_size=32,
-            eval_every=20,
-            log_every=1,
-            momentum=0.9,
-            link="10gbps",
-            strategy="host",  # each arm sets its own; host accepts the link
-        ),
-        np_=4,
+def _train(model: str | None = None) -> TrainConfig:
+    return TrainConfig(
+        model=model or "cnn_small",
+        steps=160,
+        batch_size=32,
+        eval_every=20,
+        log_every=1,
+        momentum=0.9,
+        link="10gbps",
+        strategy="host",  # each arm sets its own; host accepts the link
     )
-    g = p.add_argument_group("SparCML")
-    g.add_argument("--dim", type=int, default=RESNET50_DIM, help="benchmark vector")
-    g.add_argument(
-        "--densities", nargs="+", type=float, default=list(DENSITIES), help="benchmark"
+
+
+@dataclasses.dataclass
+class Config(ExperimentConfig):
+    """The micro-benchmark, the training arms and the comm-bound comparison."""
+
+    train: TrainConfig = nested(_train)
+    dim: int = flag(RESNET50_DIM, "benchmark vector; default %(default)s", SPARCML)
+    densities: list[float] = flag(
+        None, "benchmark densities", SPARCML, factory=lambda: list(DENSITIES)
     )
-    g.add_argument("--reps", type=int, default=3, help="timed calls per point")
-    g.add_argument(
-        "--bench-link", default="10gbps", help="emulated link of the benchmark"
-    )
-    g.add_argument("--skip-bench", action="store_true", help="training only")
-    g.add_argument(
-        "--arms",
+    reps: int = flag(3, "timed calls per point; default %(default)s", SPARCML)
+    bench_link: str = flag("10gbps", "emulated link of the benchmark", SPARCML)
+    skip_bench: bool = flag(False, "training only", SPARCML)
+    arms: list[str] = flag(
+        None,
+        "training arms (none: benchmark only); default %(default)s",
+        SPARCML,
+        factory=lambda: list(ARMS),
         nargs="*",
-        default=list(ARMS),
         choices=ARMS,
-        help="training arms (none: benchmark only); default %(default)s",
     )
-    g.add_argument("--train-density", type=float, default=0.01)
-    g.add_argument("--bits", type=int, default=4, choices=(2, 4, 8))
-    g.add_argument("--scope", default="global", choices=("global", "per-layer"))
-    g.add_argument(
-        "--sparse-warmup", type=int, default=0, help="dense steps before top-k"
+    train_density: float = flag(0.01, "top-k density of training", SPARCML)
+    bits: int = flag(4, "bits of the low-precision arm", SPARCML, choices=(2, 4, 8))
+    scope: str = flag("global", "top-k over", SPARCML, choices=("global", "per-layer"))
+    sparse_warmup: int = flag(0, "dense steps before top-k", SPARCML)
+    seeds: list[int] = flag(
+        None,
+        "training seeds, every arm each (mean +- std); default %(default)s",
+        SPARCML,
+        factory=lambda: [0, 1, 2],
     )
-    g.add_argument(
-        "--seeds",
-        nargs="+",
-        type=int,
-        default=[0, 1, 2],
-        help="training seeds, every arm each (mean +- std); default %(default)s",
+    target_acc: float = flag(0.8, "test accuracy to reach", SPARCML)
+    comm_bound: bool = flag(
+        False, "also train dense / top-k + EF / top-k 4-bit on big models", COMM
     )
-    g.add_argument("--target-acc", type=float, default=0.8)
-    c = p.add_argument_group("communication-bound comparison (--comm-bound)")
-    c.add_argument(
-        "--comm-bound",
-        action="store_true",
-        help="also train dense / top-k + EF / top-k 4-bit on big models",
+    cb_models: list[str] = flag(
+        None,
+        "default %(default)s",
+        COMM,
+        factory=lambda: ["candle_p1b2", "resnet50"],
+        choices=tuple(sorted(COMM_BOUND)),
     )
-    c.add_argument(
-        "--cb-models",
-        nargs="+",
-        default=["candle_p1b2", "resnet50"],
-        choices=sorted(COMM_BOUND),
-        help="default %(default)s",
+    cb_links: list[str] = flag(
+        None, "default %(default)s", COMM, factory=lambda: ["1gbps", "10gbps", "real"]
     )
-    c.add_argument(
-        "--cb-links",
-        nargs="+",
-        default=["1gbps", "10gbps", "real"],
-        help="default %(default)s",
-    )
-    c.add_argument("--cb-steps", type=int, default=60)
-    c.add_argument("--cb-eval-every", type=int, default=10)
-    c.add_argument(
-        "--cb-target",
+    cb_steps: int = flag(60, "steps of each run", COMM)
+    cb_eval_every: int = flag(10, "evaluate every N steps", COMM)
+    cb_target: float | None = flag(
+        None,
+        "test accuracy to reach (default per model: P1B2 0.25, ResNet-50 0.6)",
+        COMM,
         type=float,
-        default=None,
-        help="test accuracy to reach (default per model: P1B2 0.25, ResNet-50 0.6)",
     )
-    g.add_argument("--no-plots", action="store_true", help="skip the figures")
-    return p
+    plots: bool = flag(True, "skip the figures", OUTPUT, name="--no-plots")
+
+    def problem(self) -> str | None:
+        """The first problem with the values as one line, or None."""
+        from research.comm.link import Link
+
+        if self.dim < 1 or self.reps < 1:
+            return "--dim and --reps must be >= 1"
+        if not all(0 < d <= 1 for d in self.densities):
+            return "--densities must lie in (0, 1]"
+        if not 0 < self.train_density <= 1:
+            return "--train-density must lie in (0, 1]"
+        for name, spec in [("--bench-link", self.bench_link)] + [
+            ("--cb-links", x) for x in self.cb_links
+        ]:
+            try:
+                Link.parse(spec)
+            except ValueError as e:
+                return f"{name}: {e}"
+        if self.cb_steps < 1:
+            return "--cb-steps must be >= 1"
+        return None
 
 
-def parse(argv: list[str]):
-    from research.comm.link import Link
+def get_config(model: str | None = None, paper_scale: bool = False) -> Config:
+    """The default run (``cnn_small`` on the embedded task, 4 ranks)."""
+    return Config(train=_train(model))
 
-    args = build_parser().parse_args(argv)
-    if args.dim < 1 or args.reps < 1:
-        fail_usage(PROG, "--dim and --reps must be >= 1")
-    if not all(0 < d <= 1 for d in args.densities):
-        fail_usage(PROG, "--densities must lie in (0, 1]")
-    if not 0 < args.train_density <= 1:
-        fail_usage(PROG, "--train-density must lie in (0, 1]")
-    for name, spec in [("--bench-link", args.bench_link)] + [
-        ("--cb-links", x) for x in args.cb_links
-    ]:
-        try:
-            Link.parse(spec)
-        except ValueError as e:
-            fail_usage(PROG, f"{name}: {e}")
-    if args.cb_steps < 1:
-        fail_usage(PROG, "--cb-steps must be >= 1")
-    return args
+
+def parse(argv: list[str]) -> Config:
+    return parse_config(argv, get_config, prog=PROG, doc=__doc__, hide=(CKPT,))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     argv = sys.argv[1:] if argv is None else argv
-    args = parse(argv)
-    if args.list:
-        from research.cli import listing
-
-        print(listing())
-        return None
-    base = config_from_args(args, PROG)  # validate before paying for MPI start-up
-    maybe_relaunch("experiments.sparcml", argv, args.np_, args.threads)
-    world, root = start_job(args, "sparcml")
+    cfg = parse(argv)  # bad flags end here, before paying for MPI start-up
+    maybe_relaunch("experiments.sparcml", argv, cfg.np, cfg.train.threads)
+    world, root = start_job(cfg.train.threads, cfg.train.run_dir, "sparcml")
     try:
-        return run_experiment(args, root, world, base)
+        return run_experiment(cfg, root, world)
     except UsageError as e:
         fail_usage(PROG, str(e))
 

@@ -20,45 +20,43 @@ sets each rank's compute threads (XLA:CPU's intra-op pool, through PJRT_NPROC).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
-from research.cli import (
-    ArgumentParser,
-    add_train_flags,
-    config_from_args,
-    listing,
-)
+from research.cli import parse_config
 from research.launch import UsageError, fail_usage, maybe_relaunch, set_threads
-from research.train.config import TrainConfig
+from research.studies.presets import NP_HELP, ExperimentConfig
+from research.train.config import PARALLEL, TrainConfig, flag
 
 PROG = "python -m experiments.train"
 
 
-def parse(argv: list[str]):
-    p = ArgumentParser(
-        prog=PROG,
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=__import__("argparse").RawDescriptionHelpFormatter,
-    )
-    defaults = TrainConfig(epochs=3, eval_every=100)
-    add_train_flags(p, defaults, checkpointing=True)
-    return p.parse_args(argv)
+@dataclasses.dataclass
+class Config(ExperimentConfig):
+    """One run: the training config (checkpoint flags included) and its ranks."""
+
+    np: int = flag(2, NP_HELP, PARALLEL)
+
+
+def get_config(model: str | None = None, paper_scale: bool = False) -> Config:
+    """The defaults: the embedded synthetic task, 3 epochs, 2 ranks."""
+    train = TrainConfig(epochs=3, eval_every=100)
+    return Config(train=dataclasses.replace(train, model=model or train.model))
+
+
+def parse(argv: list[str]) -> Config:
+    return parse_config(argv, get_config, prog=PROG, doc=__doc__)
 
 
 def main(argv: list[str] | None = None) -> dict | None:
     argv = sys.argv[1:] if argv is None else argv
-    args = parse(argv)
-    if args.list:
-        print(listing())
-        return None
-    cfg = config_from_args(args, PROG)
-    maybe_relaunch("experiments.train", argv, args.np_, cfg.threads)
-    set_threads(cfg.threads)
+    cfg = parse(argv)
+    maybe_relaunch("experiments.train", argv, cfg.np, cfg.train.threads)
+    set_threads(cfg.train.threads)
     from research.runner import run_training
 
     try:
-        return run_training(cfg, "train")
+        return run_training(cfg.train, "train")
     except UsageError as e:  # bad data files, batch larger than a shard, ...
         fail_usage(PROG, str(e))
 

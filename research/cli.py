@@ -10,11 +10,11 @@ import argparse
 import ast
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from research.launch import fail_usage
-from research.train.config import CKPT, PARALLEL, TrainConfig
+from research.train.config import TrainConfig
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -45,89 +45,231 @@ def parse_options(pairs: Sequence[str] | None, flag: str) -> dict[str, Any]:
     return out
 
 
-def add_train_flags(
-    p: argparse.ArgumentParser, defaults: TrainConfig, *, checkpointing: bool = False
-) -> None:
-    """The flags of one training run, built from :class:`TrainConfig`'s fields.
+def nested(factory: Callable[[], Any]) -> Any:
+    """A field holding a nested config (an experiment's ``train: TrainConfig``):
+    its flags join the parent's, in the nested class's own ``--help`` groups."""
+    return dataclasses.field(default_factory=factory, metadata={"nested": True})
 
-    ``defaults`` supplies the shown defaults; the checkpointing group is added
-    only with ``checkpointing`` (experiments whose runs checkpoint).
+
+def add_flags(
+    p: argparse.ArgumentParser,
+    defaults: Any,
+    *,
+    hide: Sequence[str] = (),
+    given_only: bool = False,
+    _prefix: str = "",
+    _groups: dict[str, Any] | None = None,
+) -> None:
+    """Add a flag for every :func:`~research.train.config.flag` field of the
+    dataclass instance ``defaults`` (recursing into :func:`nested` fields).
+
+    ``defaults`` supplies the shown defaults (a preset's config); ``hide``
+    names ``--help`` groups or fields left out (they keep their defaults). The
+    value of field ``x`` of a nested field ``train`` lands at ``train.x`` in the
+    namespace; :func:`config_from` builds the config back from it. With
+    ``given_only`` the namespace holds only the flags given.
     """
-    groups: dict[str, argparse._ArgumentGroup] = {}
-    for f in dataclasses.fields(TrainConfig):
+    groups = {} if _groups is None else _groups
+    for f in dataclasses.fields(defaults):
         meta = f.metadata
-        if not meta or (meta["group"] == CKPT and not checkpointing):
+        if meta.get("nested"):
+            add_flags(
+                p,
+                getattr(defaults, f.name),
+                hide=hide,
+                given_only=given_only,
+                _prefix=f"{_prefix}{f.name}.",
+                _groups=groups,
+            )
+            continue
+        if not meta or meta["group"] in hide or f.name in hide:
             continue
         if meta["group"] not in groups:
             groups[meta["group"]] = p.add_argument_group(meta["group"])
         g = groups[meta["group"]]
         default = getattr(defaults, f.name)
-        kw: dict[str, Any] = {"dest": f.name, "help": meta["help"]}
+        kw: dict[str, Any] = {"dest": _prefix + f.name, "help": meta["help"]}
+        auto = "--" + f.name.replace("_", "-")
         if isinstance(default, dict):
-            g.add_argument(
-                meta["name"], action="append", metavar="KEY=VALUE", default=None, **kw
-            )
+            kw.update(action="append", metavar="KEY=VALUE", default=None)
+        elif isinstance(default, bool) and meta["negatable"]:
+            kw.update(action=argparse.BooleanOptionalAction, default=default)
         elif isinstance(default, bool):
-            name = meta["name"] or ("--no-" if default else "--") + f.name.replace(
-                "_", "-"
-            )
-            if f.name == "trace":
-                g.add_argument(
-                    "--trace",
-                    action=argparse.BooleanOptionalAction,
-                    default=default,
-                    **kw,
-                )
-            else:
-                action = "store_false" if default else "store_true"
-                g.add_argument(name, action=action, default=default, **kw)
+            # Named by the class's default, whatever a preset sets: --no-X
+            # turns off what is on unless said, --X turns on what is off.
+            on = f.default is True
+            auto = ("--no-" if on else "--") + f.name.replace("_", "-")
+            kw.update(action="store_false" if on else "store_true", default=default)
         else:
-            typ = type(default) if default not in (None, "") else str
-            g.add_argument(
-                meta["name"] or "--" + f.name.replace("_", "-"),
-                type=typ,
-                default=default if default != "" else None,
-                choices=meta["choices"],
-                metavar=meta["metavar"],
-                **kw,
-            )
-    g = groups[PARALLEL]
-    g.add_argument(
-        "--np",
-        type=int,
-        default=2,
-        dest="np_",
-        help="ranks to launch when started without mpiexec (0: run in this "
-        "process alone); ignored under mpiexec/srun; default %(default)s",
-    )
-    p.add_argument(
-        "--list",
-        action="store_true",
-        help="list models, datasets and strategies (with their options), then exit",
-    )
+            many = isinstance(default, (list, tuple)) or meta["nargs"]
+            typ = meta["type"]
+            if typ is None and many:
+                typ = type(default[0]) if default else str
+            elif typ is None:
+                typ = type(default) if default not in (None, "") else str
+            metavar = meta["metavar"] or (None if meta["choices"] else f.name.upper())
+            kw.update(type=typ, choices=meta["choices"], metavar=metavar)
+            kw["default"] = list(default) if many and default is not None else default
+            if default == "":
+                kw["default"] = None
+            if many:
+                kw["nargs"] = meta["nargs"] or "+"
+        if given_only:
+            kw["default"] = argparse.SUPPRESS
+        # Older spellings: accepted (one release), noted by :func:`note_renamed`.
+        g.add_argument(meta["name"] or auto, *meta["aliases"], **kw)
 
 
-def config_from_args(args: argparse.Namespace, prog: str) -> TrainConfig:
-    """Build and validate the config; bad input ends with one line and exit 2."""
+def renamed_flags(defaults: Any) -> dict[str, str]:
+    """``{old spelling: flag}`` of every field of ``defaults`` (and nested)."""
+    out: dict[str, str] = {}
+    for f in dataclasses.fields(defaults):
+        if f.metadata.get("nested"):
+            out.update(renamed_flags(getattr(defaults, f.name)))
+        elif f.metadata and f.metadata["aliases"]:
+            new = f.metadata["name"] or "--" + f.name.replace("_", "-")
+            out.update({old: new for old in f.metadata["aliases"]})
+    return out
+
+
+def note_renamed(argv: Sequence[str], defaults: Any) -> None:
+    """One line on stderr for each old spelling of a flag in ``argv``."""
+    from research.comm.base import renamed
+
+    old = renamed_flags(defaults)
+    for arg in argv:
+        if arg == "--":
+            break
+        name = arg.split("=", 1)[0]
+        if name in old:
+            renamed(name, old[name])
+
+
+def config_from(defaults: Any, ns: argparse.Namespace, _prefix: str = "") -> Any:
+    """The config ``defaults`` with every value the namespace holds for it.
+
+    Dict fields (``--model-opt`` and the like) are the defaults' pairs updated
+    with the parsed ``KEY=VALUE`` ones, so a preset's options stay unless the
+    user names them. Raises ``ValueError`` (from the config's own checks or a
+    malformed pair).
+    """
     values: dict[str, Any] = {}
+    for f in dataclasses.fields(defaults):
+        meta, default = f.metadata, getattr(defaults, f.name)
+        if meta.get("nested"):
+            values[f.name] = config_from(default, ns, f"{_prefix}{f.name}.")
+            continue
+        key = _prefix + f.name
+        if not meta or not hasattr(ns, key):
+            continue
+        value = getattr(ns, key)
+        if isinstance(default, dict):
+            value = {**default, **parse_options(value, meta["name"] or key)}
+        values[f.name] = value
+    return dataclasses.replace(defaults, **values)
+
+
+def parse_config(
+    argv: Sequence[str],
+    get_config: Callable[..., Any],
+    *,
+    prog: str,
+    doc: str,
+    hide: Sequence[str] = (),
+    select: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> Any:
+    """An experiment's typed config from its command line.
+
+    ``get_config(**select(given))`` returns the experiment's config with the
+    defaults of a preset (big_vision's ``get_config``), chosen by the flags
+    given (``given``: ``{dest: value}`` of the flags on the command line only;
+    by default ``model`` from ``--model`` or None, and ``paper_scale``). The
+    flags are then parsed over that config, so an explicit flag always wins
+    over a preset. ``get_config(model=X)`` says what ``--model X`` means: its
+    ``train.model`` is a preset's model (``candle`` -> ``candle_p1b2``) or
+    ``X``; with ``model=None``, the preset's default model.
+    ``doc``'s first paragraph is the description, the rest the epilog.
+
+    CLI level: a bad flag or value ends the process with one line and exit 2
+    (before any MPI start-up); ``--list`` prints the listing and exits 0.
+    """
+    argv = list(argv)
+
+    def parser(defaults: Any, given_only: bool = False) -> argparse.ArgumentParser:
+        p = ArgumentParser(
+            prog=prog,
+            add_help=not given_only,  # --help is the full parser's
+            description=doc.split("\n\n")[0],
+            epilog=doc.split("\n\n", 1)[1] if "\n\n" in doc else None,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        add_flags(p, defaults, hide=hide, given_only=given_only)
+        if hasattr(defaults, "train"):
+            p.add_argument(
+                "--list",
+                action="store_true",
+                help="list models, datasets and strategies (with their options), "
+                "then exit",
+            )
+        return p
+
+    given = vars(parser(get_config(), given_only=True).parse_known_args(argv)[0])
+    if select is None:
+        chosen = {"model": given.get("train.model")}
+        chosen["paper_scale"] = bool(given.get("paper_scale", False))
+    else:
+        chosen = select(given)
+    preset = get_config(**chosen)
+    ns = parser(preset).parse_args(argv)
+    if getattr(ns, "list", False):
+        print(listing())
+        raise SystemExit(0)
+    note_renamed(argv, preset)
     try:
-        for f in dataclasses.fields(TrainConfig):
-            if not f.metadata or not hasattr(args, f.name):
-                continue
-            value = getattr(args, f.name)
-            if f.metadata["name"] and f.metadata["name"].endswith("-opt"):
-                value = parse_options(value, f.metadata["name"])
-            values[f.name] = value
-        # Absolute once, where the run folder is named: every rank resolves it
-        # alike (mpiexec starts them in the same folder), and libraries handed
-        # paths below it (Orbax) refuse relative ones.
-        values["run_dir"] = os.path.abspath(args.run_dir) if args.run_dir else ""
-        cfg = TrainConfig(**values)
+        cfg = config_from(preset, ns)
+        if hasattr(cfg, "train"):
+            train = dataclasses.replace(cfg.train, model=preset.train.model)
+            cfg = dataclasses.replace(cfg, train=train_config(train))
+        problem = cfg.problem() if hasattr(cfg, "problem") else None
     except ValueError as e:
         fail_usage(prog, str(e))
-    problem = validate(cfg)
     if problem:
         fail_usage(prog, problem)
+    return cfg
+
+
+def override(cfg: Any, **values: Any) -> Any:
+    """``cfg`` with ``values`` set, each on ``cfg`` or, where ``cfg`` has no such
+    field, on the nested config that has it (``lr`` on ``cfg.train``): how
+    presets say what they change. An unknown name is a ``TypeError``."""
+    mine = {f.name for f in dataclasses.fields(cfg)}
+    top = {k: v for k, v in values.items() if k in mine}
+    rest = {k: v for k, v in values.items() if k not in mine}
+    for f in dataclasses.fields(cfg):
+        if rest and f.metadata.get("nested"):
+            inner = top.get(f.name, getattr(cfg, f.name))
+            names = {g.name for g in dataclasses.fields(inner)}
+            here = {k: v for k, v in rest.items() if k in names}
+            if here:
+                top[f.name] = override(inner, **here)
+                rest = {k: v for k, v in rest.items() if k not in names}
+    if rest:
+        raise TypeError(f"{type(cfg).__name__} has no field {sorted(rest)[0]!r}")
+    return dataclasses.replace(cfg, **top)
+
+
+def train_config(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with its run folder absolute; ``ValueError`` names its problem.
+
+    Absolute once, where the run folder is named: every rank resolves it alike
+    (mpiexec starts them in the same folder), and libraries handed paths below
+    it (Orbax) refuse relative ones.
+    """
+    run_dir = os.path.abspath(cfg.run_dir) if cfg.run_dir else ""
+    cfg = dataclasses.replace(cfg, run_dir=run_dir)
+    problem = validate(cfg)
+    if problem:
+        raise ValueError(problem)
     return cfg
 
 

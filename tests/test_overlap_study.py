@@ -88,8 +88,8 @@ def test_table_rows_sweep_and_reruns(tmp_path):
 def test_no_plots_is_the_spelling_and_no_figures_still_works(capsys):
     from experiments.overlap import parse
 
-    assert parse([]).no_plots is False
-    assert parse(["--no-plots"]).no_plots is True
+    assert parse([]).plots is True
+    assert parse(["--no-plots"]).plots is False
     assert capsys.readouterr().err == ""
-    assert parse(["--no-figures"]).no_plots is True  # the old spelling
-    assert "--no-figures is deprecated" in capsys.readouterr().err
+    assert parse(["--no-figures"]).plots is False  # the old spelling
+    assert "--no-figures is now --no-plots" in capsys.readouterr().err

@@ -234,16 +234,15 @@ def test_flags_come_from_the_config_fields():
     import dataclasses
 
     from experiments.train import parse
-    from research.cli import config_from_args
     from research.train.config import TrainConfig
 
-    cfg = config_from_args(parse([]), "test")
+    cfg = parse([]).train
     want = TrainConfig(epochs=3, eval_every=100)
     for f in dataclasses.fields(TrainConfig):
         if f.name != "run_dir":
             assert getattr(cfg, f.name) == getattr(want, f.name), f.name
     argv = ["--momentum", "0.5", "--no-resume", "--model-opt", "width=8", "--trace"]
-    cfg = config_from_args(parse(argv), "test")
+    cfg = parse(argv).train
     assert (cfg.momentum, cfg.resume, cfg.model_options, cfg.trace) == (
         0.5,
         False,

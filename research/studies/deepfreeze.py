@@ -8,7 +8,6 @@ prints :func:`report`; the table reads nothing but the jobs' JSON files.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
@@ -19,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from research.cli import check_private_dir, config_from_args
+from research.cli import check_private_dir
 from research.launch import bind_args, mpiexec_path, thread_env
 from research.malloc import launch_env
 
@@ -28,99 +27,97 @@ STRATEGIES = ("rank0-sync", "orbax-sync", "orbax-async-rank0", "deepfreeze")
 RANKS_JOB_ROUNDS = 2
 
 
-def check_flags(args: argparse.Namespace) -> str | None:
-    """The first problem with the experiment's own flags as one line, or None."""
-    if min([args.interval, args.window, args.rounds, *args.intervals]) < 1:
+def check_flags(cfg: Any) -> str | None:
+    """The first problem with the experiment's own values as one line, or None
+    (``cfg``: ``experiments.deepfreeze.Config``)."""
+    if min([cfg.interval, cfg.window, cfg.rounds, *cfg.intervals]) < 1:
         return "--interval, --intervals, --window and --rounds must be >= 1"
-    if args.interval > args.window or max(args.intervals, default=1) > args.window:
-        return f"intervals must not exceed --window ({args.window})"
-    if not 0 < args.settle < args.window:
-        return f"--settle must be between 1 and --window - 1 ({args.window - 1})"
-    if args.minor_rounds < 1:
+    if cfg.interval > cfg.window or max(cfg.intervals, default=1) > cfg.window:
+        return f"intervals must not exceed --window ({cfg.window})"
+    if not 0 < cfg.settle < cfg.window:
+        return f"--settle must be between 1 and --window - 1 ({cfg.window - 1})"
+    if cfg.minor_rounds < 1:
         return "--minor-rounds must be >= 1"
-    if args.tiers != "persistent" and args.fast_dir != "auto":
-        return check_private_dir(args.fast_dir, "--fast-dir")
+    if cfg.tiers != "persistent" and cfg.train.fast_dir != "auto":
+        return check_private_dir(cfg.train.fast_dir, "--fast-dir")
     return None
 
 
 # -- inside an MPI job -----------------------------------------------------------------
-def arms_and_configs(args: argparse.Namespace) -> tuple[dict, dict, dict]:
+def arms_and_configs(cfg: Any) -> tuple[dict, dict, dict]:
     """The arms ``{name: (strategy, interval)}``, a config per strategy, and the
     minor arms ``{name: periods}`` (no target depends on them)."""
     from research.checkpoint import CheckpointConfig
 
-    fast = None if args.tiers == "persistent" else args.fast_dir
+    fast = None if cfg.tiers == "persistent" else cfg.train.fast_dir
     df = CheckpointConfig(
         strategy="deepfreeze",
         fast_dir=fast,
-        snapshot=args.snapshot,
-        writer=args.writer,
-        nice=args.nice,
-        idle=args.writer_priority == "idle",
+        snapshot=cfg.snapshot,
+        writer=cfg.writer,
+        nice=cfg.nice,
+        idle=cfg.writer_priority == "idle",
     )
-    configs = {s: CheckpointConfig(strategy=s) for s in args.strategies}
+    configs = {s: CheckpointConfig(strategy=s) for s in cfg.strategies}
     arms: dict[str, tuple[str, int]] = {"none": ("none", 0)}
-    for s in args.strategies:
-        arms[f"{s}@{args.interval}"] = (s, args.interval)
+    for s in cfg.strategies:
+        arms[f"{s}@{cfg.interval}"] = (s, cfg.interval)
     if "deepfreeze" in configs:
         configs["deepfreeze"] = df
-        if args.job != "ranks":
+        if cfg.job != "ranks":
             # Requests while one is in flight: every step, wait and skip policies.
             configs["deepfreeze-skip"] = dataclasses.replace(df, on_busy="skip")
             arms["deepfreeze@1"] = ("deepfreeze", 1)
             arms["deepfreeze-skip@1"] = ("deepfreeze-skip", 1)
-    if args.job != "ranks":
+    if cfg.job != "ranks":
         for s in ("rank0-sync", "deepfreeze"):
-            for i in args.intervals:
-                if s in configs and i != args.interval:
+            for i in cfg.intervals:
+                if s in configs and i != cfg.interval:
                     arms[f"{s}@{i}"] = (s, i)
     minor = {
-        a: args.minor_rounds
-        for a, (_, i) in arms.items()
-        if i not in (0, args.interval)
+        a: cfg.minor_rounds for a, (_, i) in arms.items() if i not in (0, cfg.interval)
     }
     return arms, configs, minor
 
 
-def run_job(args: argparse.Namespace, root: Path, prog: str) -> dict[str, Any]:
-    """One MPI job: the interleaved run; rank 0 writes ``<root>/<job>-np<P>.json``.
-
-    ``prog`` names the command in usage errors.
-    """
+def run_job(cfg: Any, root: Path) -> dict[str, Any]:
+    """One MPI job: the interleaved run; rank 0 writes ``<root>/<job>-np<P>.json``
+    (``cfg``: ``experiments.deepfreeze.Config``)."""
     from research.checkpoint.bench import run_interleaved
     from research.comm.world import get_world, install_abort_on_error
 
     logging.getLogger("absl").setLevel(logging.ERROR)  # Orbax's per-save chatter
     world = get_world()
     install_abort_on_error()
-    cfg = config_from_args(args, prog)
-    job = "ranks" if args.job == "ranks" else "main"
-    cfg.run_dir = str(root / f"{job}-np{world.size}")
-    cfg.progress = False
-    if job == "ranks":
-        cfg.trace = False
-    arms, configs, minor = arms_and_configs(args)
+    job = "ranks" if cfg.job == "ranks" else "main"
+    train = dataclasses.replace(
+        cfg.train,
+        run_dir=str(root / f"{job}-np{world.size}"),
+        progress=False,
+        trace=cfg.train.trace and job != "ranks",
+    )
+    arms, configs, minor = arms_and_configs(cfg)
     # The ranks figure needs blocking times only: a few rounds are plenty.
-    rounds = min(RANKS_JOB_ROUNDS, args.rounds) if job == "ranks" else args.rounds
+    rounds = min(RANKS_JOB_ROUNDS, cfg.rounds) if job == "ranks" else cfg.rounds
     if world.rank == 0:
         print(
             f"r0 | {job} job, {world.size} ranks: {len(arms)} arms x {rounds} "
-            f"rounds of {args.window}-step periods (settle {args.settle}) "
-            f"-> {cfg.run_dir}",
+            f"rounds of {cfg.window}-step periods (settle {cfg.settle}) "
+            f"-> {train.run_dir}",
             flush=True,
         )
     out = run_interleaved(
         world,
-        cfg,
+        train,
         configs,
         arms,
         rounds=rounds,
-        window=args.window,
-        settle=args.settle,
+        window=cfg.window,
+        settle=cfg.settle,
         minor=minor,
-        seed=args.seed,
+        seed=cfg.train.seed,
     )
-    out.update(job=job, interval=args.interval, tiers=args.tiers)
+    out.update(job=job, interval=cfg.interval, tiers=cfg.tiers)
     # Which cores each rank could run on (--bind core: its own), for the record.
     out["cpu_affinity"] = world.comm.allgather(sorted(os.sched_getaffinity(0)))
     if world.rank == 0:
@@ -332,29 +329,27 @@ def without(argv: list[str], flag: str) -> list[str]:
     return out
 
 
-def launch_jobs(
-    args: argparse.Namespace, argv: list[str], root: Path, module: str
-) -> int:
+def launch_jobs(cfg: Any, argv: list[str], root: Path, module: str) -> int:
     """Start the main job and the ranks-sweep jobs under mpiexec, one at a time.
 
     Each job runs ``python -m module argv --run-dir root --job JOB``; with
-    ``args.bind == "core"`` each rank is bound to ``args.threads`` cores (at
+    ``cfg.bind == "core"`` each rank is bound to ``cfg.train.threads`` cores (at
     least one; :func:`research.launch.bind_args`), and so are its writer
     process and threads.
     """
-    env = dict(launch_env(os.environ), **thread_env(args.threads))
+    env = dict(launch_env(os.environ), **thread_env(cfg.train.threads))
     env["PYTHONUNBUFFERED"] = "1"
     mpiexec = mpiexec_path()
     bind: list[str] = []
-    if args.bind == "core" and args.threads < 1:
+    if cfg.bind == "core" and cfg.train.threads < 1:
         print(
             "note: --bind core needs --threads >= 1 (cores per rank); with XLA's "
             "default threads the ranks run unbound",
             file=sys.stderr,
             flush=True,
         )
-    elif args.bind == "core":
-        bind = bind_args(mpiexec, args.threads) or []
+    elif cfg.bind == "core":
+        bind = bind_args(mpiexec, cfg.train.threads) or []
         if not bind:
             print(
                 f"warning: {mpiexec} is not MPICH's Hydra, so --bind core is not "
@@ -372,9 +367,7 @@ def launch_jobs(
         "--run-dir",
         str(root),
     ]
-    jobs = [(args.np_, "main")] + [
-        (n, "ranks") for n in args.sweep_ranks if n != args.np_
-    ]
+    jobs = [(cfg.np, "main")] + [(n, "ranks") for n in cfg.sweep_ranks if n != cfg.np]
     for n, job in jobs:
         code = subprocess.call(base + [str(n)] + rest + ["--job", job], env=env)
         if code != 0:

@@ -9,7 +9,6 @@ from disk without MPI.
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import statistics
@@ -17,7 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from research.cli import config_from_args
 from research.imbalance import parse_imbalance
 from research.train.config import TrainConfig
 
@@ -30,35 +28,34 @@ DEFAULT_TARGET = 0.85
 ACC_TOLERANCE = 0.02
 
 
-def check_flags(args: argparse.Namespace) -> str | None:
-    """The first problem with the experiment's own flags as one line, or None."""
-    if args.strategy != "fused":
+def check_flags(cfg: Any) -> str | None:
+    """The first problem with the experiment's own values as one line, or None
+    (``cfg``: ``experiments.eager_sgd.Config``)."""
+    if cfg.train.strategy != "fused":
         return (
             "--strategy does not apply here: choose arms with --arms "
             "and the synchronous arm's strategy with --sync-strategy"
         )
     from research.comm.registry import check_link
 
-    for arm in args.arms:
-        problem = check_link(args.sync_strategy if arm == "allreduce" else arm,
-                             getattr(args, "link", "real"))  # fmt: skip
+    for arm in cfg.arms:
+        problem = check_link(cfg.sync_strategy if arm == "allreduce" else arm,
+                             cfg.train.link)  # fmt: skip
         if problem:
             return f"arm {arm}: {problem}"
-    if args.sync_every < 0:
-        return f"--sync-every must be >= 0, got {args.sync_every}"
-    if not 0 < args.target_acc <= 1:
-        return f"--target-acc must be in (0, 1], got {args.target_acc}"
-    if "=auto" in args.imbalance and args.reference_steps <= 0:
+    if cfg.sync_every < 0:
+        return f"--sync-every must be >= 0, got {cfg.sync_every}"
+    if not 0 < cfg.target_acc <= 1:
+        return f"--target-acc must be in (0, 1], got {cfg.target_acc}"
+    if "=auto" in cfg.imbalance and cfg.reference_steps <= 0:
         return (
             "--imbalance with 'auto' needs the balanced reference "
             "(--reference-steps > 0) to measure the step time"
         )
-    if args.delay_scale < 0:
-        return f"--delay-scale must be >= 0, got {args.delay_scale}"
+    if cfg.delay_scale < 0:
+        return f"--delay-scale must be >= 0, got {cfg.delay_scale}"
     try:
-        parse_imbalance(
-            resolve_auto(args.imbalance, 0.1), size=max(args.np_, 1), seed=0
-        )
+        parse_imbalance(resolve_auto(cfg.imbalance, 0.1), size=max(cfg.np, 1), seed=0)
     except ValueError as e:
         return f"--imbalance: {e}"
     return None
@@ -119,58 +116,64 @@ def resolve_auto(spec: str, seconds: float) -> str:
 
 
 def run_experiment(
-    args: argparse.Namespace,
+    cfg: Any,
     root: Path,
     world,
     *,
-    prog: str,
     plot: Callable[[Path, float], list[Path]] | None = None,
 ) -> list[dict[str, Any]]:
     """Every arm for every seed; rank 0 then writes the table and figures.
 
-    ``prog`` names the command in usage errors; ``plot(root, target_acc)`` draws
+    ``cfg``: ``experiments.eager_sgd.Config``; ``plot(root, target_acc)`` draws
     the figures and returns their paths (None: no figures).
     """
-    spec = run_arms(args, config_from_args(args, prog), root, world)
+    spec = run_arms(cfg, base_config(cfg), root, world)
     rows: list[dict[str, Any]] = []
     if world.rank == 0:
-        rows = write_results(root, args.target_acc, spec)
-        print(format_table(rows, args.target_acc), flush=True)
+        rows = write_results(root, cfg.target_acc, spec)
+        print(format_table(rows, cfg.target_acc), flush=True)
         print(f"r0 | imbalance {spec}", flush=True)
         checks = format_checks(rows, spec, world.size)
         if checks:
             print(checks, flush=True)
         if plot is not None:
-            for path in plot(root, args.target_acc):
+            for path in plot(root, cfg.target_acc):
                 print(f"r0 | figure {path}", flush=True)
         print(f"r0 | results in {root}", flush=True)
     world.barrier()
     return rows
 
 
-def run_arms(args: argparse.Namespace, base: TrainConfig, root: Path, world) -> str:
+def base_config(cfg: Any) -> TrainConfig:
+    """The arms' shared TrainConfig: the synchronous arm's; each sets its own."""
+    import dataclasses
+
+    return dataclasses.replace(cfg.train, strategy=cfg.sync_strategy)
+
+
+def run_arms(cfg: Any, base: TrainConfig, root: Path, world) -> str:
     """Train every arm (and the balanced reference) for every seed into ``root``.
 
     Returns the imbalance spec the arms ran under (``auto`` resolved).
     """
-    arms = (["balanced"] if args.reference_steps > 0 else []) + list(args.arms)
-    spec = args.imbalance
-    for seed in args.seeds:
+    arms = (["balanced"] if cfg.reference_steps > 0 else []) + list(cfg.arms)
+    spec = cfg.imbalance
+    for seed in cfg.seeds:
         for arm in arms:
-            cfg = arm_config(
+            run = arm_config(
                 base,
                 arm,
                 seed,
                 root,
-                sync_strategy=args.sync_strategy,
-                sync_every=args.sync_every,
-                reference_steps=args.reference_steps,
+                sync_strategy=cfg.sync_strategy,
+                sync_every=cfg.sync_every,
+                reference_steps=cfg.reference_steps,
             )
-            summary = run_arm(cfg, arm, spec, world)
+            summary = run_arm(run, arm, spec, world)
             if arm == "balanced" and "=auto" in spec:
                 # Measured once (first seed), then the same delay for every arm.
                 step = max(summary["median_step_s_per_rank"])
-                spec = resolve_auto(spec, round(args.delay_scale * step, 3))
+                spec = resolve_auto(spec, round(cfg.delay_scale * step, 3))
                 if world.rank == 0:
                     print(
                         f"r0 | no-imbalance step {step * 1e3:.1f} ms: imbalance {spec}",

@@ -28,13 +28,12 @@ through its one port, one after another (``research.comm.ps``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from pathlib import Path
 from typing import Any
 
-from research.studies.eager_sgd import ARMS, load_run, run_arms
+from research.studies.eager_sgd import ARMS, base_config, load_run, run_arms
 from research.train.config import TrainConfig
 
 #: P1B2 input features: 3.7, 11 and 36 MB of float32 parameters.
@@ -65,19 +64,19 @@ SWEEP_DEFAULTS: dict[str, Any] = {
 SWEEP_DATA = {"n_train": 2048, "n_test": 256}
 
 
-def check_sweep_flags(args: argparse.Namespace) -> str | None:
+def check_sweep_flags(cfg: Any) -> str | None:
     """The first problem with the sweep's flags as one line, or None."""
-    if args.model != "candle_p1b2":
+    if cfg.train.model != "candle_p1b2":
         return (
             "--sweep grows CANDLE P1B2 (--sweep-model-size is its input features): "
-            f"leave --model out (got {args.model!r})"
+            f"leave --model out (got {cfg.train.model!r})"
         )
-    if any(f < 160 for f in args.sweep_model_size):
+    if any(f < 160 for f in cfg.sweep_model_size):
         return (
             "--sweep-model-size: input features must be >= 160 "
             "(the task's 16 driver features x 10 classes)"
         )
-    if any(p < 2 for p in args.sweep_ranks):
+    if any(p < 2 for p in cfg.sweep_ranks):
         return "--sweep-ranks: a parameter server needs at least 2 ranks"
     return None
 
@@ -93,14 +92,14 @@ def size_config(base: TrainConfig, features: int) -> TrainConfig:
     )
 
 
-def run_sweep_job(
-    args: argparse.Namespace, base: TrainConfig, root: Path, world
-) -> None:
-    """Every size of the sweep at this world's size, into ``root/np<P>/f<F>``."""
+def run_sweep_job(cfg: Any, root: Path, world) -> None:
+    """Every size of the sweep at this world's size, into ``root/np<P>/f<F>``
+    (``cfg``: ``experiments.eager_sgd.Config``)."""
+    base = base_config(cfg)
     job = root / f"np{world.size}"
-    for features in args.sweep_model_size:
+    for features in cfg.sweep_model_size:
         folder = job / f"f{features}"
-        spec = run_arms(args, size_config(base, features), folder, world)
+        spec = run_arms(cfg, size_config(base, features), folder, world)
         if world.rank == 0:
             (folder / "imbalance.txt").write_text(spec + "\n")
             print(f"r0 | sweep np{world.size} f{features} done", flush=True)

@@ -59,7 +59,7 @@ def label(strategy: str, bucket_mb: float | None) -> str:
 
 
 def _config(
-    args: Any,
+    cfg: Any,
     model: str,
     strategy: str,
     link: str,
@@ -68,8 +68,8 @@ def _config(
 ):
     from research.train.config import TrainConfig
 
-    options = (PAPER_MODELS if args.paper_scale else MODELS).get(model, {})
-    options = {**options, "image_size": args.image_size}
+    options = (PAPER_MODELS if cfg.paper_scale else MODELS).get(model, {})
+    options = {**options, "image_size": cfg.image_size}
     strategy_options = {}
     if strategy == "overlap-fcx":
         strategy, strategy_options = "overlap", {"fc_exchange": True}
@@ -81,15 +81,15 @@ def _config(
         model_options=options,
         dataset="synthetic_images",
         data_options={
-            "image_size": args.image_size,
-            "num_classes": args.num_classes,
-            "n_train": max(64, args.batch_size * 8),
-            "n_test": args.batch_size,
+            "image_size": cfg.image_size,
+            "num_classes": cfg.num_classes,
+            "n_train": max(64, cfg.batch_size * 8),
+            "n_test": cfg.batch_size,
         },
-        batch_size=args.batch_size,
-        steps=args.steps,
+        batch_size=cfg.batch_size,
+        steps=cfg.steps,
         eval_every=0,
-        eval_batch_size=args.batch_size,
+        eval_batch_size=cfg.batch_size,
         log_every=1,
         strategy=strategy,
         strategy_options=strategy_options,
@@ -97,7 +97,7 @@ def _config(
         lr=0.01,
         warmup_steps=0,
         progress=False,
-        trace=args.trace,
+        trace=cfg.trace,
         run_dir=str(run_dir),
     )
 
@@ -137,22 +137,22 @@ def emulated_link(compute_s: float, grad_bytes: int, size: int) -> str:
 
 
 def plan(
-    args: Any, size: int, model: str | None = None
+    cfg: Any, size: int, model: str | None = None
 ) -> list[tuple[str, str, float | None]]:
     """``(link kind, strategy, bucket MiB)`` of every run at this world size.
 
     One rank: ``ONE_RANK`` on the real link. Emulated links only at
-    ``args.emulated_ranks``; layerwise's bucket sweep (``args.bucket_mb``) only
-    on the emulated link(s) at ``args.sweep_ranks`` for ``args.sweep_models``,
+    ``cfg.emulated_ranks``; layerwise's bucket sweep (``cfg.bucket_mb``) only
+    on the emulated link(s) at ``cfg.sweep_ranks`` for ``cfg.sweep_models``,
     DDP's 25 MiB elsewhere;
     ``overlap-fcx`` only for ``FC_EXCHANGE_MODELS`` (any ``model`` if None).
     """
     runs = []
-    for link_kind in args.links:
+    for link_kind in cfg.links:
         emulated = link_kind != "real"
-        if emulated and (size == 1 or size not in args.emulated_ranks):
+        if emulated and (size == 1 or size not in cfg.emulated_ranks):
             continue
-        for strategy in args.strategies:
+        for strategy in cfg.strategies:
             if (size == 1 and strategy not in ONE_RANK) or (
                 emulated and strategy not in LINKED
             ):
@@ -161,22 +161,22 @@ def plan(
                 continue
             buckets: list[float | None] = [None]
             if strategy == "layerwise":
-                sweep = emulated and size in args.sweep_ranks
-                sweep = sweep and model in (None, *args.sweep_models)
-                buckets = list(args.bucket_mb) if sweep else [DEFAULT_BUCKET_MB]
+                sweep = emulated and size in cfg.sweep_ranks
+                sweep = sweep and model in (None, *cfg.sweep_models)
+                buckets = list(cfg.bucket_mb) if sweep else [DEFAULT_BUCKET_MB]
             runs += [(link_kind, strategy, b) for b in buckets]
     return runs
 
 
-def run_point(args: Any, root: Path, world: Any) -> None:
+def run_point(cfg: Any, root: Path, world: Any) -> None:
     """Every model, link and strategy at this world size; rank 0 appends rows."""
     from research.train.loop import Trainer
 
-    for model in args.models:
+    for model in cfg.models:
         # "auto": the link on which host's allreduce takes as long as its
         # compute did on the real link (measured first, in this job).
         links = ["real"]
-        for link_kind, strategy, bucket_mb in plan(args, world.size, model):
+        for link_kind, strategy, bucket_mb in plan(cfg, world.size, model):
             link = "real"
             if link_kind == "auto":
                 link = world.bcast(links[-1] if world.rank == 0 else None)
@@ -190,8 +190,8 @@ def run_point(args: Any, root: Path, world: Any) -> None:
                 # is appended to, so old steps would mix in).
                 shutil.rmtree(run_dir)
             world.barrier()
-            cfg = _config(args, model, strategy, link, run_dir, bucket_mb)
-            trainer = Trainer(cfg, world)
+            run = _config(cfg, model, strategy, link, run_dir, bucket_mb)
+            trainer = Trainer(run, world)
             trainer.run()
             row = {
                 "model": model,
@@ -202,7 +202,7 @@ def run_point(args: Any, root: Path, world: Any) -> None:
                 "link": link,
                 "link_kind": link_kind,
                 "run": name,
-                **_measure(trainer, args.warmup),
+                **_measure(trainer, cfg.warmup),
             }
             if strategy == "host" and link_kind == "real" and world.size > 1:
                 links.append(

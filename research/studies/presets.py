@@ -1,73 +1,59 @@
-"""What the experiment entry points share: parser frame, presets, run folder.
+"""What the experiment entry points share: the config frame, run folder, start.
 
-``--model`` names a preset (model options and the synthetic task that fits the
-model) and ``--paper-scale`` swaps in the paper's defaults; both are applied
-after parsing so that flags given explicitly still win.
+Each experiment's flags come from one dataclass (``experiments/<name>.py``):
+``train`` (:class:`~research.train.config.TrainConfig`, nested), ``np`` (ranks
+of a laptop launch) and the experiment's own fields, each declared with
+:func:`~research.train.config.flag`; ``get_config(model, paper_scale)``
+returns it with a preset's defaults and :func:`research.cli.parse_config`
+builds it from the command line (explicit flags win over the preset).
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from research.cli import ArgumentParser, add_train_flags
-from research.train.config import TrainConfig
+from research.cli import nested
+from research.train.config import PARALLEL, TrainConfig, flag
+
+NP_HELP = (
+    "ranks to launch when started without mpiexec (0: run in this process "
+    "alone); ignored under mpiexec/srun; default %(default)s"
+)
 
 
-def experiment_parser(
-    prog: str, doc: str, defaults: TrainConfig, np_: int = 4
-) -> argparse.ArgumentParser:
-    """The parser of a study: first paragraph of ``doc`` as description, the
-    rest as epilog, the training flags with ``defaults``, ``np_`` ranks."""
-    p = ArgumentParser(
-        prog=prog,
-        description=doc.split("\n\n")[0],
-        epilog=doc.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_train_flags(p, defaults)
-    p.set_defaults(np_=np_)  # launched by the module itself
-    return p
+@dataclasses.dataclass
+class ExperimentConfig:
+    """What every experiment's config has: its training run and launch size."""
+
+    train: TrainConfig = nested(TrainConfig)
+    np: int = flag(4, NP_HELP, PARALLEL)
 
 
-def parse_with_presets(
-    p: argparse.ArgumentParser,
-    argv: list[str],
-    presets: Mapping[str, Mapping[str, Any]],
-    paper_scale: Mapping[str, Any],
-    *,
-    presets_at_paper_scale: bool = True,
-) -> argparse.Namespace:
-    """Parse ``argv``, then apply ``--paper-scale`` and the ``--model`` preset.
+def with_model(cfg: Any, model: str | None, presets: Mapping[str, Mapping]) -> Any:
+    """``cfg`` with ``--model model`` applied (None: keep ``cfg``'s model).
 
-    With ``--paper-scale`` its values become the parser's defaults, so explicit
-    flags still override them. ``presets_at_paper_scale=False`` leaves the model
-    preset out at paper scale (the preset then is a laptop-sized variant).
+    A name in ``presets`` (``candle``) gives that preset's model, its synthetic
+    task (where ``cfg`` still has the default one) and its model and data
+    options beneath ``cfg``'s own.
     """
-    args = p.parse_args(argv)
-    if args.paper_scale:
-        p.set_defaults(**paper_scale)  # explicit flags still override
-        args = p.parse_args(argv)
-    use = presets_at_paper_scale or not args.paper_scale
-    apply_model_preset(args, presets.get(args.model, {}) if use else {})
-    return args
-
-
-def apply_model_preset(args: argparse.Namespace, preset: Mapping[str, Any]) -> None:
-    """Put ``preset``'s model, dataset and options into ``args`` (in place)."""
-    args.model = preset.get("model", args.model)
-    if "dataset" in preset and args.dataset == "synthetic_images":
-        args.dataset = preset["dataset"]
-    # Preset options first, so --model-opt/--data-opt given by the user win.
-    args.model_options = [
-        f"{k}={v!r}" for k, v in preset.get("model_options", {}).items()
-    ] + list(args.model_options or [])
-    args.data_options = [
-        f"{k}={v!r}" for k, v in preset.get("data_options", {}).items()
-    ] + list(args.data_options or [])
+    name = model or cfg.train.model
+    preset = presets.get(name, {})
+    train = cfg.train
+    dataset = train.dataset
+    if "dataset" in preset and dataset == "synthetic_images":
+        dataset = preset["dataset"]
+    train = dataclasses.replace(
+        train,
+        model=preset.get("model", name),
+        dataset=dataset,
+        model_options={**preset.get("model_options", {}), **train.model_options},
+        data_options={**preset.get("data_options", {}), **train.data_options},
+    )
+    return dataclasses.replace(cfg, train=train)
 
 
 def run_root(run_dir: str | None, world, experiment: str) -> Path:
@@ -79,7 +65,9 @@ def run_root(run_dir: str | None, world, experiment: str) -> Path:
     return Path(world.bcast(default_run_dir(experiment) if world.rank == 0 else None))
 
 
-def start_job(args: argparse.Namespace, experiment: str, *, compile_cache: bool = True):
+def start_job(
+    threads: int, run_dir: str | None, experiment: str, *, compile_cache: bool = True
+):
     """An experiment's start inside its MPI job: ``(world, run root)``.
 
     Threads per rank first (XLA reads them when it starts), the compile cache,
@@ -90,12 +78,12 @@ def start_job(args: argparse.Namespace, experiment: str, *, compile_cache: bool 
     from research.comm.world import get_world, install_abort_on_error
     from research.launch import set_threads
 
-    set_threads(args.threads)
+    set_threads(threads)
     if compile_cache:
         enable_compile_cache()
     world = get_world()
     install_abort_on_error()
-    root = run_root(args.run_dir, world, experiment)
+    root = run_root(run_dir, world, experiment)
     if world.rank == 0:
         from research.provenance import record_job
 

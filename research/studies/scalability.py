@@ -94,8 +94,8 @@ class Point:
         return cls(**{k: v for k, v in row.items() if k in names})
 
 
-def plan(args: Any) -> dict[str, tuple[Point, list[str]]]:
-    """Point id -> (point, its sweep tags) for the flags in ``args``.
+def plan(cfg: Any) -> dict[str, tuple[Point, list[str]]]:
+    """Point id -> (point, its sweep tags) for the flags in ``cfg``.
 
     Uses ``sweeps``, ``models``, ``strategies``, ``ranks``, ``batch_size``,
     ``batches``, ``delays``, ``straggler_link``, ``straggler_ranks``,
@@ -111,14 +111,14 @@ def plan(args: Any) -> dict[str, tuple[Point, list[str]]]:
     def add(p: Point, tag: str) -> None:
         out.setdefault(p.id, (p, []))[1].append(tag)
 
-    b = args.batch_size
-    for m in args.models:
+    b = cfg.batch_size
+    for m in cfg.models:
         host1 = Point(m, "host", 1, batch=b)
-        lean = args.scope == "laptop" and m != args.models[0]
-        if "ranks" in args.sweeps:
+        lean = cfg.scope == "laptop" and m != cfg.models[0]
+        if "ranks" in cfg.sweeps:
             add(host1, "baseline")
-            for n in args.ranks:
-                for s in args.strategies:
+            for n in cfg.ranks:
+                for s in cfg.strategies:
                     if (n == 1 and s != "host") or (lean and s == "layerwise"):
                         continue  # no communication at 1 rank: host is the baseline
                     add(Point(m, s, n, batch=b), "ranks:weak")
@@ -126,31 +126,31 @@ def plan(args: Any) -> dict[str, tuple[Point, list[str]]]:
                         add(Point(m, s, n, batch=b // n), "ranks:strong")
         if lean:
             continue
-        if "threads" in args.sweeps:
+        if "threads" in cfg.sweeps:
             # Fixed cores: threads x ranks = cores, the global batch fixed.
-            c = args.cores
+            c = cfg.cores
             for t in (t for t in range(1, c + 1) if c % t == 0):
                 n = c // t
                 add(Point(m, "host", n, threads=t, batch=b * c // n), "threads")
-        if "batch" in args.sweeps:
-            n = 2 if 2 in args.ranks or not args.ranks else max(args.ranks)
-            for bb in args.batches:
+        if "batch" in cfg.sweeps:
+            n = 2 if 2 in cfg.ranks or not cfg.ranks else max(cfg.ranks)
+            for bb in cfg.batches:
                 add(Point(m, "host", n, batch=bb), "batch")
-        if "straggler" in args.sweeps:
-            n = args.straggler_ranks
-            for s in args.strategies:
-                for d in (0.0, *args.delays):
+        if "straggler" in cfg.sweeps:
+            n = cfg.straggler_ranks
+            for s in cfg.strategies:
+                for d in (0.0, *cfg.delays):
                     add(
-                        Point(m, s, n, batch=b, link=args.straggler_link, delay=d),
+                        Point(m, s, n, batch=b, link=cfg.straggler_link, delay=d),
                         "straggler",
                     )
-        if "checkpoint" in args.sweeps:
-            n = args.straggler_ranks
+        if "checkpoint" in cfg.sweeps:
+            n = cfg.straggler_ranks
             for s in ("host", "overlap"):
-                if s in args.strategies:
+                if s in cfg.strategies:
                     add(Point(m, s, n, batch=b), "checkpoint")
                     add(
-                        Point(m, s, n, batch=b, ckpt_every=args.checkpoint_every),
+                        Point(m, s, n, batch=b, ckpt_every=cfg.checkpoint_every),
                         "checkpoint",
                     )
     return out
@@ -164,22 +164,22 @@ def jobs(points: dict[str, tuple[Point, list[str]]]) -> dict[tuple[int, int], li
     return dict(sorted(out.items()))
 
 
-def steps_of(tags: list[str], args: Any) -> int:
+def steps_of(tags: list[str], cfg: Any) -> int:
     """Steps of a point: ``long_steps`` in the straggler and checkpoint sweeps
     (a delay or a save is a small signal in a median of a few noisy steps)."""
     long = {"straggler", "checkpoint"} & set(tags)
-    return max(args.steps, args.long_steps) if long else args.steps
+    return max(cfg.steps, cfg.long_steps) if long else cfg.steps
 
 
-def train_config(p: Point, args: Any, run_dir: Path, steps: int | None = None):
-    """The TrainConfig of point ``p`` (``steps``: default ``args.steps``)."""
+def train_config(p: Point, cfg: Any, run_dir: Path, steps: int | None = None):
+    """The TrainConfig of point ``p`` (``steps``: default ``cfg.steps``)."""
     from research.train.config import TrainConfig
 
-    s = (PAPER_SETTINGS if args.paper_scale else MODEL_SETTINGS)[p.model]
+    s = (PAPER_SETTINGS if cfg.paper_scale else MODEL_SETTINGS)[p.model]
     data = {**s.get("data_options", {})}
     model_options = dict(s.get("model_options", {}))
-    if p.model == "nt3" and getattr(args, "nt3_features", None):
-        data["features"] = model_options["features"] = args.nt3_features
+    if p.model == "nt3" and getattr(cfg, "nt3_features", None):
+        data["features"] = model_options["features"] = cfg.nt3_features
     data.update(n_train=max(64, 2 * p.batch * p.ranks), n_test=p.batch)
     return TrainConfig(
         model=s["model"],
@@ -187,7 +187,7 @@ def train_config(p: Point, args: Any, run_dir: Path, steps: int | None = None):
         dataset=s["dataset"],
         data_options=data,
         batch_size=p.batch,
-        steps=steps or args.steps,
+        steps=steps or cfg.steps,
         eval_every=0,
         eval_batch_size=p.batch,
         log_every=1,
@@ -264,7 +264,7 @@ def measure_trace(run_dir: Path, warmup: int) -> dict[str, Any]:
     return out
 
 
-def run_point(p: Point, tags: list[str], args: Any, root: Path, world: Any) -> dict:
+def run_point(p: Point, tags: list[str], cfg: Any, root: Path, world: Any) -> dict:
     """Train point ``p`` on this world; rank 0 appends its row to results.jsonl."""
     from research.imbalance import FixedImbalance
     from research.train.loop import Trainer
@@ -274,8 +274,8 @@ def run_point(p: Point, tags: list[str], args: Any, root: Path, world: Any) -> d
             f"point {p.id} wants {p.ranks} ranks, the job has {world.size}"
         )
     run_dir = root / p.id
-    steps = steps_of(tags, args)
-    cfg = train_config(p, args, run_dir, steps)
+    steps = steps_of(tags, cfg)
+    run = train_config(p, cfg, run_dir, steps)
     # The straggler: the last rank, from the first measured step on, held after
     # its backward pass (where every strategy holds it), spinning: a sleeping
     # rank would hand its core to the others on a shared machine and speed
@@ -283,19 +283,17 @@ def run_point(p: Point, tags: list[str], args: Any, root: Path, world: Any) -> d
     # does not.
     imbalance = None
     if p.delay:
-        imbalance = FixedImbalance(
-            [p.ranks - 1], p.delay, start=args.warmup, how="spin"
-        )
-    trainer = Trainer(cfg, world, imbalance=imbalance)
+        imbalance = FixedImbalance([p.ranks - 1], p.delay, start=cfg.warmup, how="spin")
+    trainer = Trainer(run, world, imbalance=imbalance)
     trainer.run()
     world.barrier()  # every rank's trace part written
     row: dict[str, Any] = {"id": p.id, "tags": tags, **dataclasses.asdict(p)}
     if world.rank == 0:
         row["steps"] = steps
-        row["warmup"] = args.warmup
-        row["paper_scale"] = bool(args.paper_scale)
-        row.update(_timings(run_dir, args.warmup))
-        row.update(measure_trace(run_dir, args.warmup))
+        row["warmup"] = cfg.warmup
+        row["paper_scale"] = bool(cfg.paper_scale)
+        row.update(_timings(run_dir, cfg.warmup))
+        row.update(measure_trace(run_dir, cfg.warmup))
         with open(root / "results.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
         step = row["step_s"] or 0.0
@@ -310,12 +308,12 @@ def run_point(p: Point, tags: list[str], args: Any, root: Path, world: Any) -> d
     return row
 
 
-def run_points(ids: list[str], args: Any, root: Path, world: Any) -> None:
+def run_points(ids: list[str], cfg: Any, root: Path, world: Any) -> None:
     """Every point of ``ids`` (from :func:`plan`) that this job's size runs."""
-    points = plan(args)
+    points = plan(cfg)
     unknown = [i for i in ids if i not in points]
     if unknown:
         raise ValueError(f"unknown point {unknown[0]!r} for these flags")
     for pid in ids:
         p, tags = points[pid]
-        run_point(p, tags, args, root, world)
+        run_point(p, tags, cfg, root, world)

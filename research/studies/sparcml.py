@@ -412,61 +412,63 @@ def _calibrate_missing(world, sizes: list[int]) -> None:
         world.barrier()
 
 
-def run_experiment(args, root: Path, world, base) -> dict[str, Any]:
-    """Benchmark, then the training arms; prints tables and checks on rank 0."""
-    link = Link.parse(args.bench_link)
+def run_experiment(cfg, root: Path, world) -> dict[str, Any]:
+    """Benchmark, then the training arms; prints tables and checks on rank 0.
+
+    ``cfg``: ``experiments.sparcml.Config`` (its ``train`` is every arm's base).
+    """
+    base = cfg.train
+    link = Link.parse(cfg.bench_link)
     _calibrate_missing(world, sorted({2, world.size}))
     bench: list[dict[str, Any]] = []
     text = []
-    if not args.skip_bench:
+    if not cfg.skip_bench:
         sizes = sorted({p for p in (2, world.size) if 2 <= p <= world.size})
-        bench = run_bench(
-            world, args.dim, sizes, tuple(args.densities), args.reps, link
-        )
+        bench = run_bench(world, cfg.dim, sizes, tuple(cfg.densities), cfg.reps, link)
         for r in bench:
-            r["dim"] = args.dim
+            r["dim"] = cfg.dim
         if world.rank == 0:
-            text.append(f"micro-benchmark, dim {args.dim}, {args.reps} reps")
+            text.append(f"micro-benchmark, dim {cfg.dim}, {cfg.reps} reps")
             text.append(format_bench(bench, link))
     results: list[dict[str, Any]] = []
-    if args.arms:
-        opts = {"scope": args.scope, "warmup_steps": args.sparse_warmup}
-        runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in args.arms}
-        for seed in args.seeds:
-            for arm in args.arms:
-                cfg = arm_config(
+    if cfg.arms:
+        opts = {"scope": cfg.scope, "warmup_steps": cfg.sparse_warmup}
+        runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in cfg.arms}
+        for seed in cfg.seeds:
+            for arm in cfg.arms:
+                run = arm_config(
                     dataclasses.replace(base, seed=seed),
                     arm,
                     root,
-                    density=args.train_density,
-                    bits=args.bits,
+                    density=cfg.train_density,
+                    bits=cfg.bits,
                     **opts,
                 )
-                run_arm(cfg, arm, world)
+                run_arm(run, arm, world)
                 world.barrier()
                 if world.rank == 0:
-                    runs[arm].append(load_arm(Path(cfg.run_dir), args.target_acc))
+                    runs[arm].append(load_arm(Path(run.run_dir), cfg.target_acc))
         if world.rank == 0:
-            results = [combine_seeds(runs[arm]) for arm in args.arms]
+            results = [combine_seeds(runs[arm]) for arm in cfg.arms]
             text.append(
                 f"training: {base.model}, {world.size} ranks, top-k density "
-                f"{args.train_density:g} ({args.scope}), link {base.link}"
+                f"{cfg.train_density:g} ({cfg.scope}), link {base.link}"
             )
-            text.append(format_train(results, args.target_acc))
+            text.append(format_train(results, cfg.target_acc))
     comm: list[dict[str, Any]] = []
-    if getattr(args, "comm_bound", False):
+    if cfg.comm_bound:
         from research.studies.sparcml_comm import (
             comm_bound_checks,
             format_comm_bound,
             run_comm_bound,
         )
 
-        comm = run_comm_bound(args, root, world, base)
+        comm = run_comm_bound(cfg, root, world)
         if world.rank == 0:
             text.append(
                 f"communication-bound training, {world.size} ranks, top-k density "
-                f"{args.train_density:g}, {args.bits}-bit arm, {args.cb_steps} steps, "
-                f"seed {args.seeds[0]}"
+                f"{cfg.train_density:g}, {cfg.bits}-bit arm, {cfg.cb_steps} steps, "
+                f"seed {cfg.seeds[0]}"
             )
             text.append(format_comm_bound(comm))
     checks = bench_checks(bench, link) + train_checks(results)
@@ -476,7 +478,7 @@ def run_experiment(args, root: Path, world, base) -> dict[str, Any]:
         report = "\n\n".join(text) + "\n\nchecks:\n" + "\n".join(checks)
         print(report, flush=True)
         write_results(root, bench, results, checks, report, comm)
-        if not args.no_plots:
+        if cfg.plots:
             from research.studies.sparcml_plots import plot
 
             for path in plot(root, bench, results, link):

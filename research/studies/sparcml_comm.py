@@ -42,39 +42,42 @@ COMM_BOUND: dict[str, dict[str, Any]] = {
 COMM_ARMS = ("dense", "topk_ef", "topk_4bit")
 
 
-def run_comm_bound(args, root: Path, world, base) -> list[dict[str, Any]]:
-    """Every model x link x arm of the comparison, one seed; rows on rank 0."""
+def run_comm_bound(cfg, root: Path, world) -> list[dict[str, Any]]:
+    """Every model x link x arm of the comparison, one seed; rows on rank 0.
+
+    ``cfg``: ``experiments.sparcml.Config`` (its ``train`` is the base).
+    """
     rows: list[dict[str, Any]] = []
-    for model in args.cb_models:
+    for model in cfg.cb_models:
         spec = COMM_BOUND[model]
-        for link in args.cb_links:
-            cfg0 = dataclasses.replace(
-                base,
+        for link in cfg.cb_links:
+            base = dataclasses.replace(
+                cfg.train,
                 model=model,
                 model_options={},
                 dataset=spec["dataset"],
                 data_options=dict(spec.get("data_options", {})),
                 batch_size=spec["batch_size"],
-                steps=args.cb_steps,
-                eval_every=args.cb_eval_every,
+                steps=cfg.cb_steps,
+                eval_every=cfg.cb_eval_every,
                 link=link,
-                seed=args.seeds[0],
+                seed=cfg.seeds[0],
             )
             for arm in COMM_ARMS:
-                cfg = arm_config(
-                    cfg0,
+                run = arm_config(
+                    base,
                     arm,
                     root / "comm_bound" / f"{model}-{link}",
-                    density=args.train_density,
-                    bits=args.bits,
-                    scope=args.scope,
-                    warmup_steps=args.sparse_warmup,
+                    density=cfg.train_density,
+                    bits=cfg.bits,
+                    scope=cfg.scope,
+                    warmup_steps=cfg.sparse_warmup,
                 )
-                run_arm(cfg, f"{model} {link} {arm}", world)
+                run_arm(run, f"{model} {link} {arm}", world)
                 world.barrier()
                 if world.rank == 0:
-                    target = args.cb_target or spec["target"]
-                    r = load_arm(Path(cfg.run_dir), target)
+                    target = cfg.cb_target or spec["target"]
+                    r = load_arm(Path(run.run_dir), target)
                     rows.append(
                         {
                             **r,

@@ -2,7 +2,9 @@
 
 Each field that users set from the command line carries its flag in its
 metadata (:func:`flag`), so a new field is one line here and ``research.cli``
-builds the parser and the config from this class alone.
+builds the parser and the config from this class alone. The experiments'
+configs (``experiments/*.py``) declare their own fields the same way and nest
+this class as ``train``.
 """
 
 from __future__ import annotations
@@ -22,20 +24,30 @@ def flag(
     choices: tuple[str, ...] | None = None,
     metavar: str | None = None,
     factory: Any = None,
+    nargs: str | None = None,
+    type: Any = None,  # noqa: A002 - argparse's own name
+    negatable: bool = False,
+    aliases: tuple[str, ...] = (),
 ) -> Any:
     """A dataclass field with its command-line flag.
 
     Args:
       default: the field's default (shown in ``--help`` as ``%(default)s``).
-      help: the flag's help text.
+      help: the flag's help text (``argparse.SUPPRESS`` hides the flag).
       group: the ``--help`` section it appears in.
       name: the flag (default ``--field-name``); ``--no-X`` for a boolean that
         defaults to True, ``--X-opt`` (repeatable ``KEY=VALUE``) for a dict.
-      choices, metavar: as in argparse.
-      factory: a default factory instead of ``default`` (dicts).
+      choices, metavar, nargs: as in argparse (``nargs`` for list fields).
+      factory: a default factory instead of ``default`` (dicts, lists).
+      type: the value's type where the default does not say (``None``
+        defaults); for a list, its items' type.
+      negatable: a boolean with both ``--X`` and ``--no-X``.
+      aliases: older spellings still accepted, each with a one-line note
+        (``research.cli.add_flags``).
     """
     meta = {"help": help, "group": group, "name": name, "choices": choices}
-    meta["metavar"] = metavar
+    meta.update(metavar=metavar, nargs=nargs, type=type, negatable=negatable)
+    meta["aliases"] = aliases
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -138,7 +150,7 @@ class TrainConfig:
     log_every: int = flag(
         10, "write a metrics.jsonl row every N steps; default %(default)s", OUTPUT
     )
-    trace: bool = flag(False, "write the timeline trace.json", OUTPUT)
+    trace: bool = flag(False, "write the timeline trace.json", OUTPUT, negatable=True)
     trace_max_events: int = flag(
         200_000, "timeline events kept per rank; default %(default)s", OUTPUT
     )
