@@ -15,43 +15,20 @@ iteration with no measurable overhead.
 What runs: one MPI job trains one model once, and its steps are shared out in
 periods of ``--window`` steps among the arms (strategy x interval) in shuffled
 rounds, with periods without checkpoints as a placebo
-(``research.checkpoint.bench``: on a shared machine, runs one after another
-differ by 4x). An arm checkpoints at its period's first step; ``--settle``
-steps after its last checkpoint the ranks wait for its work; the steps after
-that wait are the local reference (``research/checkpoint/overhead.py``).
-Strategies:
-
-* ``rank0-sync``: rank 0 writes the whole state, blocking (Horovod/Keras);
-* ``orbax-sync``: every rank writes its size-balanced shard with Orbax's
-  blocking Checkpointer;
-* ``orbax-async-rank0``: rank 0 writes the whole state with Orbax's
-  AsyncCheckpointer (blocking part: its device-to-host copy; a save waits
-  behind the previous one);
-* ``deepfreeze``: ``research.checkpoint.deepfreeze``: zero-copy snapshot of
-  this rank's shard, written to ``/dev/shm`` by a niced helper process as one
-  raw data file with hardware CRC-32C (``research/checkpoint/rawshard.py``),
-  commit agreed over MPI, background flush to the run folder, manifest
-  written last.
-
-Training averages gradients with ``--strategy sync`` (the allreduce on the
-progress thread with sleeping waits): a rank waiting for the others leaves its
-core to background work, the "gaps between weight updates" of the SC19 study.
-``--strategy fused`` (mpi4jax inside jit) busy-polls through those gaps.
-
-It prints one table: median blocking time per checkpoint (slowest rank),
-time until the checkpoint is committed (fast tier, persistent tier),
-end-to-end overhead against no checkpointing at ``--interval`` with its 90%
-interval and the interval of its difference from DeepFreeze's, restore time,
-bytes written per rank per checkpoint and the writer's CPU per checkpoint (and
-per MB of shard) on the writer's own CPU clock
-(``research/checkpoint/cpuclock.py``: stable on a shared machine, unlike wall
-time); then the targets with PASS/FAIL (DeepFreeze blocking <= 10% of
-rank0-sync, overhead <= 5% at interval 10, lowest of all strategies with every
-difference's 90% interval above zero, writer CPU <= 1.5 ms per MB) and what
-happens to requests while one is in flight (interval 1, wait and skip
-policies). Figures (``research/studies/deepfreeze_plots.py``): overhead against the
-interval, blocking time against the number of ranks (extra jobs with
-``--sweep-ranks``), and a timeline excerpt of one DeepFreeze period.
+(``research.checkpoint.bench``; ``research/checkpoint/overhead.py``). Strategies:
+``rank0-sync`` (rank 0 writes the whole state, blocking: Horovod/Keras),
+``orbax-sync`` (every rank writes its shard with Orbax's blocking
+Checkpointer), ``orbax-async-rank0`` (rank 0 with Orbax's AsyncCheckpointer)
+and ``deepfreeze`` (``research.checkpoint.deepfreeze``: zero-copy snapshot of
+this rank's shard, written to ``/dev/shm`` by a niced helper process with
+CRC-32C, commit agreed over MPI, background flush to the run folder). Training
+averages with ``--strategy sync`` (sleeping waits leave the core to background
+work). It prints one table (blocking time, time to commit on each tier,
+overhead at ``--interval`` with its 90% interval and that of its difference
+from DeepFreeze's, restore time, bytes and writer CPU per checkpoint), the
+targets with PASS/FAIL (DeepFreeze blocking <= 10% of rank0-sync, overhead
+<= 5% at interval 10, lowest of all with every difference above zero, writer
+CPU <= 1.5 ms per MB), the in-flight policies (wait, skip) and figures.
 
 Commands::
 
@@ -73,56 +50,30 @@ Commands::
         --model resnet50 --paper-scale --run-dir runs/df --job ranks
     python -m scripts.plot_deepfreeze runs/df
 
-Measured (this machine: 2 CPU cores, no GPU; ``python -m experiments.deepfreeze
---run-dir runs/dfb1 --no-plots``, 2026-11-23 18:01-18:04 UTC, load 3.0 at the
-start from earlier runs, nothing else running, 3 min 36 s in all; the main
-4-rank job, 28 periods per arm, ranks bound to one core each by ``--bind core``,
-reference step 109 ms)::
+What this machine can and cannot show: 4 ranks on 2 cores leave no idle core,
+so DeepFreeze's background work is taken from training, and through the
+synchronous allreduce from every rank; the paper's setting (training on
+accelerators, idle host cores) is where it is free. Ranks are bound to cores
+(``--bind core``): unbound, the scheduler moves ranks, writers and Orbax's
+threads between the cores and the result moves with it. Blocking time is the
+robust comparison; overheads move with the machine's load.
 
-    strategy           blocking  committed  persisted  overhead@10 [90% CI]
-    none (placebo)            -          -          -   +0.2% [-0.2%, +0.7%]
-    rank0-sync         132.8 ms     0.13 s     0.13 s  +11.4% [+10.2%, +12.8%]
-    orbax-sync         115.4 ms     0.12 s     0.12 s  +10.9% [+10.0%, +11.8%]
-    orbax-async-rank0   33.3 ms     0.20 s     0.20 s   +9.6% [+8.7%, +10.5%]
-    deepfreeze           1.0 ms     0.11 s     0.21 s   +2.9% [+2.2%, +3.6%]
-    the others minus deepfreeze: [+7.3%, +9.9%], [+7.4%, +8.6%], [+5.7%, +7.7%]
-    writer CPU per checkpoint: 60.4, 32.0, 109.6 and 9.0 ms (0.93 ms per MB)
-    target: DeepFreeze blocking 0.8% of rank0-sync's (<= 10%): PASS
-    target: DeepFreeze overhead +2.9% at a checkpoint every 10 steps
-      (<= 5%; upper 90% bound +3.6%): PASS
-    target: DeepFreeze writer CPU 0.93 ms per MB (<= 1.5 ms/MB): PASS
-    target: DeepFreeze overhead lowest of all strategies, separated (90% CI of
-      each difference above 0): PASS
-    in flight (checkpoint every step, policy wait): 30 requests, 18 waited
-      (max blocking 36 ms), 0 skipped, overhead 61%
-    in flight (checkpoint every step, policy skip): 30 requests, 0 waited
-      (max blocking 2 ms), 10 skipped, overhead 31%
+Current results: the default run of 2026-11-24 (15:31-15:40 UTC, this 2-core
+CPU machine, load 8.9-10.7 from other developers' tests; 4 ranks, CANDLE P1B2,
+reference step 248 ms); full table and figures in
+``docs/results/deepfreeze.md``, earlier runs in ``docs/journal.md``::
 
-Three more bound runs (one with this command, two started by hand with
-``mpiexec -bind-to core``) gave DeepFreeze +3.4%, +3.5% and +2.3% against
-orbax-async-rank0's +11.0%, +12.0% and +7.6%: every target passed in all four.
-Unbound (``--bind none``; the default until then) the scheduler moves ranks,
-writers and Orbax's threads between the cores, and the result moved with it:
-in three runs in a row DeepFreeze cost 34, 67 and 62 ms per checkpoint (+2.7%,
-+5.4%, +5.0%) against orbax-async-rank0's +5.5%, +5.1%, +6.4%, separated in
-the first run only (the README has these runs and earlier ones).
+    strategy           blocking ms  overhead@10 [90% CI]     writer CPU ms/ckpt
+    none (placebo)               -   +0.5% [-0.3%, +1.3%]                     -
+    rank0-sync               488.1  +17.9% [+15.6%, +20.3%]               121.4
+    orbax-sync               492.6  +18.4% [+16.1%, +20.8%]                71.3
+    orbax-async-rank0        146.1  +17.9% [+15.9%, +20.4%]               214.9
+    deepfreeze                 2.1   +3.4% [+1.8%, +5.0%]      11.4 (1.17/MB)
 
-Reading it: blocking time is where DeepFreeze wins by two orders of magnitude
-(1 ms against 115-133 ms for the synchronous savers and 33 ms for Orbax's
-asynchronous save on rank 0, whose blocking part copies the whole state). Its
-end-to-end cost, about 30 ms per checkpoint, lands in the two steps after the
-checkpoint: 4 ranks on 2 cores leave no idle core, so its background work
-(9 ms of writer CPU per rank per checkpoint: staging copy, CRC-32C and write,
-flush; about 6 ms more of the rank's own bookkeeping) is taken from training,
-and through the synchronous allreduce from every rank. Orbax's asynchronous
-rank-0 save does 12x the work on one rank, on that rank's core when bound;
-unbound, much of it ran on the other core, and it cost about as much as
-DeepFreeze. The paper's setting (training on accelerators, idle host cores) is
-where the background work is free; ``--strategy fused`` (busy-polling
-allreduce) or more ranks than cores make it worse. Requests while one is in
-flight never overwrite: with a checkpoint every step the wait policy makes a
-half to two thirds of the requests wait and the skip policy drops a third of
-them on every rank alike.
+All four targets PASS (blocking 0.4% of rank0-sync's). With a checkpoint every
+step, the wait policy made 21 of 30 requests wait and the skip policy dropped
+16. On a quiet machine (2026-11-23, four bound runs) DeepFreeze cost +2.3% to
++3.5% against orbax-async-rank0's +7.6% to +12.0%.
 """
 
 from __future__ import annotations

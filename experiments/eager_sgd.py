@@ -9,24 +9,21 @@ LSTM on UCF101) and 2.64x faster than an asynchronous parameter server, without
 losing accuracy.
 
 What runs: one MPI job trains the same model for the same number of epochs under
-the same injected imbalance with each arm, one after the other:
-
-* ``allreduce``: synchronous allreduce SGD (``--sync-strategy``, default ``sync``:
-  the exact allreduce with sleeping waits, like the eager arms; ``fused`` and
-  ``host`` are the foundation's busy-polling mpi4jax/mpi4py paths);
-* ``solo`` and ``majority``: eager-SGD (``research.comm.partial``) with bounded
-  staleness ``--sync-every`` (default 4; the authors used 32 on 64 ranks, see
-  ``--help``);
-* ``ps``: an asynchronous parameter server on rank 0 (``research.comm.ps``);
-* ``balanced``: a short synchronous reference run without imbalance, whose step
-  time is the "no-imbalance step time" (``--reference-steps``, 0 skips it).
-
-It prints one table (samples/s, median step time, time to ``--target-acc``, final
-test accuracy, mean fresh contributors per round, mean age in rounds of the
-gradients applied; mean +- std over ``--seeds``),
-and writes a folder per arm and seed, ``table.md``, ``results.json`` and figures
-(``research/studies/eager_sgd_plots.py``): throughput and test accuracy against training
-time, the contributor histogram and the timeline.
+the same injected imbalance with each arm, one after the other: ``allreduce``
+(synchronous SGD, ``--sync-strategy``, default ``sync``: exact, with sleeping
+waits like the eager arms), ``solo`` and ``majority`` (eager-SGD,
+``research.comm.partial``, staleness bound ``--sync-every``), ``ps`` (an
+asynchronous parameter server on rank 0, ``research.comm.ps``) and ``balanced``
+(a short synchronous run without imbalance: the "no-imbalance step time";
+``--reference-steps``, 0 skips it). It prints one table (samples/s, median step,
+step without the rank's own delay, time to ``--target-acc``, final test
+accuracy, fresh contributors per round, gradient age; mean +- std over
+``--seeds``) and the checks, and writes ``table.md``, ``results.json`` and the
+figures. Laptop defaults against the paper: ``--sync-every 4`` (paper 32: with
+4 ranks and 1 straggler a rank is late in 25% of steps, not ~2%), momentum 0.7
+(paper 0.9: heavy-ball SGD with stale gradients is stable only at a much smaller
+rate), and a delay as long as the measured no-imbalance step
+(``seconds=auto``), spun rather than slept (``how=spin``).
 
 Commands (every figure of a run comes from its one folder)::
 
@@ -59,103 +56,31 @@ Commands (every figure of a run comes from its one folder)::
     qsub -l select=16:ncpus=64:mpiprocs=4 \\
         -v MODULE=experiments.eager_sgd,ARGS="--paper-scale" scripts/pbs.pbs
 
-Laptop defaults that differ from the paper, and why:
+What this machine can and cannot show: 4 ranks share 2 cores, so a sleeping
+straggler would lend its core to the others; the delay is spun, and even so
+allreduce grows by slightly less than the delay. The parameter server is no
+bottleneck for a 0.6 MB model and 4 workers, so here it beats every synchronous
+arm; the paper's 2.64x needs 64 workers pushing 100 MB through one server, a
+regime 2 cores cannot reach (``--sweep`` shows where it turns). Single runs move
+by 10-20% with the machine's load: compare with ``--seeds``.
 
-* ``--sync-every 4`` (paper: 32). With 64 ranks and 1-2 stragglers a rank is late
-  in ~2% of steps; with 4 ranks and 1 straggler, in 25%, so lag builds up ~10x
-  faster and the bound must be tighter for a similar staleness.
-* momentum 0.7 for every arm (paper: 0.9). Heavy-ball SGD with a fraction f of its
-  gradients one round late stays stable along a direction of curvature h only
-  while lr * h < (1 - m) / f, against 2 (1 + m) when all are fresh: at m = 0.9 and
-  f = 0.5 (solo here) the stable rate is 19x smaller, and solo's accuracy then
-  oscillates (measured: a dip to 0.39 at step 48 where allreduce had 0.82).
-* the delay is the measured no-imbalance step time (``seconds=auto``): the paper's
-  0.32 s sleeps on ~0.3-0.5 s steps, whatever this machine's speed today; and it is
-  spun (``how=spin``), not slept, because ranks share cores here (see below).
+Current results: ``--seeds 0 1 2``, 2026-11-24 15:24-15:30 UTC, this 2-core
+CPU machine with other developers' tests beside it; full table, checks and
+figures in ``docs/results/eager_sgd.md``, earlier runs in ``docs/journal.md``::
 
-Measured (2 CPU cores, no GPU, 4 ranks, shared with other developers' jobs, load
-average 5-9; ``python -m experiments.eager_sgd --seeds 0 1 2``, 4 min 34 s in all;
-mean +- std over the 3 seeds)::
+    arm         samples/s  median step ms  w/o own delay  to 85% s  final acc
+    balanced     2819+-858      45.4+-12.0     51.8+-15.5         -            -
+    allreduce     1365+-84       91.9+-3.2      92.5+-2.7  8.7+-1.5  0.9054+-.0037
+    solo         1894+-271      59.2+-10.2     45.5+-10.8  5.4+-0.6  0.9038+-.0038
+    majority     1390+-229      94.6+-13.6     77.7+-17.1  8.0+-1.5  0.9049+-.0062
+    ps          2941+-1185      41.3+-20.7     53.0+-19.2  4.4+-1.4  0.9066+-.0046
 
-    arm         samples/s  median step ms  w/o own delay  to 85% s   final acc
-    balanced(*)  4198+-649        29.6+-4.7      31.7+-4.8         -           -
-    allreduce    2049+-294        61.3+-7.4      59.4+-7.1   5.7+-1.2  0.907+-.004
-    solo         2599+-308        41.2+-6.3      32.4+-5.9   4.7+-0.1  0.902+-.008
-    majority     2264+-406        54.0+-7.3      45.0+-8.7   4.2+-0.2  0.904+-.004
-    ps          3872+-1371       31.1+-15.2      29.5+-8.9   2.9+-0.5  0.906+-.005
-
-    (*) 60 steps without imbalance. Fresh contributors per round: allreduce 4,
-    solo 1.89, majority 2.90; mean age of the gradients applied (rounds late):
-    solo 0.53, majority 0.23, ps 2.95. Imbalance random:k=1:seconds=0.031:how=spin
-    (the measured no-imbalance step), 256 steps per arm. Throughput over
-    allreduce: solo 1.27x, majority 1.10x, ps 1.89x. The run's checks:
-    allreduce's median step grew by 27.7 ms, 89% of the 31.0 ms delay; solo's step
-    without its own delay is 1.02x the no-imbalance step, majority's 1.42x; solo
-    and majority reach 85% sooner than allreduce (4.7 and 4.2 s against 5.7 s) and
-    end within 0.02 of its accuracy. A single-seed default run the same hour
-    (1 min 30 s): allreduce +87% of the delay, solo 0.90x, majority 1.17x. Two
-    3-seed runs of allreduce and majority alone, on a quieter machine (load 1-3):
-    majority 1.08x (``--sync-every 4``) and 1.01x (16) the no-imbalance step,
-    3.5 and 3.6 s to 85% against 4.9 and 4.7 s; allreduce grew by 73% and 64% of
-    the delay (the reference step itself varied by +-3-5 ms between seeds).
-
-Reading it: time to accuracy is on the training clock without evaluation and
-without step 1 (compilation); final accuracies within ``ACC_TOLERANCE`` = 0.02 of
-allreduce count as not lost; single runs move by 10-20% with the machine's other
-load, and time to 85% is sensitive to solo's early dips, so compare with
-``--seeds``. "w/o own delay" is a step's time minus the rank's own injected
-delay: the waiting a strategy does or avoids (median over ranks).
-
-The delay is spun, not slept (``how=spin``), and follows the straggler's forward
-and backward pass: with 4 ranks on 2 cores a sleeping straggler lends its core to
-the others, which then compute faster, so synchronous steps grew by only ~60% of
-the delay and solo's steps fell below the no-imbalance step (measured with
-``how=sleep``: allreduce +54 ms for an 86 ms delay, solo 71.5 ms against 76.6 ms
-balanced). Even spun, the straggler's extra work shares the cores, so allreduce
-grows by slightly less than the delay. On a cluster (one rank per device) sleep and
-spin are the same, and ``--paper-scale`` uses the paper's sleep. Majority waits
-whenever the straggler is the round's initiator (1 in 4 rounds here, 1 in 32-64
-in the paper), so it stays further from the no-imbalance step than solo. The
-parameter server is no bottleneck for a 0.6 MB model and 4 workers (and its server
-computes nothing, leaving the 3 workers more CPU), so here it beats every
-synchronous arm; the paper's 2.64x comes from 64 workers pushing ResNet-50's 100
-MB through one server (``--paper-scale``); ``--sweep`` shows where it turns.
-
-Real data, ``--dataset digits --seeds 0 1 2`` (4 ranks, cnn_small on 8x8x1, 220
-steps per arm, target 95%; 3 min 58 s, load 6.5-9, 2 cores; mean +- std)::
-
-    arm         samples/s  final acc      to 95% s   (synthetic, above: acc, to 85%)
-    allreduce   2222+-193  0.974+-.003    6.3+-1.4   0.907+-.004  5.7+-1.2
-    solo        3350+-294  0.955+-.006    6.5+-0.4   0.902+-.008  4.7+-0.1
-    majority    2741+-407  0.965+-.009    7.2+-1.3   0.904+-.004  4.2+-0.2
-    ps         4714+-1316  0.972+-.007    3.7+-1.3   0.906+-.005  2.9+-0.5
-
-On the digits eager-SGD keeps its speed (solo 1.51x, majority 1.23x allreduce's
-samples/s; allreduce grew by 100% of the delay, solo's step without it 1.03x
-the no-imbalance step) and its accuracy within ``ACC_TOLERANCE`` (solo 0.019
-below: at the edge), but does not reach 95% sooner: both lie within allreduce's
-std (1.4 s). Near the top of a real task's curve the gradients solo drops to a
-round late cost steps that its faster steps only just repay.
-
-``make run`` runs the default with ``--seeds 0 1 2`` (the 3-seed table above, 4 min
-34 s here), so it prints mean +- std. Which checks are a statement and which are
-within noise, from that table: solo's step without its own delay (1.02x the
-no-imbalance step, std ~6 ms on ~32 ms) and allreduce's growth by most of the
-delay are clear; majority "sooner to target" (4.2 +- 0.2 s against 5.7 +- 1.2 s)
-holds by more than one std of each; solo's (4.7 +- 0.1 s) lies within
-allreduce's std (1.2 s), so with 3 seeds it is within noise; final accuracies
-(std .004-.008) agree within ``ACC_TOLERANCE``, as they should; throughput ratios
-move by 10-20% with the machine's load.
-
-Where the parameter server loses (``--sweep``, ``research/studies/eager_sweep.py``):
-every step the one server moves 2 (P - 1) messages of the model's size, an
-allreduce about 2 x the model through every rank, so once P x bytes outweighs a
-step's compute the server falls below allreduce. Measured 2026-11-23 (one seed,
-a shared machine; the full tables are in ``docs/journal.md``): at 4 ranks the crossover
-lies between 11 and 36 MB, on the real link (ps 0.92x allreduce at 36 MB, solo
-1.71x the server) and on an emulated 10 Gb/s link (0.85x); at 8 ranks on 2 cores
-it does not appear, since compute and the injected delay outweigh the server's
-port; the paper's 2.64x at 64 workers is a regime 2 cores cannot reach.
+Throughput over allreduce: solo 1.39x, majority 1.02x, ps 2.15x; allreduce's
+step grew by 81% of the 50 ms delay; solo and majority reached 85% sooner and
+ended within 0.02 of allreduce's accuracy. ``--sweep`` (2026-11-23, one seed,
+loaded machine; tables in the journal): at 4 ranks the server falls below
+allreduce between 11 and 36 MB (0.92x at 36 MB on the real link, 0.85x on an
+emulated 10 Gb/s one).
 """
 
 from __future__ import annotations

@@ -7,122 +7,33 @@ Findings: (1) pipelining backward, gradient reduction and weight update
 mitigates stragglers only partially; (2) there are large delays between weight
 updates, which can hide background work such as checkpointing.
 
-The two findings here (default run below; 2 shared cores, so read with care):
-
-(1) Pipelining mitigates stragglers only partially: PARTLY REPRODUCED. On an
-emulated 1 Gb/s link (one step's communication about 90-100 ms), a 200 ms
-delay on one of 2 ranks raised the median step by 96 ms (layerwise), 165 ms
-(host) and 181 ms (overlap): every strategy absorbed part of it (18-104 ms),
-none all of it, and no more than about one step's communication. But here the
-pipelined strategies did not absorb measurably more than host (host 35-41 ms at
-50 and 200 ms; layerwise 4 and 104; overlap 25 and 18): with no delay at all
-the ranks' arrivals already differ by about 100 ms (host, layerwise) on 2
-contended cores, so the ordering among strategies is within the noise.
-
-(2) Large gaps between weight updates can hide background work such as
-checkpointing: the gaps REPRODUCED, the hiding NOT MEASURABLE here. Between two
-updates of the same stage 147 ms (host) and 210 ms (overlap, per stage) pass,
-96-100% of each update-to-update interval free of updates; DeepFreeze every 3
-steps ran 250-462 ms of background work per save, 97-98% of it outside every
-update, blocking the training thread 5 ms (overlap) and 130 ms (host) per save.
-Its step-time overhead measured -23% and -8%: below the run-to-run noise (20-30%
-here), since the background thread competes with training for the same 2 cores.
-
-The latest default run, 2026-11-24 on a quiet machine, is
-``docs/results/scalability.md`` (generated from its run folder). The figures
-below are the 2026-11-23 runs'.
-
-Measured (2026-11-23, ``flock /work/bench.lock timeout 900 python -m
-experiments.scalability``: 179 s with a warm compile cache; load average 7.1 at
-its start and 4.9 at its end: other helpers' tests ran beside it). Median step
-ms of the measured steps, samples/s, efficiency against 1 rank (weak: T1/TP;
-strong: T1/(P TP)), compute, communication, exposed, hidden fraction::
-
-    ranks, weak scaling (batch 8 per rank)
-    nt3      host        1x1    8   106    75.4  1.00   102     0     0
-    nt3      host        2x1    8   154   104.1  0.69   129    16    16
-    nt3      host        4x1    8   363    88.1  0.29   237   105   105
-    nt3      layerwise   2x1    8   114   139.8  0.93    93     8     8
-    nt3      layerwise   4x1    8   339    94.3  0.31   187   142   146
-    nt3      overlap     2x1    8   210    76.1  0.50   167    56    13  76%
-    nt3      overlap     4x1    8   362    88.5  0.29   273   232    85  64%
-    resnet50 host        1x1    8   446    17.9  1.00   402     0     0
-    resnet50 host        2x1    8   516    31.0  0.86   354   131   131
-    resnet50 host        4x1    8  1309    24.4  0.34  1003   192   192
-    resnet50 overlap     2x1    8   580    27.6  0.77   482   283    15  95%
-    resnet50 overlap     4x1    8  1659    19.3  0.27   987  1209   502  58%
-    ranks, strong scaling (global batch 8)
-    nt3      host        2x1    4    81    99.0  0.66    67     8     8
-    nt3      host        4x1    2   147    54.4  0.18    59    69    69
-    nt3      layerwise   2x1    4    70   113.5  0.75    50     7     7
-    nt3      layerwise   4x1    2   166    48.2  0.16    60    44    45
-    nt3      overlap     2x1    4    95    83.9  0.56    79    24     0  99%
-    nt3      overlap     4x1    2   156    51.2  0.17    68   145    79  46%
-    threads x ranks at 2 cores (global batch 16)
-    nt3      host        1 rank x 2 threads       227    70.5
-    nt3      host        2 ranks x 1 thread       154   104.1
-    batch per rank, host, 2 ranks: 4 -> 99.0, 8 -> 104.1, 16 -> 137.2 samples/s
-    straggler, nt3, 2 ranks, 1 Gb/s, 10 steps: step ms at delay 0 / 50 / 200
-    (absorbed ms at 50 / 200; the straggler's lateness at 200)
-    host       224 / 234 / 389   (41 / 35; late 284)
-    layerwise  214 / 260 / 310   ( 4 / 104; late 162)
-    overlap    147 / 172 / 328   (25 / 18; late 191)
-    DeepFreeze every 3 steps, nt3, 2 ranks, 10 steps: see finding (2)
-
-Rerun on the merged code (2026-11-23 10:26 UTC, same command, 214 s, warm
-cache, load 2.9 at the start and 5.5 at the end, no other job): the same
-picture. Weak scaling at 4 ranks 0.32-0.45 (NT3) and 0.33-0.37 (ResNet-50);
-overlap hides 74-100% of its communication. A 200 ms straggler raised the step
-by 186 ms (host), 106 ms (layerwise) and 189 ms (overlap): absorbed 14, 94 and
-11 ms, so again partly, and most by layerwise. With DeepFreeze every 3 steps
-98-100% of the background work fell in the update gaps (gaps 104-105 ms, 95-100%
-of each step free); overhead +23% (host, 36 ms blocking per save) and +13%
-(overlap, 1 ms blocking), both within this machine's noise.
-
-What 2 shared cores can show: 4 ranks on 2 cores halve each rank's CPU, so
-weak-scaling efficiency at 4 ranks is at most 0.5 before any communication
-(measured 0.27-0.34), and strong scaling at 4 ranks (batch 2 per rank) is
-dominated by per-step overheads; 2 ranks x 1 thread beat 1 rank x 2 threads
-(1.48x) because XLA:CPU's second thread helps NT3's small convolutions less than
-a second rank does; larger batches per rank raise throughput (1.39x from 4 to
-16). A first default run under the same lock (load 7-10, 3 measured steps in
-every sweep) gave efficiencies above 1 and absorbed delays of -290 to +286 ms:
-that noise is why the straggler and checkpoint sweeps now run 10 steps. Rerun
-on a node of its own (or a cluster, below) before reading any ratio as a
-property of the strategies.
-
 What runs (``research.studies.scalability``: points; ``..._report``: table;
 ``..._plots``: figures): one mpiexec job per (ranks, threads) group, each
 training its configurations a few steps with the timeline on; every
-configuration appends a row to ``RUN_DIR/results.jsonl``; the table and figures
-are then re-read from those rows and traces. Sweeps (``--sweeps``):
+configuration appends a row to ``RUN_DIR/results.jsonl``, from which the table
+and figures are re-read. Sweeps (``--sweeps``):
 
 * ``ranks``: 1, 2, 4 ranks x host, layerwise, overlap; weak scaling (batch 8
   per rank) and strong scaling (global batch 8); efficiency against 1 rank;
 * ``threads``: threads x ranks at ``--cores`` (2 here: 1x2 and 2x1), host;
 * ``batch``: batch per rank 4, 8, 16 at 2 ranks, host;
-* ``straggler``: the last of 2 ranks is held 50 and 200 ms after its backward
-  pass, every measured step (spinning: busy, as a rank with more work); host,
-  layerwise, overlap on an emulated 1 Gb/s
-  link (``--straggler-link``), where communication takes time a NIC would and
-  a pipeline has something to hide the delay behind; delay absorbed = delay -
-  increase of the median step over the same run without delay;
-* ``checkpoint``: DeepFreeze every 3 steps at 2 ranks with host and overlap;
-  the update gaps of the same run without checkpointing, the checkpoint's
-  blocking time, its background time, the share of that background time that
-  ran outside every weight update, and the step-time overhead.
+* ``straggler``: the last of 2 ranks is held (spinning) 50 and 200 ms after its
+  backward pass, every measured step; host, layerwise, overlap on an emulated
+  1 Gb/s link (``--straggler-link``); delay absorbed = delay - increase of the
+  median step over the same run without delay;
+* ``checkpoint``: DeepFreeze every 3 steps at 2 ranks with host and overlap:
+  the update gaps without checkpointing, the checkpoint's blocking and
+  background time, the share of that background time outside every weight
+  update, and the step-time overhead.
 
-Reductions made for the laptop default (2 cores, about 6 minutes): NT3 on 1,024
-features instead of 60,483 (its layers unchanged: 2.7 M parameters instead of
-155 M), ResNet-50 on 32x32 inputs and 10 classes (23.5 M parameters); 5 steps
-per configuration of which the first 2 (compilation) are left out, 10 in the
-straggler and checkpoint sweeps (``--long-steps``); every sweep on NT3 (the
-first of ``--models``), ResNet-50 only in the weak-scaling ranks sweep with
-host and overlap (``--scope full`` runs everything for every model: each new
-batch size or strategy is a 30-60 s compilation of ResNet-50 here).
-``--paper-scale``: full NT3 (60,483 features) and 224x224 ResNet-50 with 1000
-classes, batch 32 per rank, 20 steps (5 left out), delays 0.1-0.4 s on the real
-link, for a cluster.
+Laptop default (2 cores, about 6 minutes): NT3 on 1,024 features instead of
+60,483 (2.7 M parameters instead of 155 M), ResNet-50 on 32x32 inputs and 10
+classes; 5 steps per configuration (first 2 left out), 10 in the straggler and
+checkpoint sweeps (``--long-steps``); every sweep on NT3, ResNet-50 only in the
+weak-scaling ranks sweep with host and overlap (``--scope full`` runs
+everything for every model). ``--paper-scale``: full NT3 and 224x224 ResNet-50
+with 1000 classes, batch 32 per rank, 20 steps (5 left out), delays 0.1-0.4 s on
+the real link, for a cluster.
 
 Commands::
 
@@ -135,6 +46,32 @@ Commands::
         --cores 64 --emit-cluster runs/sc19        # writes runs/sc19/submit.sh
     bash runs/sc19/submit.sh                       # sbatch lines (qsub: the same)
     python -m experiments.scalability --merge runs/sc19
+
+What 2 shared cores can show: 4 ranks on 2 cores halve each rank's CPU, so
+weak-scaling efficiency at 4 ranks is at most 0.5 before any communication,
+strong scaling at 4 ranks (batch 2 per rank) is dominated by per-step
+overheads, and background work competes with training for the same cores;
+run-to-run noise is 20-30%. Rerun on a node of its own (or a cluster) before
+reading any ratio as a property of the strategies.
+
+Current results: the default run of 2026-11-24 (19:56-19:59 UTC, this 2-core
+CPU machine, nothing else running); full tables and figures in
+``docs/results/scalability.md``, earlier runs in ``docs/journal.md``. NT3,
+2 ranks unless stated::
+
+    weak scaling eff. 2 / 4 ranks  host 0.91 / 0.40  layerwise 0.55 / 0.40
+                                   overlap 0.79 / 0.35 (hides 82% / 59%)
+    straggler, 1 Gb/s, step ms at delay 0 / 50 / 200 (absorbed at 50 / 200)
+      host 138 / 185 / 336 (4 / 3)     layerwise 142 / 147 / 251 (46 / 91)
+      overlap 95 / 132 / 283 (13 / 12)
+    update gap 50 ms (host), 61 ms (overlap): 93% / 99% free of updates
+    DeepFreeze every 3 steps: background 91 / 99 ms per save, 97% / 99% of it
+      in the gaps; blocking 0 / 8 ms per save; overhead 12% / 5%
+
+(1) PARTLY REPRODUCED: every strategy absorbed part of a 200 ms straggler,
+none all of it; the ordering among strategies is within this machine's noise.
+(2) The gaps REPRODUCED, the hiding NOT MEASURABLE here: nearly all background
+work falls between updates, but its step-time overhead is below the noise.
 """
 
 from __future__ import annotations

@@ -1,67 +1,28 @@
 """Convolution with a matmul kernel gradient: drop-in ``lax.conv_general_dilated``.
 
-(The figures below were measured with XLA:CPU's default of running convolutions
-on YNNPACK; ``models.xla_cpu`` now sends them to Eigen, and
-``scripts/bench_compute.py`` has the whole-step figures since.)
-
 Why: XLA:CPU computes the kernel (weight) gradient of a convolution as another
 convolution, and for 1x1 kernels and few-input-channel kernels that path is several
-times slower than the same contraction written as one matmul. Measured here
-(2 shared cores, batch 16, float32, jitted alone, median of 5, load ~3.5-4.4):
+times slower than the same contraction written as one matmul. In a whole step it
+also costs transposing copies: XLA rewrites each kernel gradient as a convolution
+over ``(C, H, W, N)``-ordered copies of ``x`` and ``dy``, and it does not keep the
+activations that feed them: block outputs are elementwise expressions (BatchNorm,
+residual add, ReLU) of earlier ones, and XLA fuses the whole chain into each
+consumer, so each transposing copy recomputes up to 15 earlier blocks while reading
+them in transposed, cache-hostile order. With ``dot(patches, dy)`` XLA's dot wants
+the contracted axes of its first operand minor, so it copies ``x`` transposed, with
+the same recomputation inside; ``dot(dy, patches)`` followed by transposing the
+small ``(O, taps * I)`` result makes XLA transpose ``dy`` instead, whose producer is
+shallow, and the 1x1 kernel gradients become plain matmuls.
 
-======================================  ===========  ==========
-kernel gradient                          XLA's conv   this module
-======================================  ===========  ==========
-1x1 s1 256->512 at 28x28 (3.3 GFLOP)     116 ms       23 ms
-1x1 s1  64->256 at 56x56 (1.6 GFLOP)     174 ms       15-36 ms
-1x1 s2 512->1024 28->14 (3.3 GFLOP)      143 ms       21 ms
-1-D k20 1->128, length 6000              31 ms        9 ms
-3x3 s1 128->128 at 28x28 (3.7 GFLOP)     32 ms        52-88 ms (kept XLA's)
-3x3 s1  64->64 at 56x56                  50 ms        107-171 ms (kept XLA's)
-7x7 s2 3->64 at 112 (ResNet stem)        17 ms        23-50 ms (kept XLA's)
-1-D k10 128->128, length 5981            437 ms       437-784 ms (kept XLA's)
-======================================  ===========  ==========
-
-Where a whole ResNet-50 step's time goes (``jax.profiler`` trace of the jitted
-gradient step, batch 16 at 112x112, each thunk matched to the optimized HLO;
-``python -m scripts.profile_step``; load 3-4, so indicative): with XLA's kernel
-gradient, of about 1950 ms of thunk time per step (two threads) convolutions
-take 1070 ms, of which the kernel gradients are about 570 ms running at
-15-65 GFLOP/s for the 1x1 ones (forward and input gradient run at 100-200), and
-**transposing copies take 520 ms**. XLA rewrites each kernel gradient as a
-convolution over ``(C, H, W, N)``-ordered copies of ``x`` and ``dy``, and it does
-not keep the activations that feed them: block outputs are elementwise
-expressions (BatchNorm, residual add, ReLU) of earlier ones, and XLA fuses the
-whole chain into each consumer, so each transposing copy recomputes BatchNorm,
-residual adds and ReLUs of up to 15 earlier blocks while reading them in
-transposed, cache-hostile order (the output of the first block is recomputed
-15 times). That is also why the isolated gain of the matmul vanished: with
-``dot(patches, dy)`` XLA's dot wants the contracted axes of its first operand
-minor, so it copied ``x`` transposed, with the same recomputation inside, and
-these copies took 370-890 ms per step, eating the 2-7x faster matmuls.
-``dot(dy, patches)`` followed by transposing the small ``(O, taps * I)`` result
-makes XLA transpose ``dy`` instead, whose producer is shallow: the copies drop to
-about 40-70 ms and the 1x1 kernel gradients become plain matmuls.
-
-Whole training steps, interleaved in one process (``scripts/bench_compute.py``,
-2 shared cores): ResNet-50 (batch 16, 112x112) 1460 ms with XLA's kernel
-gradient against 1030 ms with this module's (1.42x, load 4-5); VGG-16 (batch 8,
-64x64, all 3x3 but the first) 756 against 789 ms (equal within the noise: only
-the first layer qualifies). So the matmul path is the default;
-``RESEARCH_CONV_WGRAD=xla`` (or ``set_weight_grad("xla")``) restores XLA's. It
-is used for every 1x1 kernel (any stride) and for kernels with
-``prod(window) * in_channels <= 64``; other convolutions are left to XLA. Tried
-and not kept: patches for every kernel (3x3 included) in whole steps, ResNet-50
-1046 against 1030 ms, VGG-16 769 against 789 ms; patches up to 3x3x128
-(``PATCH_LIMIT = 1152``): ResNet-50 992 against 1009-1036 ms, VGG-16 713 against
-725-736 ms (two control columns, 9 steps, load 2), 2-4%, the size of the noise,
-for 9x the activation memory of those layers (3.7 GB for VGG-16's 64-channel
-layers at 224x224, batch 32); 1x1 stride-1 convolutions written as one
-``dot_general`` in the forward pass as well (so that the input gradient is a
-matmul too): ResNet-50 1155 against 1028 ms (slower); an
-``optimization_barrier`` on convolution inputs to make XLA keep the activations:
-XLA:CPU drops it before fusion, and with XLA's kernel gradient the step took 7 s.
-The forward pass and the input gradient are always XLA's.
+Whole ResNet-50 training steps ran 1.42x faster with this module's kernel gradient
+(VGG-16, all 3x3 but the first layer: equal within the noise), so the matmul path
+is the default; ``RESEARCH_CONV_WGRAD=xla`` (or ``set_weight_grad("xla")``)
+restores XLA's. It is used for every 1x1 kernel (any stride) and for kernels with
+``prod(window) * in_channels <= 64``; other convolutions are left to XLA. The
+forward pass and the input gradient are always XLA's. The measurements (taken with
+XLA:CPU's convolutions on YNNPACK, before ``models.xla_cpu`` sent them to Eigen;
+``scripts/bench_compute.py`` has the whole-step figures since) and what was tried
+and not kept are in ``docs/journal.md`` (2026-11-25).
 
 The weight gradient of ``y = conv(x, w)`` (channels last, stride ``s``, padding
 ``p``) is ``dw[k, i, o] = sum_{n, q} xpad[n, s*q + k, i] * dy[n, q, o]``: for each
