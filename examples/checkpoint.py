@@ -44,7 +44,7 @@ def main(run_dir: str, steps: int, every: int) -> str:
     # rank writes a share of it): here parameters, optimizer state and the step.
     # ``save`` saves whenever it is called; ``config.due`` follows ``every``.
     state = {"params": params, "opt": opt, "step": jnp.zeros((), jnp.int32)}
-    config = CheckpointConfig(strategy="deepfreeze", every=every, final=True)
+    config = CheckpointConfig(saver="deepfreeze", every=every, final=True)
     ckpt = config.create(world, Path(run_dir))
     restored = ckpt.restore(state)  # collective; None when nothing is committed
     if restored is not None:

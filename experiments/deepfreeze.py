@@ -13,11 +13,11 @@ nearly free and scales with the ranks. Anchors of later work: CheckFreq
 iteration with no measurable overhead.
 
 What runs: one MPI job trains one model once, and its steps are shared out in
-periods of ``--window`` steps among the arms (strategy x interval) in shuffled
+periods of ``--window`` steps among the arms (saver x interval) in shuffled
 rounds, with periods without checkpoints as a placebo
 (``research.checkpoint.bench``; ``research/checkpoint/overhead.py``). Strategies:
-``rank0-sync`` (rank 0 writes the whole state, blocking: Horovod/Keras),
-``orbax-sync`` (every rank writes its shard with Orbax's blocking
+``rank0-blocking`` (rank 0 writes the whole state, blocking: Horovod/Keras),
+``orbax-blocking`` (every rank writes its shard with Orbax's blocking
 Checkpointer), ``orbax-async-rank0`` (rank 0 with Orbax's AsyncCheckpointer)
 and ``deepfreeze`` (``research.checkpoint.deepfreeze``: zero-copy snapshot of
 this rank's shard, written to ``/dev/shm`` by a niced helper process with
@@ -26,7 +26,7 @@ averages with ``--strategy sync`` (sleeping waits leave the core to background
 work). It prints one table (blocking time, time to commit on each tier,
 overhead at ``--interval`` with its 90% interval and that of its difference
 from DeepFreeze's, restore time, bytes and writer CPU per checkpoint), the
-targets with PASS/FAIL (DeepFreeze blocking <= 10% of rank0-sync, overhead
+targets with PASS/FAIL (DeepFreeze blocking <= 10% of rank0-blocking, overhead
 <= 5% at interval 10, lowest of all with every difference above zero, writer
 CPU <= 1.5 ms per MB), the in-flight policies (wait, skip) and figures.
 
@@ -63,14 +63,14 @@ CPU machine, load 8.9-10.7 from other developers' tests; 4 ranks, CANDLE P1B2,
 reference step 248 ms); full table and figures in
 ``docs/results/deepfreeze.md``, earlier runs in ``docs/journal.md``::
 
-    strategy           blocking ms  overhead@10 [90% CI]     writer CPU ms/ckpt
+    saver              blocking ms  overhead@10 [90% CI]     writer CPU ms/ckpt
     none (placebo)               -   +0.5% [-0.3%, +1.3%]                     -
-    rank0-sync               488.1  +17.9% [+15.6%, +20.3%]               121.4
-    orbax-sync               492.6  +18.4% [+16.1%, +20.8%]                71.3
+    rank0-blocking           488.1  +17.9% [+15.6%, +20.3%]               121.4
+    orbax-blocking           492.6  +18.4% [+16.1%, +20.8%]                71.3
     orbax-async-rank0        146.1  +17.9% [+15.9%, +20.4%]               214.9
     deepfreeze                 2.1   +3.4% [+1.8%, +5.0%]      11.4 (1.17/MB)
 
-All four targets PASS (blocking 0.4% of rank0-sync's). With a checkpoint every
+All four targets PASS (blocking 0.4% of rank0-blocking's). With a checkpoint every
 step, the wait policy made 21 of 30 requests wait and the skip policy dropped
 16. On a quiet machine (2026-11-23, four bound runs) DeepFreeze cost +2.3% to
 +3.5% against orbax-async-rank0's +7.6% to +12.0%.
@@ -84,10 +84,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from research.checkpoint.config import saver_name
 from research.cli import nested, override, parse_config
 from research.launch import UsageError, fail_usage
 from research.studies.deepfreeze import (
-    STRATEGIES,
+    SAVERS,
     check_flags,
     launch_jobs,
     report,
@@ -153,25 +154,27 @@ def _train() -> TrainConfig:
 
 @dataclasses.dataclass
 class Config(ExperimentConfig):
-    """The strategies compared, the interleaved periods and DeepFreeze's knobs.
+    """The savers compared, the interleaved periods and DeepFreeze's knobs.
 
     The fast tier is ``train.fast_dir`` (``--fast-dir``).
     """
 
     train: TrainConfig = nested(_train)
-    strategies: list[str] = flag(
+    savers: list[str] = flag(
         None,
-        "strategies compared (none is always the reference); default all",
+        "checkpoint savers compared (none is always the reference); default all",
         CKPT,
-        factory=lambda: list(STRATEGIES),
-        choices=STRATEGIES,
+        factory=lambda: list(SAVERS),
+        choices=SAVERS,
+        type=saver_name,
+        aliases=("--strategies",),
     )
     interval: int = flag(
         10, "checkpoint every N steps for the table; default %(default)s", CKPT
     )
     intervals: list[int] = flag(
         None,
-        "more intervals for the overhead figure (rank0-sync and deepfreeze); "
+        "more intervals for the overhead figure (rank0-blocking and deepfreeze); "
         "default %(default)s",
         CKPT,
         factory=lambda: [5],

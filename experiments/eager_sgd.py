@@ -10,7 +10,7 @@ losing accuracy.
 
 What runs: one MPI job trains the same model for the same number of epochs under
 the same injected imbalance with each arm, one after the other: ``allreduce``
-(synchronous SGD, ``--sync-strategy``, default ``sync``: exact, with sleeping
+(synchronous SGD, ``--allreduce-strategy``, default ``sync``: exact, with sleeping
 waits like the eager arms), ``solo`` and ``majority`` (eager-SGD,
 ``research.comm.partial``, staleness bound ``--sync-every``), ``ps`` (an
 asynchronous parameter server on rank 0, ``research.comm.ps``) and ``balanced``
@@ -234,11 +234,12 @@ class Config(ExperimentConfig):
         "builds up ~10x faster, and 4 keeps staleness alike",
         EAGER,
     )
-    sync_strategy: str = flag(
+    allreduce_strategy: str = flag(
         "sync",
         "strategy of the allreduce arm; default %(default)s",
         EAGER,
         choices=("sync", "fused", "host"),
+        aliases=("--sync-strategy",),
     )
     target_acc: float = flag(
         DEFAULT_TARGET,

@@ -103,7 +103,7 @@ def main() -> None:
             ):
                 raise injected(rank, phase)
 
-        ck = CheckpointConfig(strategy="deepfreeze", every=2)
+        ck = CheckpointConfig(saver="deepfreeze", every=2)
         callbacks.append(CheckpointCallback(ck, fault_hook=hook))
 
     if phase == "data":

@@ -2,7 +2,7 @@
 
     mpiexec -n 3 python -m tests.shared_node_driver RUN_DIR [FAST_DIR]
 
-Issue 25's first reproduction: ``CheckpointConfig(strategy="deepfreeze",
+Issue 25's first reproduction: ``CheckpointConfig(saver="deepfreeze",
 every=1).create(world, run_dir)``, ``save``, ``wait`` (with ``FAST_DIR`` as
 the fast tier when given, else the default). While the checkpoint is in the
 fast tier, every rank writes ``RUN_DIR/result-r<rank>.json``: the fast tier's
@@ -52,7 +52,7 @@ def main() -> None:
     run_dir = Path(sys.argv[1])
     fast = sys.argv[2] if len(sys.argv) > 2 else "auto"
     world = get_world()
-    config = CheckpointConfig(strategy="deepfreeze", every=1, fast_dir=fast)
+    config = CheckpointConfig(saver="deepfreeze", every=1, fast_dir=fast)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:

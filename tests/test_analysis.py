@@ -153,13 +153,13 @@ def test_rank_breakdown_with_nesting_overlap_waits_and_idle():
         16
     )  # C - E: [2,10] [12,13] [16,17] [19,24] [27,28]
     assert r["comm_s"] == approx_ms(11)
-    assert r["overlap_s"] == approx_ms(4)  # [7,10] [12,13]
+    assert r["hidden_comm_s"] == approx_ms(4)  # [7,10] [12,13]
     assert r["hidden_fraction"] == pytest.approx(4 / 11)
     assert r["exposed_comm_s"] == approx_ms(7)
     assert r["other_s"] == approx_ms(14)
     assert r["idle_s"] == approx_ms(3)  # [13,14] [28,30]
     assert (
-        r["compute_s"] + r["comm_s"] - r["overlap_s"] + r["other_s"] + r["idle_s"]
+        r["compute_s"] + r["comm_s"] - r["hidden_comm_s"] + r["other_s"] + r["idle_s"]
     ) == pytest.approx(r["wall_s"])
     assert {k: round(v / MS, 6) for k, v in r["by_track_s"].items()} == {
         "data": 4,
@@ -431,7 +431,7 @@ def test_real_trace_is_consistent(run_dir):
     assert r["steps"] == STEPS and r["step_s"] > 0
     # Single process: load, forward+backward, average, update, evaluate never
     # overlap, so the breakdown adds up to the window without an overlap term.
-    assert r["overlap_s"] == 0
+    assert r["hidden_comm_s"] == 0
     parts = r["compute_s"] + r["comm_s"] + r["other_s"] + r["idle_s"]
     assert parts == pytest.approx(r["wall_s"], rel=1e-9)
     assert r["compute_s"] == pytest.approx(

@@ -288,8 +288,22 @@ def test_deepfreeze_syncs_the_shard_only_where_it_persists(tmp_path, fast):
     assert ck.committed_steps("persistent") == [1]
 
 
+def test_old_saver_names_work_for_one_release_with_a_note(capsys, monkeypatch):
+    from experiments.train import parse
+    from research.comm import base
+
+    monkeypatch.setattr(base, "_SAID", set())
+    cfg = CheckpointConfig(strategy="rank0-sync")
+    assert cfg.saver == "rank0-blocking" and cfg.validate() is None
+    err = capsys.readouterr().err
+    assert "CheckpointConfig(strategy=...) is now CheckpointConfig(saver=...)" in err
+    assert "checkpoint saver 'rank0-sync' is now 'rank0-blocking'" in err
+    assert parse(["--checkpoint", "orbax-sync"]).train.checkpoint == "orbax-blocking"
+    assert "'orbax-sync' is now 'orbax-blocking'" in capsys.readouterr().err
+
+
 def test_config_validation():
     assert CheckpointConfig().validate() is None
-    assert "unknown checkpoint strategy" in CheckpointConfig(strategy="x").validate()
+    assert "unknown checkpoint saver" in CheckpointConfig(saver="x").validate()
     assert CheckpointConfig(on_busy="later").validate()
-    assert CheckpointConfig(strategy="none").create(None) is None
+    assert CheckpointConfig(saver="none").create(None) is None

@@ -1,8 +1,9 @@
 """End-to-end smoke test of ``python -m experiments.deepfreeze`` at toy size.
 
 Two ranks, a small MLP, one round of short windows: the experiment must start
-its MPI job itself, print the table with every strategy and the targets, and
-leave the job's results and all three figures in the run folder.
+its MPI job itself, print the table with every saver and the targets, and
+leave the job's results and all three figures in the run folder. A run folder
+written before the savers' rename (2026-11-25) gives the same table.
 """
 
 from __future__ import annotations
@@ -54,12 +55,12 @@ def test_default_pipeline_at_toy_size(tmp_path):
     )
     root = tmp_path / "runs" / "df"
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for name in ("rank0-sync", "orbax-sync", "orbax-async-rank0", "deepfreeze"):
+    for name in ("rank0-blocking", "orbax-blocking", "orbax-async-rank0", "deepfreeze"):
         assert f"| {name} |" in proc.stdout
     assert "target: DeepFreeze blocking" in proc.stdout
     assert "in flight (checkpoint every step, policy skip)" in proc.stdout
     main = json.loads((root / "main-np2.json").read_text())
-    assert main["ranks"] == 2 and main["strategies"]["deepfreeze"]["restore_s"] > 0
+    assert main["ranks"] == 2 and main["savers"]["deepfreeze"]["restore_s"] > 0
     # --bind core (the default) with one thread per rank: one core each.
     assert [len(cores) for cores in main["cpu_affinity"]] == [1, 1]
     for fig in (
@@ -72,6 +73,26 @@ def test_default_pipeline_at_toy_size(tmp_path):
         assert (root / fig).exists(), fig
     # Fast tiers and transfer files are memory: a finished run removes its own.
     assert _shm_entries() - shm_before == set()
+    _old_words_give_the_same_table(root, tmp_path / "old")
+
+
+def _old_words_give_the_same_table(root: Path, old: Path) -> None:
+    """The job file as written before 2026-11-25: "strategy", "strategies",
+    rank0-sync and orbax-sync."""
+    from research.studies.deepfreeze import format_table, load_results
+
+    old.mkdir()
+    text = (root / "main-np2.json").read_text()
+    for new, was in (
+        ('"savers"', '"strategies"'),
+        ('"saver"', '"strategy"'),
+        ("rank0-blocking", "rank0-sync"),
+        ("orbax-blocking", "orbax-sync"),
+    ):
+        text = text.replace(new, was)
+    assert "rank0-blocking" not in text and '"strategies"' in text
+    (old / "main-np2.json").write_text(text)
+    assert format_table(load_results(old)[0]) == format_table(load_results(root)[0])
 
 
 def _shm_entries() -> set[str]:

@@ -26,7 +26,7 @@ from research.comm.world import get_world
 
 world = get_world()
 state = {"w": jnp.arange(12.0).reshape(3, 4), "b": jnp.ones(4)}
-ckpt = CheckpointConfig(strategy="deepfreeze", every=1).create(world, sys.argv[1])
+ckpt = CheckpointConfig(saver="deepfreeze", every=1).create(world, sys.argv[1])
 ckpt.save(1, state)
 ckpt.wait()
 restored = ckpt.restore(state)

@@ -308,7 +308,7 @@ def test_a_normal_runs_node_local_files_are_private(tmp_path):
     legacy = Path("/dev/shm") / f"research-ckpt-{user}-{digest.hexdigest()[:12]}"
     if Path("/dev/shm").is_dir():
         (legacy / "rank0" / "3").mkdir(parents=True)
-    ckpt = CheckpointConfig(strategy="deepfreeze", every=1, fsync=False).create(
+    ckpt = CheckpointConfig(saver="deepfreeze", every=1, fsync=False).create(
         get_world(), tmp_path
     )
     fast = ckpt.tiers[0]

@@ -1,7 +1,7 @@
 """Sharded asynchronous multi-level checkpointing on Orbax (DeepFreeze), baselines.
 
     from research.checkpoint import CheckpointConfig
-    ckpt = CheckpointConfig(strategy="deepfreeze", every=10).create(world, run_dir)
+    ckpt = CheckpointConfig(saver="deepfreeze", every=10).create(world, run_dir)
     restored = ckpt.restore(state)            # None when nothing is committed
     ...
     ckpt.save(step, state, extra={"data": loader.position})   # returns quickly

@@ -1,6 +1,6 @@
-"""What every checkpointing strategy shares: records, errors, tiers, restore.
+"""What every checkpointing saver shares: records, errors, tiers, restore.
 
-A strategy implements ``save(step, state, extra)`` (returns after the blocking
+A saver implements ``save(step, state, extra)`` (returns after the blocking
 part), ``wait()`` (until every requested checkpoint is committed or failed;
 raises the failure) and inherits ``restore(target)``, ``summary()`` and
 ``close()``. Construction and ``restore`` are collective over the world.
@@ -47,7 +47,7 @@ class SaveRecord:
       bytes_written: bytes this rank wrote for it, all tiers.
       shard_bytes: bytes of this rank's checkpoint in one tier.
       writer_cpu_s: CPU seconds the writer spent on it, from the writer's own
-        clock (``cpuclock.py`` says which clock each strategy reads).
+        clock (``cpuclock.py`` says which clock each saver reads).
     """
 
     step: int
@@ -93,7 +93,7 @@ class Checkpointer:
         self.world = world
         self.rank, self.size = world.rank, world.size
         # A private communicator per instance: two checkpointers alive in one
-        # process (tests, the experiment's strategies) never match each other.
+        # process (tests, the experiment's savers) never match each other.
         self.comm: MPI.Intracomm = world.dup("checkpoint").Dup()
         # Absolute once, here: Orbax refuses relative paths, users type them.
         persistent = Tier("persistent", Path(directory).absolute())
@@ -254,7 +254,7 @@ class Checkpointer:
             self._remove_step(tier, s)
 
     def _remove_step(self, tier: Tier, step: int) -> None:
-        """Delete this rank's shard of a dropped step (strategies may recycle)."""
+        """Delete this rank's shard of a dropped step (savers may recycle)."""
         remove_tree(tier.step_dir(self.rank, step))
 
     def summary(self) -> dict[str, Any]:
@@ -262,7 +262,7 @@ class Checkpointer:
         recs = sorted(self.records.values(), key=lambda r: r.step)
         done = [r for r in recs if not r.skipped]
         return {
-            "strategy": self.name,
+            "saver": self.name,
             "saves": len(recs),
             "skipped": sum(r.skipped for r in recs),
             "stalled": sum(r.wait_s > 0 for r in recs),

@@ -1,16 +1,16 @@
 """The baselines DeepFreeze is measured against, in the same format.
 
-* ``rank0-sync``: rank 0 writes the whole state and training waits for it (the
+* ``rank0-blocking``: rank 0 writes the whole state and training waits for it (the
   Horovod/Keras norm: ``if hvd.rank() == 0: model.save(...)``); the other ranks
   wait for rank 0 in the next step's allreduce.
-* ``orbax-sync``: every rank writes its size-balanced shard with Orbax's
+* ``orbax-blocking``: every rank writes its size-balanced shard with Orbax's
   blocking ``Checkpointer``, then the ranks agree before training resumes.
 * ``orbax-async-rank0``: rank 0 writes the whole state with Orbax's
   ``AsyncCheckpointer``; the blocking part is Orbax's device-to-host copy of
   the state, and a save waits behind the previous one (Orbax's own policy).
 
 All three write manifests and shards as DeepFreeze does, so one ``restore``
-serves every strategy, but they record no checksums (as their models do not),
+serves every saver, but they record no checksums (as their models do not),
 so restore cannot detect a corrupt file of theirs beyond what Orbax notices.
 """
 
@@ -93,10 +93,10 @@ class _Base(Checkpointer):
         }
 
 
-class Rank0Sync(_Base):
+class Rank0Blocking(_Base):
     """Rank 0 saves the whole state synchronously; the others do nothing."""
 
-    name = "rank0-sync"
+    name = "rank0-blocking"
     _ckptr = None
 
     def save(self, step: int, state: Any, extra: dict | None = None) -> SaveRecord:
@@ -105,7 +105,7 @@ class Rank0Sync(_Base):
         if self.rank == 0:
             cpu0 = process_cpu()  # training is paused: the process is the writer
             with get_tracer().span(
-                "checkpoint", "checkpoint", step=step, strategy=self.name
+                "checkpoint", "checkpoint", step=step, saver=self.name
             ):
                 leaves, _ = self._flat.flatten(state)
                 host = jax.device_get([_host(x) for x in leaves])
@@ -133,10 +133,10 @@ class Rank0Sync(_Base):
         return rec
 
 
-class OrbaxSync(_Base):
+class OrbaxBlocking(_Base):
     """Every rank saves its balanced shard with Orbax's blocking Checkpointer."""
 
-    name = "orbax-sync"
+    name = "orbax-blocking"
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
@@ -147,9 +147,7 @@ class OrbaxSync(_Base):
         t0 = time.perf_counter()
         rec = SaveRecord(step=int(step))
         cpu0 = process_cpu()  # training is paused: the process is the writer
-        with get_tracer().span(
-            "checkpoint", "checkpoint", step=step, strategy=self.name
-        ):
+        with get_tracer().span("checkpoint", "checkpoint", step=step, saver=self.name):
             leaves, changed = self._flat.flatten(state)
             if changed or not self._units:
                 self._units = plan(self._flat.specs, self.size)
@@ -217,7 +215,7 @@ class OrbaxAsyncRank0(_Base):
         self.records[rec.step] = rec
         if self.rank == 0:
             tr = get_tracer()
-            with tr.span("checkpoint", "checkpoint", step=step, strategy=self.name):
+            with tr.span("checkpoint", "checkpoint", step=step, saver=self.name):
                 rec.inflight = int(
                     self._watcher is not None and self._watcher.is_alive()
                 )

@@ -1,10 +1,10 @@
-"""Measure checkpointing strategies inside one training run, interleaved.
+"""Measure checkpointing savers inside one training run, interleaved.
 
 Comparing whole runs one after another is hopeless on a shared machine: the
 same run without checkpoints took 17 s and 71 s here minutes apart. So one
-training run (a :class:`~research.train.loop.Trainer`) carries every strategy:
+training run (a :class:`~research.train.loop.Trainer`) carries every saver:
 the steps are cut into periods of ``window`` steps, each period belongs to one
-``(strategy, interval)`` arm (``none``: no checkpoint, the placebo), the arm
+``(saver, interval)`` arm (``none``: no checkpoint, the placebo), the arm
 checkpoints at the period's first step and every ``interval`` steps after it,
 and ``settle`` steps after its last checkpoint every rank waits for the arm's
 work to finish (the wait is charged to the arm) and meets the others. Each
@@ -17,8 +17,8 @@ The cost of a period is its charged part (checkpoint calls, the steps up to
 the wait, the wait) minus as many local reference steps, measured on the
 clean steps that follow every wait (``overhead.py`` has the estimator, its
 reasons and its bootstrap). Blocking time, time until committed and bytes
-written are measured per checkpoint; restore time once per strategy after
-training. Before measuring, each strategy writes one checkpoint to pay its
+written are measured per checkpoint; restore time once per saver after
+training. Before measuring, each saver writes one checkpoint to pay its
 one-time costs (Orbax set-up, compilation of the device copy).
 """
 
@@ -52,7 +52,7 @@ class Slot:
     """
 
     arm: str
-    strategy: str
+    saver: str
     interval: int
     start: int
     window: int
@@ -61,7 +61,7 @@ class Slot:
 
     @property
     def checkpoints(self) -> list[int]:
-        if self.strategy == "none":
+        if self.saver == "none":
             return []
         return list(range(self.start, self.start + self.window, self.interval))
 
@@ -85,7 +85,7 @@ def schedule(
     """Shuffled rounds, one period of every arm each (``none``: the placebo).
 
     Args:
-      arms: ``{arm: (strategy, interval)}``; ``"none": ("none", 0)`` included.
+      arms: ``{arm: (saver, interval)}``; ``"none": ("none", 0)`` included.
       rounds: rounds, i.e. periods of each arm.
       window: steps per period.
       settle: steps after an arm's last checkpoint of a period before its work
@@ -110,10 +110,10 @@ def schedule(
         ]
         rng.shuffle(order)
         for a in order:
-            strategy, interval = arms[a]
-            every = interval if strategy != "none" else window
+            saver, interval = arms[a]
+            every = interval if saver != "none" else window
             n = charged_steps(every, window, settle)
-            slots.append(Slot(a, strategy, interval, step, window, n, r))
+            slots.append(Slot(a, saver, interval, step, window, n, r))
             step += window
     return slots
 
@@ -139,7 +139,7 @@ class Interleaved(Callback):
         for s in slots:
             for k in s.checkpoints:
                 self._due[k] = s.arm
-            self._drain[s.start + s.charged] = s.strategy
+            self._drain[s.start + s.charged] = s.saver
         # Progress: rank 0 prints a line as each round ends.
         self._round_end = {
             max(s.start + s.window for s in slots if s.round == r): r
@@ -165,7 +165,7 @@ class Interleaved(Callback):
         # Every period waits for its arm's work at the same step and the ranks
         # meet (placebo periods too), so the wait, charged to the arm, is the
         # slowest rank's, no work spills into the clean steps, and two
-        # strategies never write at once (Orbax is not safe for concurrent
+        # savers never write at once (Orbax is not safe for concurrent
         # saves in one process). The barrier sleeps, like the training's waits.
         drain = self._drain.get(step)
         if drain is not None:
@@ -183,8 +183,8 @@ class Interleaved(Callback):
                 ck.records.pop(step, None)  # one-time costs, not measured
         arm = self._due.get(step)
         if arm is not None:
-            strategy = self.arms[arm][0]
-            self.ckpts[strategy].save(
+            saver = self.arms[arm][0]
+            self.ckpts[saver].save(
                 step, trainer.state, extra={"data": trainer.loader.position}
             )
         self.after[step] = time.perf_counter()
@@ -210,7 +210,7 @@ def _median(xs: list[float | None]) -> float | None:
 
 
 def _worst(records: list[dict], key: str) -> float | None:
-    """Largest value among the ranks that have one (rank-0 strategies: rank 0)."""
+    """Largest value among the ranks that have one (rank-0 savers: rank 0)."""
     vals = [r[key] for r in records if r[key] is not None]
     return max(vals) if vals else None
 
@@ -235,11 +235,11 @@ def run_interleaved(
     Args:
       world: the job's world (collective).
       train: the training run; ``steps`` is set from the schedule.
-      configs: one checkpoint configuration per strategy (``resume`` ignored).
-      arms: ``{arm: (strategy, interval)}``; include ``"none": ("none", 0)``.
+      configs: one checkpoint configuration per saver (``resume`` ignored).
+      arms: ``{arm: (saver, interval)}``; include ``"none": ("none", 0)``.
       rounds, window, settle, warm, minor, seed: see :func:`schedule`.
-      versus: the strategy every other is compared with (``diff_ci``).
-      restore: time a restore of each strategy's newest checkpoint afterwards.
+      versus: the saver every other is compared with (``diff_ci``).
+      restore: time a restore of each saver's newest checkpoint afterwards.
     """
     configs = {
         n: dataclasses.replace(
@@ -279,13 +279,13 @@ def run_interleaved(
         "profile": prof,
         "run_dir": train.run_dir,
         "arms": {},
-        "strategies": {},
+        "savers": {},
     }
-    for arm, (strategy, interval) in arms.items():
+    for arm, (saver, interval) in arms.items():
         ws = [w for w in periods if w["arm"] == arm]
         st = stats[arm]
         out["arms"][arm] = {
-            "strategy": strategy,
+            "saver": saver,
             "interval": interval,
             "periods": st["periods"],
             "overhead": st["overhead"],
@@ -300,10 +300,10 @@ def run_interleaved(
             "drain_s": _median([w["drain_s"] for w in ws]),
         }
     for name, ck in cb.ckpts.items():
-        out["strategies"][name] = _strategy_stats(world, name, ck, slots)
+        out["savers"][name] = _saver_stats(world, name, ck, slots)
         ck.close()
         if restore:
-            out["strategies"][name]["restore_s"] = _time_restore(
+            out["savers"][name]["restore_s"] = _time_restore(
                 world, configs[name], trainer
             )
         _remove_checkpoints(world, ck)
@@ -337,10 +337,10 @@ def _periods(
     return periods, base, profile(before, periods)
 
 
-def _strategy_stats(
+def _saver_stats(
     world: World, key: str, ck: Checkpointer, slots: list[Slot]
 ) -> dict[str, Any]:
-    """Per-checkpoint numbers of one strategy, by interval, over every rank."""
+    """Per-checkpoint numbers of one saver, by interval, over every rank."""
     recs = world.allgather([dataclasses.asdict(r) for r in ck.records.values()])
     by_step: dict[int, list[dict]] = {}
     for rank_recs in recs:
@@ -349,7 +349,7 @@ def _strategy_stats(
     interval_of = {
         k: s.interval
         for s in slots
-        if s.strategy == key
+        if s.saver == key
         for k in range(s.start, s.start + s.window)
     }
     out: dict[str, Any] = {

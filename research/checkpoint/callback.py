@@ -3,7 +3,7 @@
     from research.checkpoint import CheckpointConfig
     from research.checkpoint.callback import CheckpointCallback
 
-    cb = CheckpointCallback(CheckpointConfig(strategy="deepfreeze", every=10))
+    cb = CheckpointCallback(CheckpointConfig(saver="deepfreeze", every=10))
     Trainer(cfg, world, callbacks=[cb]).run()
 
 What a checkpoint holds: the whole TrainState (parameters, optimizer state,
@@ -23,14 +23,14 @@ from research.train.periodic import itstime
 
 
 class CheckpointCallback(Callback):
-    """Checkpoints a :class:`research.train.loop.Trainer` with one strategy.
+    """Checkpoints a :class:`research.train.loop.Trainer` with one saver.
 
     Args:
-      config: strategy, interval, tiers, policies.
-      **kw: passed to the strategy's constructor (e.g. ``fault_hook``).
+      config: saver, interval, tiers, policies.
+      **kw: passed to the saver's constructor (e.g. ``fault_hook``).
 
     Attributes:
-      ckpt: the checkpointer (None for strategy ``"none"``), made at train start.
+      ckpt: the checkpointer (None for saver ``"none"``), made at train start.
       resumed_from: the step restored at train start, or None.
     """
 
@@ -53,7 +53,7 @@ class CheckpointCallback(Callback):
         fast = getattr(config, "fast_dir", "auto")
         return cls(
             CheckpointConfig(
-                strategy=config.checkpoint,
+                saver=config.checkpoint,
                 every=config.checkpoint_every,
                 resume=config.resume,
                 final=True,
@@ -119,7 +119,7 @@ class CheckpointCallback(Callback):
     def summary(self) -> dict[str, Any]:
         """Per-rank checkpoint numbers (collective: every rank calls it)."""
         if self.ckpt is None:
-            return {"resumed_from": None, "checkpoint": {"strategy": "none"}}
+            return {"resumed_from": None, "checkpoint": {"saver": "none"}}
         mine = self.ckpt.summary()
         mine["close_s"] = self._end_s
         mine["resumed_from"] = self.resumed_from
@@ -128,7 +128,7 @@ class CheckpointCallback(Callback):
         return {
             "resumed_from": self.resumed_from,
             "checkpoint": {
-                "strategy": self.ckpt.name,
+                "saver": self.ckpt.name,
                 "every": self.config.every,
                 "per_rank": per_rank,
                 "records": records if self._world.rank == 0 else None,

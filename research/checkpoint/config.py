@@ -1,4 +1,4 @@
-"""Checkpointing configuration: pick a strategy by name and build it."""
+"""Checkpointing configuration: pick a saver by name and build it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,22 @@ if TYPE_CHECKING:  # importing them imports mpi4py, which starts MPI: flag
     from research.checkpoint.base import Checkpointer
     from research.comm.world import World
 
-STRATEGIES = ("none", "rank0-sync", "orbax-sync", "orbax-async-rank0", "deepfreeze")
+#: The savers by name ("none": no checkpoints). "Saver", not "strategy": a
+#: strategy is how gradients are averaged (``--strategy``).
+SAVERS = ("none", "rank0-blocking", "orbax-blocking", "orbax-async-rank0", "deepfreeze")
+#: Names before 2026-11-25, accepted for one release with a one-line note.
+RENAMED_SAVERS = {"rank0-sync": "rank0-blocking", "orbax-sync": "orbax-blocking"}
+
+
+def saver_name(name: str) -> str:
+    """``name``, or the current name of an old one (with a one-line note)."""
+    new = RENAMED_SAVERS.get(name)
+    if new is None:
+        return name
+    from research.comm.base import renamed
+
+    renamed(f"checkpoint saver {name!r}", repr(new))
+    return new
 
 
 @dataclasses.dataclass
@@ -19,7 +34,8 @@ class CheckpointConfig:
     """How, where and how often to checkpoint.
 
     Attributes:
-      strategy: one of ``STRATEGIES``.
+      saver: one of ``SAVERS`` (``strategy=``, the old keyword, works for
+        one release).
       every: checkpoint after every ``every`` steps (0: never). Read by the
         Trainer's hook and by :meth:`due`; a checkpointer you drive yourself
         saves whenever you call ``save`` (ask ``config.due(step, total)``).
@@ -33,7 +49,7 @@ class CheckpointConfig:
       max_inflight: DeepFreeze checkpoints outstanding at once.
       on_busy: DeepFreeze policy beyond ``max_inflight``: ``"wait"`` or ``"skip"``.
       snapshot: DeepFreeze snapshot mode: auto, view, host or device.
-      compress: zstd-compress shard chunks (every strategy).
+      compress: zstd-compress shard chunks (every saver).
       fsync: make persistent files durable.
       resume: restore the newest committed step at the start of training;
         False forgets every committed step instead (the run starts over).
@@ -53,7 +69,7 @@ class CheckpointConfig:
         (removed by default: /dev/shm is memory).
     """
 
-    strategy: str = "deepfreeze"
+    saver: str = "deepfreeze"
     every: int = 10
     directory: str = ""
     fast_dir: str | None = "auto"
@@ -71,13 +87,22 @@ class CheckpointConfig:
     nice: int = 10
     idle: bool = False
     keep_fast_tier: bool = False
+    #: The old name of ``saver`` (one release).
+    strategy: dataclasses.InitVar[str | None] = None
+
+    def __post_init__(self, strategy: str | None) -> None:
+        if strategy is not None:
+            from research.comm.base import renamed
+
+            renamed("CheckpointConfig(strategy=...)", "CheckpointConfig(saver=...)")
+            self.saver = strategy
+        self.saver = saver_name(self.saver)
 
     def validate(self) -> str | None:
         """A one-line problem, or None when the configuration is usable."""
-        if self.strategy not in STRATEGIES:
-            return (
-                f"unknown checkpoint strategy {self.strategy!r}; valid: "
-                + ", ".join(STRATEGIES)
+        if self.saver not in SAVERS:
+            return f"unknown checkpoint saver {self.saver!r}; valid: " + ", ".join(
+                SAVERS
             )
         if self.every < 0:
             return "checkpoint interval must be >= 0"
@@ -101,15 +126,15 @@ class CheckpointConfig:
     def create(
         self, world: World, run_dir: str | Path | None = None, **kw: Any
     ) -> Checkpointer | None:
-        """Build the strategy (collective); None for ``"none"``."""
+        """Build the saver (collective); None for ``"none"``."""
         problem = self.validate()
         if problem:
             raise ValueError(problem)
-        if self.strategy == "none":
+        if self.saver == "none":
             return None
         directory = self.directory or str(Path(run_dir or ".") / "checkpoints")
         common = {"compress": self.compress, "fsync": self.fsync, "keep": self.keep}
-        if self.strategy == "deepfreeze":
+        if self.saver == "deepfreeze":
             from research.checkpoint.deepfreeze import DeepFreeze
 
             return DeepFreeze(
@@ -131,8 +156,8 @@ class CheckpointConfig:
         from research.checkpoint import baselines
 
         cls = {
-            "rank0-sync": baselines.Rank0Sync,
-            "orbax-sync": baselines.OrbaxSync,
+            "rank0-blocking": baselines.Rank0Blocking,
+            "orbax-blocking": baselines.OrbaxBlocking,
             "orbax-async-rank0": baselines.OrbaxAsyncRank0,
-        }[self.strategy]
+        }[self.saver]
         return cls(world, directory, **common, **kw)

@@ -1,13 +1,13 @@
 """CPU clocks for the writer-CPU column: what a checkpoint cost in CPU, not wall.
 
 Wall-clock figures on a shared 2-core machine move 4x from run to run; the CPU
-a writer spends on a checkpoint does not. Each strategy measures its writer
+a writer spends on a checkpoint does not. Each saver measures its writer
 with the clock that sees exactly it:
 
 * a helper process (DeepFreeze's default): ``time.process_time`` in it;
 * work done by one thread (DeepFreeze's staging copy, its thread writer):
   ``time.thread_time`` in that thread;
-* a blocking save (rank0-sync, orbax-sync): the process's CPU across the call,
+* a blocking save (rank0-blocking, orbax-blocking): the process's CPU across the call,
   since training is paused and Orbax's own threads are included;
 * Orbax's asynchronous save: :class:`OffThread`, the process's CPU minus the
   training thread's over the save's lifetime (Orbax's threads, whose names and

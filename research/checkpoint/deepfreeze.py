@@ -257,7 +257,7 @@ class DeepFreeze(Checkpointer):
         t0 = time.perf_counter()
         tr = get_tracer()
         rec = SaveRecord(step=int(step))
-        with tr.span("checkpoint", "checkpoint", step=step, strategy=self.name) as span:
+        with tr.span("checkpoint", "checkpoint", step=step, saver=self.name) as span:
             skip = self._admit(rec, step)
             job = _Job(
                 step=int(step),

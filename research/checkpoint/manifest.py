@@ -8,7 +8,7 @@ manifest, never half of one. Layout::
 
     {"format": "research.checkpoint/1", "tier": "persistent",
      "steps": {"30": {"step": 30, "time": ..., "world_size": 4,
-                      "strategy": "deepfreeze",
+                      "saver": "deepfreeze",
                       "leaves": [{"name": "params/Dense_0/kernel",
                                   "shape": [4096, 1024], "dtype": "float32",
                                   "kind": "array"}, ...],
@@ -143,7 +143,7 @@ def committed_steps(manifest: dict[str, Any]) -> list[int]:
 
 def make_entry(
     step: int,
-    strategy: str,
+    saver: str,
     world_size: int,
     specs: list[dict],
     units: list[dict],
@@ -156,7 +156,7 @@ def make_entry(
         "step": int(step),
         "time": time_s,
         "world_size": world_size,
-        "strategy": strategy,
+        "saver": saver,
         "leaves": list(specs),
         "units": [{**u, "crc32": crcs.get(u["name"])} for u in units],
         "shards": sorted(shards, key=lambda s: s["shard"]),

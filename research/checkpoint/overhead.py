@@ -30,7 +30,7 @@ intervals come from a bootstrap over rounds (every round holds one period of
 each arm, in shuffled order), so correlations within a round (shared
 reference steps, a burst of load) are resampled together, and the interval of
 a *difference* between two arms comes from the same resampled rounds: a
-strategy is shown to cost less than another when that interval lies above zero.
+saver is shown to cost less than another when that interval lies above zero.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from research.cli import check_private_dir
 from research.launch import bind_args, mpiexec_path, thread_env
 from research.malloc import launch_env
 
-STRATEGIES = ("rank0-sync", "orbax-sync", "orbax-async-rank0", "deepfreeze")
+SAVERS = ("rank0-blocking", "orbax-blocking", "orbax-async-rank0", "deepfreeze")
 #: Rounds of the extra jobs for the ranks figure (blocking times only).
 RANKS_JOB_ROUNDS = 2
 
@@ -45,22 +45,22 @@ def check_flags(cfg: Any) -> str | None:
 
 # -- inside an MPI job -----------------------------------------------------------------
 def arms_and_configs(cfg: Any) -> tuple[dict, dict, dict]:
-    """The arms ``{name: (strategy, interval)}``, a config per strategy, and the
+    """The arms ``{name: (saver, interval)}``, a config per saver, and the
     minor arms ``{name: periods}`` (no target depends on them)."""
     from research.checkpoint import CheckpointConfig
 
     fast = None if cfg.tiers == "persistent" else cfg.train.fast_dir
     df = CheckpointConfig(
-        strategy="deepfreeze",
+        saver="deepfreeze",
         fast_dir=fast,
         snapshot=cfg.snapshot,
         writer=cfg.writer,
         nice=cfg.nice,
         idle=cfg.writer_priority == "idle",
     )
-    configs = {s: CheckpointConfig(strategy=s) for s in cfg.strategies}
+    configs = {s: CheckpointConfig(saver=s) for s in cfg.savers}
     arms: dict[str, tuple[str, int]] = {"none": ("none", 0)}
-    for s in cfg.strategies:
+    for s in cfg.savers:
         arms[f"{s}@{cfg.interval}"] = (s, cfg.interval)
     if "deepfreeze" in configs:
         configs["deepfreeze"] = df
@@ -70,7 +70,7 @@ def arms_and_configs(cfg: Any) -> tuple[dict, dict, dict]:
             arms["deepfreeze@1"] = ("deepfreeze", 1)
             arms["deepfreeze-skip@1"] = ("deepfreeze-skip", 1)
     if cfg.job != "ranks":
-        for s in ("rank0-sync", "deepfreeze"):
+        for s in ("rank0-blocking", "deepfreeze"):
             for i in cfg.intervals:
                 if s in configs and i != cfg.interval:
                     arms[f"{s}@{i}"] = (s, i)
@@ -129,22 +129,40 @@ def run_job(cfg: Any, root: Path) -> dict[str, Any]:
 
 
 # -- the table (no MPI) ----------------------------------------------------------------
+def _current(job: dict) -> dict:
+    """A job file in today's words: files written before 2026-11-25 say
+    "strategy"/"strategies" and "rank0-sync"/"orbax-sync" for the savers."""
+    from research.checkpoint.config import RENAMED_SAVERS
+
+    def name(n: str) -> str:
+        return RENAMED_SAVERS.get(n, n)
+
+    if "strategies" in job:
+        job["savers"] = {name(k): v for k, v in job.pop("strategies").items()}
+    for arm in job.get("arms", {}).values():
+        if "strategy" in arm:
+            arm["saver"] = name(arm.pop("strategy"))
+    return job
+
+
 def load_results(root: Path) -> tuple[dict | None, list[dict]]:
     """The main job's results and every job's (for the ranks figure)."""
-    jobs = [json.loads(p.read_text()) for p in sorted(root.glob("*-np*.json"))]
+    jobs = [
+        _current(json.loads(p.read_text())) for p in sorted(root.glob("*-np*.json"))
+    ]
     main = next((j for j in jobs if j["job"] == "main"), None)
     return main, jobs
 
 
 def table_rows(main: dict) -> list[dict[str, Any]]:
-    """One row per strategy at the main interval, the placebo (``none``) first."""
+    """One row per saver at the main interval, the placebo (``none``) first."""
     rows = []
     iv = str(main["interval"])
     for a in main["arms"].values():
-        if a["strategy"] != "none" and a["interval"] != main["interval"]:
+        if a["saver"] != "none" and a["interval"] != main["interval"]:
             continue
         row = {
-            "strategy": a["strategy"],
+            "saver": a["saver"],
             "overhead": a["overhead"],
             "ci": a.get("overhead_ci90"),
             "diff_ci": a.get("diff_ci90"),
@@ -154,10 +172,10 @@ def table_rows(main: dict) -> list[dict[str, Any]]:
             "raw_ci": a.get("raw_ci90"),
             "drain_s": a.get("drain_s"),
         }
-        if a["strategy"] == "none":
+        if a["saver"] == "none":
             rows.insert(0, row)
             continue
-        st = main["strategies"][a["strategy"]]
+        st = main["savers"][a["saver"]]
         d = st["by_interval"].get(iv, {})
         b = [x for x in d.get("bytes_per_rank", []) if x] or [0]
         row.update(
@@ -194,7 +212,7 @@ def format_table(main: dict) -> str:
     """Markdown table, targets and the in-flight measurement."""
     rows = table_rows(main)
     head = [
-        "strategy",
+        "saver",
         "blocking ms (median)",
         "committed s",
         "persisted s",
@@ -209,7 +227,7 @@ def format_table(main: dict) -> str:
     for r in rows:
         diff = r.get("diff_ci")
         diff_text = f"[{diff[0]:+.1%}, {diff[1]:+.1%}]" if diff else "-"
-        if r["strategy"] == "none":
+        if r["saver"] == "none":
             lines.append(
                 f"| none (placebo, uncorrected) | - | - | - | "
                 f"{_pct(r['raw_overhead'], r['raw_ci'])} | - | - | - | - | - |"
@@ -221,10 +239,10 @@ def format_table(main: dict) -> str:
             else f"{r['mb_min']:.1f}-{r['mb_max']:.1f} ({r['writers']} ranks)"
         )
         lines.append(
-            f"| {r['strategy']} | {_ms(r['blocking_s'])} | "
+            f"| {r['saver']} | {_ms(r['blocking_s'])} | "
             f"{_s(r['committed_s'])} | {_s(r['persisted_s'])} | "
             f"{_pct(r['overhead'], r.get('ci'))} | {_ms(r['cost_s'])} | "
-            f"{diff_text if r['strategy'] != 'deepfreeze' else '-'} | "
+            f"{diff_text if r['saver'] != 'deepfreeze' else '-'} | "
             f"{_s(r['restore_s'])} | {mb} | "
             f"{_ms(r.get('cpu_s'))} ({_ms(r.get('cpu_s_per_mb'))}) |"
         )
@@ -253,9 +271,9 @@ def _check(ok: bool) -> str:
 def targets(rows: list[dict], main: dict) -> list[str]:
     """The issue's targets (PASS/FAIL), the placebo check and the in-flight
     policies, as printed lines."""
-    by = {r["strategy"]: r for r in rows}
+    by = {r["saver"]: r for r in rows}
     out = []
-    df, r0, none = by.get("deepfreeze"), by.get("rank0-sync"), by.get("none")
+    df, r0, none = by.get("deepfreeze"), by.get("rank0-blocking"), by.get("none")
     if none and none.get("raw_ci"):
         out.append(
             f"method: the placebo (periods without a checkpoint, measured alike) "
@@ -265,7 +283,7 @@ def targets(rows: list[dict], main: dict) -> list[str]:
     if df and r0 and df.get("blocking_s") is not None and r0.get("blocking_s"):
         ratio = df["blocking_s"] / r0["blocking_s"]
         out.append(
-            f"target: DeepFreeze blocking {ratio:.1%} of rank0-sync's "
+            f"target: DeepFreeze blocking {ratio:.1%} of rank0-blocking's "
             f"(<= 10%): {_check(ratio <= 0.10)}"
         )
     if df and main["interval"] == 10:
@@ -282,12 +300,12 @@ def targets(rows: list[dict], main: dict) -> list[str]:
             f"({_ms(df['cpu_s'])} ms per checkpoint; <= 1.5 ms/MB): "
             f"{_check(per_mb <= 1.5)}"
         )
-    others = [r for r in rows if r["strategy"] not in ("none", "deepfreeze")]
+    others = [r for r in rows if r["saver"] not in ("none", "deepfreeze")]
     if df and others:
         out.append(_separation(df, others))
     for arm, policy in (("deepfreeze@1", "wait"), ("deepfreeze-skip@1", "skip")):
         a = main["arms"].get(arm)
-        st = main["strategies"].get(a["strategy"]) if a else None
+        st = main["savers"].get(a["saver"]) if a else None
         d = st["by_interval"].get("1") if st else None
         if d:
             out.append(
@@ -305,11 +323,11 @@ def _separation(df: dict, others: list[dict]) -> str:
     if not all(r.get("diff_ci") for r in others) or not df.get("ci"):
         return "target: DeepFreeze overhead lowest, CIs separated: FAIL (no CIs)"
     lowest = all(df["overhead"] < r["overhead"] for r in others)
-    apart = [r["strategy"] for r in others if r["diff_ci"][0] > 0]
-    disjoint = [r["strategy"] for r in others if df["ci"][1] < r["ci"][0]]
+    apart = [r["saver"] for r in others if r["diff_ci"][0] > 0]
+    disjoint = [r["saver"] for r in others if df["ci"][1] < r["ci"][0]]
     ok = lowest and len(apart) == len(others)
     return (
-        f"target: DeepFreeze overhead lowest of all strategies, separated "
+        f"target: DeepFreeze overhead lowest of all savers, separated "
         f"(90% CI of each difference above 0): {_check(ok)} (lowest {lowest}; "
         f"difference above 0 for {', '.join(apart) or 'none'}; the two 90% "
         f"CIs themselves disjoint for {', '.join(disjoint) or 'none'})"

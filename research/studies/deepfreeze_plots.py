@@ -6,7 +6,7 @@ Reads ``<root>/<job>-np<P>.json`` (written by ``python -m experiments.deepfreeze
 and the main job's ``trace.json``, and writes into ``<root>``:
 
 * ``overhead_vs_interval.png``: end-to-end overhead against the checkpoint
-  interval (mean over periods, less the placebo's), per strategy;
+  interval (mean over periods, less the placebo's), per saver;
 * ``blocking_vs_ranks.png``: median blocking time per checkpoint against the
   number of ranks (one point per job), log scale;
 * ``timeline.png`` and ``timeline_excerpt.json`` (Chrome trace: open in
@@ -25,8 +25,8 @@ from research.studies.deepfreeze import load_results
 from research.trace import read_trace_events
 
 COLORS = {
-    "rank0-sync": "tab:red",
-    "orbax-sync": "tab:orange",
+    "rank0-blocking": "tab:red",
+    "orbax-blocking": "tab:orange",
     "orbax-async-rank0": "tab:purple",
     "deepfreeze": "tab:blue",
     "deepfreeze-skip": "tab:cyan",
@@ -58,8 +58,8 @@ def plot_overhead(main: dict, out: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
     by: dict[str, list[tuple[int, float]]] = {}
     for a in main["arms"].values():
-        if a["strategy"] != "none" and a["overhead"] is not None:
-            by.setdefault(a["strategy"], []).append((a["interval"], a["overhead"]))
+        if a["saver"] != "none" and a["overhead"] is not None:
+            by.setdefault(a["saver"], []).append((a["interval"], a["overhead"]))
     for s, pts in sorted(by.items()):
         pts.sort()
         ax.plot(
@@ -91,7 +91,7 @@ def plot_blocking(jobs: list[dict], out: Path) -> Path | None:
     pts: dict[str, list[tuple[int, float]]] = {}
     for j in jobs:
         iv = str(j["interval"])
-        for name, st in j["strategies"].items():
+        for name, st in j["savers"].items():
             d = st["by_interval"].get(iv)
             if d and d.get("median_blocking_s") and name != "deepfreeze-skip":
                 pts.setdefault(name, []).append((j["ranks"], d["median_blocking_s"]))
@@ -122,7 +122,7 @@ def excerpt(main: dict) -> tuple[list[dict], float, float] | None:
         (
             w
             for w in main["windows"]
-            if w["strategy"] == "deepfreeze" and w["interval"] == main["interval"]
+            if w["saver"] == "deepfreeze" and w["interval"] == main["interval"]
         ),
         None,
     )

@@ -34,12 +34,12 @@ def check_flags(cfg: Any) -> str | None:
     if cfg.train.strategy != "fused":
         return (
             "--strategy does not apply here: choose arms with --arms "
-            "and the synchronous arm's strategy with --sync-strategy"
+            "and the synchronous arm's strategy with --allreduce-strategy"
         )
     from research.comm.registry import check_link
 
     for arm in cfg.arms:
-        problem = check_link(cfg.sync_strategy if arm == "allreduce" else arm,
+        problem = check_link(cfg.allreduce_strategy if arm == "allreduce" else arm,
                              cfg.train.link)  # fmt: skip
         if problem:
             return f"arm {arm}: {problem}"
@@ -68,14 +68,15 @@ def arm_config(
     seed: int,
     run_dir: Path,
     *,
-    sync_strategy: str,
+    allreduce_strategy: str,
     sync_every: int,
     reference_steps: int,
 ) -> TrainConfig:
     """The TrainConfig of one arm and seed (``balanced``: the short reference)."""
     import dataclasses
 
-    strategy = {"allreduce": sync_strategy, "balanced": sync_strategy}.get(arm, arm)
+    synchronous = arm in ("allreduce", "balanced")
+    strategy = allreduce_strategy if synchronous else arm
     options: dict[str, Any] = {}
     if arm in ("solo", "majority"):
         options = {"seed": seed, "sync_every": sync_every or None}
@@ -148,7 +149,7 @@ def base_config(cfg: Any) -> TrainConfig:
     """The arms' shared TrainConfig: the synchronous arm's; each sets its own."""
     import dataclasses
 
-    return dataclasses.replace(cfg.train, strategy=cfg.sync_strategy)
+    return dataclasses.replace(cfg.train, strategy=cfg.allreduce_strategy)
 
 
 def run_arms(cfg: Any, base: TrainConfig, root: Path, world) -> str:
@@ -165,7 +166,7 @@ def run_arms(cfg: Any, base: TrainConfig, root: Path, world) -> str:
                 arm,
                 seed,
                 root,
-                sync_strategy=cfg.sync_strategy,
+                allreduce_strategy=cfg.allreduce_strategy,
                 sync_every=cfg.sync_every,
                 reference_steps=cfg.reference_steps,
             )

@@ -54,12 +54,12 @@ included), E = comm spans on compute-thread tracks (exposed), O = other spans:
 * ``compute_s`` = |C - E|: exposed waits are cut out of an enclosing compute span
   (a forward that waits for its allgather does not compute meanwhile);
 * ``comm_s`` = |M|;
-* ``overlap_s`` = |M & (C - E)|: communication while the same rank computes;
-* ``hidden_fraction`` = overlap_s / comm_s (None when comm_s is 0);
+* ``hidden_comm_s`` = |M & (C - E)|: communication while the same rank computes;
+* ``hidden_fraction`` = hidden_comm_s / comm_s (None when comm_s is 0);
 * ``exposed_comm_s`` = |E|: the compute thread running or waiting on communication;
 * ``other_s`` = |O - (C | M)|: data, evaluation, checkpointing, logging;
 * ``idle_s`` = wall_s - |C | M | O|: covered by no span at all; so
-  compute_s + comm_s - overlap_s + other_s + idle_s = wall_s exactly;
+  compute_s + comm_s - hidden_comm_s + other_s + idle_s = wall_s exactly;
 * ``by_track_s``: |union of the track's spans| per track;
 * ``steps`` and ``step_s``: step s of a rank lasts from the first start to the last
   end of its step-track spans with ``args.step == s``; ``step_s`` is the median.
@@ -244,7 +244,7 @@ def rank_metrics(rank: int, spans: list[Span], dropped: int = 0) -> dict[str, An
     busy = total(c_or_m) + total(subtract(o, c_or_m))
     start = min(s.start for s in spans)
     end = max(s.end for s in spans)
-    comm_s, overlap_s = total(m), total(intersect(m, computing))
+    comm_s, hidden_comm_s = total(m), total(intersect(m, computing))
     steps = step_intervals(spans)
     durations = [b - a for a, b in steps.values()]
     per_track: dict[str, list[tuple[float, float]]] = defaultdict(list)
@@ -259,8 +259,8 @@ def rank_metrics(rank: int, spans: list[Span], dropped: int = 0) -> dict[str, An
         "step_s": _median(warm(durations)),
         "compute_s": total(computing),
         "comm_s": comm_s,
-        "overlap_s": overlap_s,
-        "hidden_fraction": _ratio(overlap_s, comm_s),
+        "hidden_comm_s": hidden_comm_s,
+        "hidden_fraction": _ratio(hidden_comm_s, comm_s),
         "exposed_comm_s": total(e),
         "other_s": total(subtract(o, c_or_m)),
         "idle_s": (end - start) - busy,
@@ -467,7 +467,7 @@ def analyze(source: Any) -> dict[str, Any]:
     steps = step_stragglers(spans)
     sums = {
         k: sum(row[k] for row in ranks)
-        for k in ("wall_s", "compute_s", "comm_s", "overlap_s", "exposed_comm_s")
+        for k in ("wall_s", "compute_s", "comm_s", "hidden_comm_s", "exposed_comm_s")
         + ("other_s", "idle_s")
     }
     return {
@@ -478,7 +478,7 @@ def analyze(source: Any) -> dict[str, Any]:
         "ranks": ranks,
         "totals": {
             **sums,
-            "hidden_fraction": _ratio(sums["overlap_s"], sums["comm_s"]),
+            "hidden_fraction": _ratio(sums["hidden_comm_s"], sums["comm_s"]),
         },
         "collectives": collectives,
         "collective_summary": summarize_collectives(collectives),

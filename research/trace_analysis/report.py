@@ -18,21 +18,21 @@ def _pct(x: float | None, width: int = 7) -> str:
 def _rank_table(result: dict[str, Any]) -> list[str]:
     head = (
         f"{'rank':>4} {'steps':>5} {'step_ms':>9} {'compute_s':>9} {'comm_s':>9} "
-        f"{'overlap_s':>9} {'hidden':>7} {'exposed_s':>9} {'other_s':>9} "
+        f"{'hidden_s':>9} {'hidden':>7} {'exposed_s':>9} {'other_s':>9} "
         f"{'idle_s':>9} {'wall_s':>9}"
     )
     lines = [head]
     for r in result["ranks"]:
         lines.append(
             f"{r['rank']:>4} {r['steps']:>5} {_f(r['step_s'], 1e3)} "
-            f"{_f(r['compute_s'])} {_f(r['comm_s'])} {_f(r['overlap_s'])} "
+            f"{_f(r['compute_s'])} {_f(r['comm_s'])} {_f(r['hidden_comm_s'])} "
             f"{_pct(r['hidden_fraction'])} {_f(r['exposed_comm_s'])} "
             f"{_f(r['other_s'])} {_f(r['idle_s'])} {_f(r['wall_s'])}"
         )
     t = result["totals"]
     lines.append(
         f"{'all':>4} {'':>5} {'':>9} {_f(t['compute_s'])} {_f(t['comm_s'])} "
-        f"{_f(t['overlap_s'])} {_pct(t['hidden_fraction'])} "
+        f"{_f(t['hidden_comm_s'])} {_pct(t['hidden_fraction'])} "
         f"{_f(t['exposed_comm_s'])} {_f(t['other_s'])} {_f(t['idle_s'])} "
         f"{_f(t['wall_s'])}"
     )

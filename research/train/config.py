@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from research.checkpoint.config import STRATEGIES as CHECKPOINT_STRATEGIES
+from research.checkpoint.config import SAVERS, saver_name
 
 
 def flag(
@@ -158,13 +158,14 @@ class TrainConfig:
         "", "run folder (default runs/<experiment>-<timestamp>)", OUTPUT
     )
     progress: bool = flag(True, "no progress bar on rank 0", OUTPUT)
-    # Checkpointing (research.checkpoint): a strategy name or "none"; every N
+    # Checkpointing (research.checkpoint): a saver's name or "none"; every N
     # steps and after the last one; resume from the newest committed step.
     checkpoint: str = flag(
         "none",
-        "checkpoint strategy (into RUN_DIR/checkpoints); default %(default)s",
+        "checkpoint saver (into RUN_DIR/checkpoints); default %(default)s",
         CKPT,
-        choices=CHECKPOINT_STRATEGIES,
+        choices=SAVERS,
+        type=saver_name,  # old names (rank0-sync, orbax-sync) for one release
     )
     checkpoint_every: int = flag(
         100,

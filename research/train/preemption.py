@@ -7,7 +7,7 @@ SIGUSR1 a :class:`~research.train.loop.Trainer` run
 
 1. finishes the step it is in; the ranks agree on a step to stop at (below);
 2. at that step drains the strategy's communication in flight (as before a
-   checkpoint), saves a checkpoint of that step when a checkpoint strategy is
+   checkpoint), saves a checkpoint of that step when a checkpoint saver is
    set and waits until it is committed, skips the final evaluation;
 3. flushes the timeline and the metrics, writes ``summary.json`` with
    ``"stopped": {"signal": "SIGTERM", "step": N, ...}``;

@@ -27,7 +27,7 @@ checkpoint snapshot and at the end), so read it after a drain; a state given
 back by a restore is taken into the buffer at the next step. It
 is checkpointed with the state, and DeepFreeze saves and restores it per rank
 (``"strategy"`` is rank-local by default, ``research.checkpoint.config``). The
-single-copy baselines (rank0-sync and the like) save rank 0's residual and give
+single-copy baselines (rank0-blocking and the like) save rank 0's residual and give
 it to every rank on restore, so a resumed sparse run with them is not exact:
 the other ranks' unsent mass is lost and rank 0's is applied P times.
 

@@ -103,10 +103,12 @@ def test_donation_does_not_corrupt_a_snapshot(world, shared, mode):
     assert r.step == 3 and identical(r.state, expected)
 
 
-@pytest.mark.parametrize("strategy", ["rank0-sync", "orbax-sync", "orbax-async-rank0"])
-def test_baselines_roundtrip(world, shared, strategy):
+@pytest.mark.parametrize(
+    "saver", ["rank0-blocking", "orbax-blocking", "orbax-async-rank0"]
+)
+def test_baselines_roundtrip(world, shared, saver):
     ckpt = CheckpointConfig(
-        strategy=strategy, directory=str(shared / strategy), fsync=False
+        saver=saver, directory=str(shared / saver), fsync=False
     ).create(world)
     _, saved = _train(ckpt, 4, 2)
     r = ckpt.restore(state_at(0))

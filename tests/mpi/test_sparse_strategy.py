@@ -104,7 +104,7 @@ def test_error_feedback_conserves_mass_across_restart(world, tmp_path_factory):
             momentum=0.0,
             weight_decay=0.0,
         )
-        ck = CheckpointConfig(strategy="deepfreeze", every=4, fast_dir=None, final=True)
+        ck = CheckpointConfig(saver="deepfreeze", every=4, fast_dir=None, final=True)
         return Trainer(cfg, world, callbacks=[CheckpointCallback(ck)])
 
     steps.grad_step = recording_grad_step

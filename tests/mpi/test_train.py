@@ -132,7 +132,7 @@ def test_solo_restart_applies_every_gradient_exactly_once(world, tmp_path_factor
             run_dir=run_dir,
         )
         late = f"fixed:ranks={world.size - 1}:seconds=0.01"
-        ck = CheckpointConfig(strategy="deepfreeze", every=6, fast_dir=None, final=True)
+        ck = CheckpointConfig(saver="deepfreeze", every=6, fast_dir=None, final=True)
         return Trainer(
             cfg,
             world,
