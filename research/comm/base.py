@@ -12,6 +12,12 @@ by the averager's ``executor`` attribute:
 * ``"server"``: :meth:`Averager.reduce` returns the *parameters* to continue
   from (a parameter server).
 
+An executor that calls more than these methods declares what in its ``needs``
+(a ``typing.Protocol``: ``bind`` for ``"server"``; ``plan`` and ``allreduce``
+for ``"layerwise"``; ``shard_size``, ``reduce_scatter`` and ``allgather`` for
+``"overlap"``; ``k_for``, ``reduce_sparse``, ... for ``"sparse"``), and a
+strategy lacking any of it is refused by name when its executor is made.
+
 Every call returns a :class:`CommInfo` record of what happened.
 """
 

@@ -34,6 +34,13 @@ feedback, host SparCML allreduce, jitted update).
 
 A strategy that runs its step differently (stage by stage, overlapped) registers
 its own executor with :func:`register_executor` and names it in its averager.
+
+What an executor calls on its averager beyond :class:`~research.comm.base.Averager`
+(``average_in_jit``, ``reduce``, ``drain``, ``close``) is declared as a
+``typing.Protocol`` in the executor's ``needs`` (``ParameterServer`` here,
+``BucketAllreduce``, ``ShardedCollectives``, ``SparseCollectives`` beside their
+executors); :func:`make_executor` checks it, so a strategy that names an executor
+without what it calls fails at once with the missing names.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import jax
 
@@ -112,6 +119,10 @@ class StepContext:
 class Executor:
     """Runs the steps of one strategy (see the module docstring)."""
 
+    #: What this executor calls on its averager beyond :class:`Averager`'s own
+    #: methods (a ``Protocol``; None: nothing more).
+    needs: ClassVar[type | None] = None
+
     def __init__(self, averager: Averager, ctx: StepContext) -> None:
         self.averager = averager
         self.ctx = ctx
@@ -154,8 +165,21 @@ def register_executor(name: str):
     return deco
 
 
+def missing_members(obj: Any, protocol: type | None) -> list[str]:
+    """The attributes and methods ``protocol`` declares that ``obj`` lacks."""
+    if protocol is None:
+        return []
+    names = [
+        *getattr(protocol, "__annotations__", {}),
+        *(n for n, v in vars(protocol).items() if callable(v)),
+    ]
+    wanted = [n for n in dict.fromkeys(names) if not n.startswith("_")]
+    return [n for n in wanted if not hasattr(obj, n)]
+
+
 def make_executor(averager: Averager, ctx: StepContext) -> Executor:
-    """The executor that runs ``averager``'s steps."""
+    """The executor that runs ``averager``'s steps (checked against its
+    ``needs``: a ``TypeError`` names what the averager lacks)."""
     kind = averager.executor
     if kind not in _EXECUTORS:
         # The averager's own module may define it (a strategy in one module);
@@ -171,7 +195,16 @@ def make_executor(averager: Averager, ctx: StepContext) -> Executor:
             f"strategy {averager.name!r} asks for executor {kind!r}; known: "
             + ", ".join(sorted(_EXECUTORS))
         )
-    return _EXECUTORS[kind](averager, ctx)
+    cls = _EXECUTORS[kind]
+    missing = missing_members(averager, cls.needs)
+    if missing:
+        raise TypeError(
+            f"strategy {averager.name!r} runs on executor {kind!r}, which calls "
+            f"{', '.join(missing)} on its averager ({cls.needs.__name__}); "
+            f"{type(averager).__name__} has no such "
+            + ("member" if len(missing) == 1 else "members")
+        )
+    return cls(averager, ctx)
 
 
 def _timed_grad(state: TrainState, x: Any, y: Any, step: int):
@@ -248,9 +281,18 @@ class HostSideExecutor(Executor):
         return state.replace(step=done)
 
 
+class ParameterServer(Protocol):
+    """What the ``server`` executor calls beyond :class:`Averager`."""
+
+    def bind(self, params: Any, tx: Any) -> None:
+        """Give the server the initial parameters and the optimizer it steps."""
+
+
 @register_executor("server")
 class ServerExecutor(HostSideExecutor):
     """Push gradients to a parameter server, pull its parameters (``ps``)."""
+
+    needs = ParameterServer
 
     def start(self, state: TrainState) -> None:
         # P pushes make one synchronous step's worth of gradient.

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -94,9 +94,23 @@ class LayerwiseAllreduce(HandledAverager):
         return self.engine.allreduce(buf, out=out, name=f"allreduce {label}")
 
 
+class BucketAllreduce(Protocol):
+    """What the ``layerwise`` executor calls beyond ``Averager``."""
+
+    size: int
+
+    def plan(self, sizes: Sequence[int]) -> list[list[int]]:
+        """Stage indices per bucket, in backward order, from stage byte sizes."""
+
+    def allreduce(self, buf: np.ndarray, label: str, out: Any = None) -> Handle:
+        """Start a non-blocking sum of ``buf`` (into ``out``); a handle to wait on."""
+
+
 @register_executor("layerwise")
 class LayerwiseExecutor(StagedExecutor):
     """Bucketed allreduce overlapped with the backward pass (DDP-style)."""
+
+    needs = BucketAllreduce
 
     def start(self, state: TrainState) -> None:
         flats = [FlatStage(s, state.params) for s in self.stages]

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -158,11 +158,29 @@ class StagedExecutor(Executor):
         )
 
 
+class ShardedCollectives(Protocol):
+    """What the ``overlap`` executor calls beyond ``Averager``."""
+
+    rank: int
+    size: int
+
+    def shard_size(self, n: int) -> int:
+        """This rank's slice length of an ``n``-element stage."""
+
+    def reduce_scatter(self, buf: np.ndarray, label: str, out: Any = None) -> Handle:
+        """Start summing ``buf`` across ranks, this rank keeping its slice."""
+
+    def allgather(self, buf: np.ndarray, label: str, out: Any = None) -> Handle:
+        """Start gathering every rank's slice into ``out``."""
+
+
 @register_executor("overlap")
 class OverlapExecutor(StagedExecutor):
     """Reduce-scatter, sharded update and allgather overlapped (SC18); with
     ``fc_exchange``, dense stages exchange activations instead
     (``research.train.activation_exchange``)."""
+
+    needs = ShardedCollectives
 
     def _exchanged(self, stages: Sequence[Stage]) -> list[int]:
         if not getattr(self.averager, "fc_exchange", False):

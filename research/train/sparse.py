@@ -39,7 +39,7 @@ without it (``StepContext.optimizer(1, weight_decay=0.0)``).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -102,13 +102,36 @@ def _flat_decayed(wd: float):
     return jax.jit(flat)
 
 
+class SparseCollectives(Protocol):
+    """What the ``sparse`` executor calls beyond ``Averager``."""
+
+    world: Any
+    scope: str  # "global" or "per-layer": top-k over the vector or per leaf
+    error_feedback: bool
+    local_weight_decay: bool  # True: the executor decays the local gradient
+
+    def k_for(self, n: int) -> int:
+        """Coordinates kept of an ``n``-element vector."""
+
+    def is_dense_step(self, step: int) -> bool:
+        """Whether ``step`` averages densely (warm-up)."""
+
+    def reduce_sparse(self, idx: Any, vals: Any, dim: int, step: int) -> tuple:
+        """The mean of every rank's sparse vector, and its ``CommInfo``."""
+
+    def reduce_dense(self, flat: Any, step: int) -> tuple:
+        """The mean of every rank's dense vector, and its ``CommInfo``."""
+
+
 @register_executor("sparse")
 class SparseExecutor(Executor):
     """Top-k selection with error feedback, host sparse allreduce, jitted update."""
 
+    needs = SparseCollectives
+
     def start(self, state: TrainState) -> TrainState:
         avg = self.averager
-        if not getattr(avg, "local_weight_decay", False):
+        if not avg.local_weight_decay:
             raise ValueError(f"strategy {avg.name!r} does not apply weight decay")
         wd = float(self.ctx.weight_decay)
         # Decay is applied here, to the local gradient before the residual and
