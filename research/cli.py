@@ -117,6 +117,9 @@ def add_flags(
         if given_only:
             kw["default"] = argparse.SUPPRESS
         # Older spellings: accepted (one release), noted by :func:`note_renamed`.
+        if meta["aliases"] and kw["help"] != argparse.SUPPRESS:
+            old = ", ".join(meta["aliases"])
+            kw["help"] += f" ({old}: the old spelling, for one release)"
         g.add_argument(meta["name"] or auto, *meta["aliases"], **kw)
 
 
