@@ -85,3 +85,17 @@ def test_studies_take_configs_and_raise_instead_of_exiting():
         text = path.read_text()
         for word in ("argparse", "SystemExit", "fail_usage", "sys.exit"):
             assert word not in text, (path.name, word)
+
+
+def test_old_flag_spellings_work_for_one_release_with_a_note(capsys, monkeypatch):
+    from experiments.deepfreeze import parse as deepfreeze
+    from experiments.eager_sgd import parse as eager
+    from research.comm import base
+
+    monkeypatch.setattr(base, "_SAID", set())
+    assert eager(["--sync-strategy", "host"]).allreduce_strategy == "host"
+    assert deepfreeze(["--strategies", "rank0-sync"]).savers == ["rank0-blocking"]
+    err = capsys.readouterr().err
+    assert "--sync-strategy is now --allreduce-strategy" in err
+    assert "--strategies is now --savers" in err
+    assert "'rank0-sync' is now 'rank0-blocking'" in err
