@@ -58,21 +58,22 @@ accelerators, idle host cores) is where it is free. Ranks are bound to cores
 threads between the cores and the result moves with it. Blocking time is the
 robust comparison; overheads move with the machine's load.
 
-Current results: the default run of 2026-11-24 (15:31-15:40 UTC, this 2-core
-CPU machine, load 8.9-10.7 from other developers' tests; 4 ranks, CANDLE P1B2,
-reference step 248 ms); full table and figures in
-``docs/results/deepfreeze.md``, earlier runs in ``docs/journal.md``::
+Current results: the default run of 2026-11-25 (21:29-21:31 UTC, this 2-core
+CPU machine, quiet: nothing else running, load 2.6-5.8 as the jobs started, the
+run's own ranks counted; 4 ranks, CANDLE P1B2, reference step 59 ms); full
+table and figures in ``docs/results/deepfreeze.md``, earlier runs in
+``docs/journal.md``::
 
     saver              blocking ms  overhead@10 [90% CI]     writer CPU ms/ckpt
-    none (placebo)               -   +0.5% [-0.3%, +1.3%]                     -
-    rank0-blocking           488.1  +17.9% [+15.6%, +20.3%]               121.4
-    orbax-blocking           492.6  +18.4% [+16.1%, +20.8%]                71.3
-    orbax-async-rank0        146.1  +17.9% [+15.9%, +20.4%]               214.9
-    deepfreeze                 2.1   +3.4% [+1.8%, +5.0%]      11.4 (1.17/MB)
+    none (placebo)               -   -0.0% [-0.6%, +0.5%]                     -
+    rank0-blocking           114.6  +18.4% [+16.7%, +20.2%]                62.7
+    orbax-blocking            90.7  +14.8% [+13.7%, +16.0%]                29.2
+    orbax-async-rank0         33.6  +22.6% [+20.8%, +24.4%]               125.6
+    deepfreeze                 1.0   +3.8% [+2.9%, +4.7%]       6.6 (0.68/MB)
 
-All four targets PASS (blocking 0.4% of rank0-blocking's). With a checkpoint every
-step, the wait policy made 21 of 30 requests wait and the skip policy dropped
-16. On a quiet machine (2026-11-23, four bound runs) DeepFreeze cost +2.3% to
+All four targets PASS (blocking 0.9% of rank0-blocking's). With a checkpoint every
+step, the wait policy made 23 of 30 requests wait and the skip policy dropped
+17. On a quiet machine (2026-11-23, four bound runs) DeepFreeze cost +2.3% to
 +3.5% against orbax-async-rank0's +7.6% to +12.0%.
 """
 

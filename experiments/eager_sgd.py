@@ -64,19 +64,20 @@ arm; the paper's 2.64x needs 64 workers pushing 100 MB through one server, a
 regime 2 cores cannot reach (``--sweep`` shows where it turns). Single runs move
 by 10-20% with the machine's load: compare with ``--seeds``.
 
-Current results: ``--seeds 0 1 2``, 2026-11-24 15:24-15:30 UTC, this 2-core
-CPU machine with other developers' tests beside it; full table, checks and
-figures in ``docs/results/eager_sgd.md``, earlier runs in ``docs/journal.md``::
+Current results: ``--seeds 0 1 2``, 2026-11-25 21:25-21:28 UTC, this 2-core
+CPU machine, quiet (nothing else running; 1-minute load average 0.3 as the job
+started); full table, checks and figures in ``docs/results/eager_sgd.md``,
+earlier runs in ``docs/journal.md``::
 
-    arm         samples/s  median step ms  w/o own delay  to 85% s  final acc
-    balanced     2819+-858      45.4+-12.0     51.8+-15.5         -            -
-    allreduce     1365+-84       91.9+-3.2      92.5+-2.7  8.7+-1.5  0.9054+-.0037
-    solo         1894+-271      59.2+-10.2     45.5+-10.8  5.4+-0.6  0.9038+-.0038
-    majority     1390+-229      94.6+-13.6     77.7+-17.1  8.0+-1.5  0.9049+-.0062
-    ps          2941+-1185      41.3+-20.7     53.0+-19.2  4.4+-1.4  0.9066+-.0046
+    arm         samples/s  median step ms  w/o own delay  to 85% s       final acc
+    balanced    5783+-131       21.9+-1.0      23.8+-0.6         -               -
+    allreduce    2669+-22       48.4+-0.5      48.7+-0.5  4.3+-0.4  0.9059+-0.0037
+    solo         3879+-41       29.4+-1.0      22.0+-0.7  3.0+-0.3  0.9035+-0.0056
+    majority     3550+-97       37.7+-0.7      26.7+-0.7  3.2+-0.3  0.9036+-0.0054
+    ps          7713+-329       10.9+-1.2      21.3+-0.6  1.5+-0.1  0.9056+-0.0049
 
-Throughput over allreduce: solo 1.39x, majority 1.02x, ps 2.15x; allreduce's
-step grew by 81% of the 50 ms delay; solo and majority reached 85% sooner and
+Throughput over allreduce: solo 1.45x, majority 1.33x, ps 2.89x; allreduce's
+step grew by 104% of the 24.0 ms delay; solo and majority reached 85% sooner and
 ended within 0.02 of allreduce's accuracy. ``--sweep`` (2026-11-23, one seed,
 loaded machine; tables in the journal): at 4 ranks the server falls below
 allreduce between 11 and 36 MB (0.92x at 36 MB on the real link, 0.85x on an

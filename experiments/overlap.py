@@ -54,24 +54,25 @@ oversubscribed, which bends every comparison; step figures move by 20-30%
 between runs. The paper's scale (8192 cores, 2516x and 2734x) is not measurable
 here; ``--paper-scale`` is the batch job for a cluster.
 
-Current results: the default run of 2026-11-24 (19:51-19:59 UTC, this 2-core
-CPU machine, nothing else running); full tables, checks and figures in
+Current results: the default run of 2026-11-25 (21:36-21:42 UTC, this 2-core
+CPU machine, quiet: nothing else running); full tables, checks and figures in
 ``docs/results/overlap.md``, earlier runs in ``docs/journal.md``. ``overlap``
 against ``host`` on the emulated link, ms::
 
     model      ranks  step  vs host  hidden  exposed  (host exposed)
-    VGG-16       2   342.8   1.58x    76%      66.3      221.9
-    VGG-16       4   757.6   1.23x    81%      90.1      440.2
-    ResNet-50    2   170.6   1.42x   100%       0.4      118.0
-    ResNet-50    4   416.5   1.15x    99%       1.8      199.4
+    VGG-16       2   498.8   1.44x    88%      37.8      320.5
+    VGG-16       4  1010.1   1.26x    62%     363.8      834.3
+    ResNet-50    2   226.1   1.18x   100%       0.6      123.2
+    ResNet-50    4   547.9   0.97x    61%     196.7      233.4
 
-Failed targets: VGG-16 at 2 ranks hides 76% (>= 80%), and at 4 ranks both
-models stay under 1.3x host. ``overlap`` holds 1/P of the optimizer state
+Failed targets: at 4 ranks both models hide less than 80% (VGG-16 62%,
+ResNet-50 61%) and stay under 1.3x host (1.26x, 0.97x); every target at 2
+ranks is met. ``overlap`` holds 1/P of the optimizer state
 (VGG-16: 64.2 / 32.1 MB per rank at 2 / 4 ranks against 128.3). The
 FC-activation exchange hands MPI 84.3 instead of 192.5 MB per step at 2 ranks
-and ran 1.13x / 1.21x overlap's step at 2 / 4 ranks (emulated), for 100.3
+and ran at 0.92x / 1.00x overlap's speed at 2 / 4 ranks (emulated), for 100.3
 against 64.2 MB of optimizer state per rank at 2 ranks. On the real link
-``overlap`` ran 0.75-1.17x host.
+``overlap`` ran 0.77-0.92x host at 2 and 4 ranks.
 """
 
 from __future__ import annotations

@@ -54,24 +54,25 @@ overheads, and background work competes with training for the same cores;
 run-to-run noise is 20-30%. Rerun on a node of its own (or a cluster) before
 reading any ratio as a property of the strategies.
 
-Current results: the default run of 2026-11-24 (19:56-19:59 UTC, this 2-core
-CPU machine, nothing else running); full tables and figures in
+Current results: the default run of 2026-11-25 (21:33-21:36 UTC, this 2-core
+CPU machine, quiet: nothing else running); full tables and figures in
 ``docs/results/scalability.md``, earlier runs in ``docs/journal.md``. NT3,
 2 ranks unless stated::
 
-    weak scaling eff. 2 / 4 ranks  host 0.91 / 0.40  layerwise 0.55 / 0.40
-                                   overlap 0.79 / 0.35 (hides 82% / 59%)
+    weak scaling eff. 2 / 4 ranks  host 0.90 / 0.45  layerwise 0.85 / 0.38
+                                   overlap 0.79 / 0.40 (hides 98% / 54%)
     straggler, 1 Gb/s, step ms at delay 0 / 50 / 200 (absorbed at 50 / 200)
-      host 138 / 185 / 336 (4 / 3)     layerwise 142 / 147 / 251 (46 / 91)
-      overlap 95 / 132 / 283 (13 / 12)
-    update gap 50 ms (host), 61 ms (overlap): 93% / 99% free of updates
-    DeepFreeze every 3 steps: background 91 / 99 ms per save, 97% / 99% of it
-      in the gaps; blocking 0 / 8 ms per save; overhead 12% / 5%
+      host 179 / 224 / 374 (5 / 4)     layerwise 191 / 186 / 293 (55 / 98)
+      overlap 115 / 164 / 312 (0 / 2)
+    update gap 96 ms (host), 112 ms (overlap): 95% / 100% free of updates
+    DeepFreeze every 3 steps: background 295 / 115 ms per save, 98% / 99% of it
+      in the gaps; blocking 11 / 2 ms per save; overhead 54% / -0%
 
-(1) PARTLY REPRODUCED: every strategy absorbed part of a 200 ms straggler,
-none all of it; the ordering among strategies is within this machine's noise.
-(2) The gaps REPRODUCED, the hiding NOT MEASURABLE here: nearly all background
-work falls between updates, but its step-time overhead is below the noise.
+(1) PARTLY REPRODUCED: no strategy absorbed all of a 200 ms straggler;
+layerwise absorbed about half of it (98 ms), host and overlap almost none
+(4 / 2 ms). (2) The gaps REPRODUCED: nearly all background work falls between
+updates. The hiding held with overlap (overhead -0%) and was NOT REPRODUCED
+with host (overhead 54%, although 98% of its background work fell in the gaps).
 """
 
 from __future__ import annotations
