@@ -15,7 +15,7 @@ iteration with no measurable overhead.
 What runs: one MPI job trains one model once, and its steps are shared out in
 periods of ``--window`` steps among the arms (saver x interval) in shuffled
 rounds, with periods without checkpoints as a placebo
-(``research.checkpoint.bench``; ``research/checkpoint/overhead.py``). Strategies:
+(``research.checkpoint.bench``; ``research/checkpoint/overhead.py``). Savers:
 ``rank0-blocking`` (rank 0 writes the whole state, blocking: Horovod/Keras),
 ``orbax-blocking`` (every rank writes its shard with Orbax's blocking
 Checkpointer), ``orbax-async-rank0`` (rank 0 with Orbax's AsyncCheckpointer)
@@ -73,8 +73,8 @@ table and figures in ``docs/results/deepfreeze.md``, earlier runs in
 
 All four targets PASS (blocking 0.9% of rank0-blocking's). With a checkpoint every
 step, the wait policy made 23 of 30 requests wait and the skip policy dropped
-17. On a quiet machine (2026-11-23, four bound runs) DeepFreeze cost +2.3% to
-+3.5% against orbax-async-rank0's +7.6% to +12.0%.
+17. Earlier runs (2026-11-23, four bound runs, also quiet) had DeepFreeze at
++2.3% to +3.5% against orbax-async-rank0's +7.6% to +12.0%.
 """
 
 from __future__ import annotations

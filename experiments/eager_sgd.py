@@ -57,8 +57,8 @@ Commands (every figure of a run comes from its one folder)::
         -v MODULE=experiments.eager_sgd,ARGS="--paper-scale" scripts/pbs.pbs
 
 What this machine can and cannot show: 4 ranks share 2 cores, so a sleeping
-straggler would lend its core to the others; the delay is spun, and even so
-allreduce grows by slightly less than the delay. The parameter server is no
+straggler would lend its core to the others; the delay is spun, so allreduce
+grows by about the delay (81-104% of it in the runs so far). The parameter server is no
 bottleneck for a 0.6 MB model and 4 workers, so here it beats every synchronous
 arm; the paper's 2.64x needs 64 workers pushing 100 MB through one server, a
 regime 2 cores cannot reach (``--sweep`` shows where it turns). Single runs move
