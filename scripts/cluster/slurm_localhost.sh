@@ -2,7 +2,7 @@
 # A one-node Slurm on this machine, for running the batch templates for real.
 #
 #   bash scripts/cluster/slurm_localhost.sh start   # munged, slurmctld, slurmd
-#   bash scripts/cluster/slurm_localhost.sh stop
+#   bash scripts/cluster/slurm_localhost.sh stop    # them all (munged if it started it)
 #
 # Needs Debian's slurm-wlm and munge (`make test-cluster` installs them where it
 # can). Everything lives in $SLURM_LOCAL_DIR (default /tmp/research-slurm-$UID):
@@ -55,7 +55,7 @@ SchedulerType=sched/backfill
 NodeName=$NODE CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=local Nodes=$NODE Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 CONF
-  if ! pgrep -x munged >/dev/null; then
+  if ! pgrep -r R,S,D -x munged >/dev/null; then  # zombies do not count
     [ -r /etc/munge/munge.key ] || cannot "no /etc/munge/munge.key"
     mkdir -p /run/munge /var/log/munge /var/lib/munge
     chown -R munge:munge /run/munge /var/log/munge /var/lib/munge /etc/munge 2>/dev/null || true
@@ -64,6 +64,9 @@ CONF
     else
       /usr/sbin/munged --force
     fi
+    # Ours to stop: `stop` ends the munged this script started, not one that
+    # was running already (a node's own).
+    pgrep -r R,S,D -x munged >"$DIR/munged.pid" || true
   fi
   stop_daemons
   /usr/sbin/slurmctld -f "$CONF"
@@ -106,8 +109,26 @@ stop_daemons() {
   pkill -9 -f -- "-f $CONF" 2>/dev/null || true
 }
 
+stop_munge() {
+  [ -f "$DIR/munged.pid" ] || return 0
+  pids="$(cat "$DIR/munged.pid")"
+  kill $pids 2>/dev/null || true
+  # Gone before returning: a start right after must not find it still exiting
+  # (it would not start its own, and the node would never come up).
+  for _ in $(seq 1 50); do
+    alive=""
+    for pid in $pids; do
+      [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = munged ] &&
+        ! grep -q '^State:.*Z' "/proc/$pid/status" 2>/dev/null && alive=1
+    done
+    [ -z "$alive" ] && break
+    sleep 0.1
+  done
+  rm -f "$DIR/munged.pid"
+}
+
 case "${1:-}" in
   start) start ;;
-  stop) stop_daemons ;;
+  stop) stop_daemons; stop_munge ;;
   *) echo "usage: $0 start|stop" >&2; exit 2 ;;
 esac
