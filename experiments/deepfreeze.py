@@ -58,10 +58,9 @@ accelerators, idle host cores) is where it is free. Ranks are bound to cores
 threads between the cores and the result moves with it. Blocking time is the
 robust comparison; overheads move with the machine's load.
 
-Current results: the default run of 2026-11-25 (21:29-21:31 UTC, this 2-core
-CPU machine, quiet: nothing else running, load 2.6-5.8 as the jobs started, the
-run's own ranks counted; 4 ranks, CANDLE P1B2, reference step 59 ms); full
-table and figures in ``docs/results/deepfreeze.md``, earlier runs in
+Current results: the default run of 2026-11-25 (this 2-core CPU machine,
+nothing else running; 4 ranks, CANDLE P1B2, reference step 59 ms); full table
+and figures in ``docs/results/deepfreeze.md``, earlier runs in
 ``docs/journal.md``::
 
     saver              blocking ms  overhead@10 [90% CI]     writer CPU ms/ckpt

@@ -64,10 +64,9 @@ arm; the paper's 2.64x needs 64 workers pushing 100 MB through one server, a
 regime 2 cores cannot reach (``--sweep`` shows where it turns). Single runs move
 by 10-20% with the machine's load: compare with ``--seeds``.
 
-Current results: ``--seeds 0 1 2``, 2026-11-25 21:25-21:28 UTC, this 2-core
-CPU machine, quiet (nothing else running; 1-minute load average 0.3 as the job
-started); full table, checks and figures in ``docs/results/eager_sgd.md``,
-earlier runs in ``docs/journal.md``::
+Current results: ``--seeds 0 1 2``, 2026-11-25, this 2-core CPU machine,
+nothing else running; full table, checks and figures in
+``docs/results/eager_sgd.md``, earlier runs in ``docs/journal.md``::
 
     arm         samples/s  median step ms  w/o own delay  to 85% s       final acc
     balanced    5783+-131       21.9+-1.0      23.8+-0.6         -               -

@@ -54,8 +54,8 @@ oversubscribed, which bends every comparison; step figures move by 20-30%
 between runs. The paper's scale (8192 cores, 2516x and 2734x) is not measurable
 here; ``--paper-scale`` is the batch job for a cluster.
 
-Current results: the default run of 2026-11-25 (21:36-21:42 UTC, this 2-core
-CPU machine, quiet: nothing else running); full tables, checks and figures in
+Current results: the default run of 2026-11-25 (this 2-core CPU machine,
+nothing else running); full tables, checks and figures in
 ``docs/results/overlap.md``, earlier runs in ``docs/journal.md``. ``overlap``
 against ``host`` on the emulated link, ms::
 

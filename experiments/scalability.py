@@ -54,8 +54,8 @@ overheads, and background work competes with training for the same cores;
 run-to-run noise is 20-30%. Rerun on a node of its own (or a cluster) before
 reading any ratio as a property of the strategies.
 
-Current results: the default run of 2026-11-25 (21:33-21:36 UTC, this 2-core
-CPU machine, quiet: nothing else running); full tables and figures in
+Current results: the default run of 2026-11-25 (this 2-core CPU machine,
+nothing else running); full tables and figures in
 ``docs/results/scalability.md``, earlier runs in ``docs/journal.md``. NT3,
 2 ranks unless stated::
 

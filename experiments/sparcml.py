@@ -60,8 +60,8 @@ dearer than the communication it saves on the real link; the emulated links
 (times from each rank's real bytes and messages) are where the claims can be
 checked. ResNet-50 at 32x32 is compute-bound here.
 
-Current results: 2026-11-24 19:05-19:35 UTC, this 2-core CPU machine, nothing
-else running; full tables in ``docs/results/sparcml.md``, earlier runs in
+Current results: 2026-11-24, this 2-core CPU machine, nothing else running;
+full tables in ``docs/results/sparcml.md``, earlier runs in
 ``docs/journal.md``.
 
 * Collective (4 ranks, emulated 10 Gb/s): ``auto`` takes 0.015 of the dense
