@@ -253,7 +253,10 @@ def launch_command(np_: int, hosts: str = "") -> tuple[list[str], dict[str, str]
     where = placement(hosts, np_)
     from research.localnet import LocalnetError, find_cluster
 
-    cluster = find_cluster([h for h, _ in where])
+    try:
+        cluster = find_cluster([h for h, _ in where])
+    except LocalnetError as e:
+        raise UsageError(str(e)) from None
     if cluster is not None:
         if not is_hydra(mpiexec):
             raise UsageError(

@@ -503,20 +503,35 @@ def parse_hosts(spec: str, np_: int) -> list[tuple[str, int]]:
 
 
 def find_cluster(hosts: list[str]) -> Cluster | None:
-    """The running local cluster that has every one of ``hosts``, or None."""
-    candidates = []
+    """The running local cluster that has every one of ``hosts``, or None.
+
+    ``$RESEARCH_LOCALNET_DIR`` names the cluster when set (only it is looked
+    at); else the one cluster under :data:`STATE_ROOT` that has all the hosts.
+
+    Raises:
+      LocalnetError: several clusters have them (set the variable to choose).
+    """
     if os.environ.get(DIR_ENV):
-        candidates.append(Path(os.environ[DIR_ENV]))
-    if STATE_ROOT.is_dir():
-        candidates += sorted(STATE_ROOT.iterdir())
-    for folder in candidates:
+        folder = Path(os.environ[DIR_ENV])
         try:
-            cluster = Cluster.load(folder.name) if folder.parent == STATE_ROOT else None
+            cluster = Cluster.load(folder.name)
+        except (LocalnetError, OSError, ValueError, TypeError):
+            return None
+        return cluster if set(hosts) <= set(cluster.hosts()) else None
+    found = []
+    for folder in sorted(STATE_ROOT.iterdir()) if STATE_ROOT.is_dir() else []:
+        try:
+            cluster = Cluster.load(folder.name)
         except (LocalnetError, OSError, ValueError, TypeError):
             continue
-        if cluster is not None and set(hosts) <= set(cluster.hosts()):
-            return cluster
-    return None
+        if set(hosts) <= set(cluster.hosts()):
+            found.append(cluster)
+    if len(found) > 1:
+        names = ", ".join(f"{DIR_ENV}={c.dir}" for c in found)
+        raise LocalnetError(
+            f"several local clusters have {','.join(hosts)}: choose one ({names})"
+        )
+    return found[0] if found else None
 
 
 # -- the command line ---------------------------------------------------------
@@ -552,6 +567,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--shm-size", default="4g", help="each node's /dev/shm (default 4g)")
     sub.add_parser("down", help="remove every node, link and process of the cluster")
     sub.add_parser("status", help="nodes, links, rates, processes")
+    sub.add_parser(
+        "env", help="print the environment a job on the nodes needs (for eval)"
+    )
     s = sub.add_parser("exec", help="run a command on a node: exec n1 -- CMD...")
     s.add_argument("host")
     s.add_argument("command", nargs="*", help="the command (after --)")
@@ -603,6 +621,8 @@ def main(argv: list[str] | None = None) -> int:
         hosts = cluster.hosts() if getattr(a, "host", None) == "all" else None
         if a.cmd == "status":
             print(_status(cluster))
+        elif a.cmd == "env":
+            print(" ".join(f"export {k}={v};" for k, v in cluster.env().items()))
         elif a.cmd == "exec":
             cmd = a.command
             if not cmd:

@@ -78,7 +78,7 @@ from research.comm import choose, ring
 from research.comm.base import Averager, CommInfo
 from research.comm.chain import Chain
 from research.comm.fusion import DEFAULT_BUCKET_BYTES, FusionPlan, HostBuffers
-from research.comm.hierarchical import NodeComms, host_allreduce, jit_allreduce
+from research.comm.hierarchical import NodeComms, host_allreduce_all, jit_allreduce
 from research.comm.link import Link
 from research.comm.registry import register_averager
 from research.comm.world import as_world
@@ -423,6 +423,8 @@ class HostAllreduce(Averager):
             # the result is the buckets themselves.
             buffers, direct = host.pack(grads, scale=self.size), {}
         packed = time.perf_counter()
+        if path == "hierarchical":  # every bucket at once, pipelined
+            host_allreduce_all(buffers, self._nodes)
         for i, buf in enumerate(buffers):
             if use_ring:
                 floats = not np.issubdtype(buf.dtype, np.integer)
@@ -432,9 +434,7 @@ class HostAllreduce(Averager):
                     comm=self.comm,
                     divisor=self.size if floats else 1,
                 )
-            elif path == "hierarchical":
-                host_allreduce(buf, self._nodes)
-            else:
+            elif path == "mpi":
                 self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
             if np.issubdtype(buf.dtype, np.integer):
                 np.floor_divide(buf, self.size, out=buf)

@@ -20,10 +20,18 @@ allgather in the node), which needs the same number of ranks on every node.
 Here a node has one link (``research/localnet.py``), so the leader form loses
 nothing and takes any layout.
 
+On the host the buckets of one average are pipelined (:func:`host_allreduce_all`):
+every bucket's reduce in the node is started at once (``MPI_Ireduce``), each
+leader starts a bucket's allreduce between nodes as soon as its reduce is done
+and its broadcast as soon as that is done, so the node's shared-memory phases
+of one bucket overlap the network phase of another. Inside ``jit`` (mpi4jax
+has no non-blocking calls) the three run one after the other per bucket.
+
 Usage::
 
     comms = NodeComms.split(comm)           # collective over comm, once
     host_allreduce(buf, comms)              # numpy buffer, summed in place
+    host_allreduce_all(bufs, comms)         # several, pipelined
     y = jit_allreduce(x, comms)             # inside jax.jit (mpi4jax)
 """
 
@@ -77,6 +85,43 @@ def host_allreduce(buf: Any, comms: NodeComms, op: MPI.Op = MPI.SUM) -> None:
     else:
         comms.node.Reduce(buf, None, op=op, root=0)
     comms.node.Bcast(buf, root=0)
+
+
+def host_allreduce_all(bufs: list[Any], comms: NodeComms, op: MPI.Op = MPI.SUM) -> None:
+    """Sum every numpy buffer of ``bufs`` in place, hierarchically, pipelined.
+
+    The calls on each communicator come in bucket order on every rank (MPI
+    matches non-blocking collectives by order). A non-leader posts a bucket's
+    broadcast only once its reduce has sent the bucket (a buffer must not be
+    written while a send from it is pending).
+    """
+    node, leaders = comms.node, comms.leaders
+    if comms.is_leader:
+        reduces = [node.Ireduce(MPI.IN_PLACE, b, op=op, root=0) for b in bufs]
+    else:
+        reduces = [node.Ireduce(b, None, op=op, root=0) for b in bufs]
+    across = leaders is not None and leaders.Get_size() > 1
+    bcasts: list[Any] = []
+    if not comms.is_leader:
+        for req, b in zip(reduces, bufs):
+            req.Wait()
+            bcasts.append(node.Ibcast(b, root=0))
+        MPI.Request.Waitall(bcasts)
+        return
+    sums: list[Any] = []
+    for i, (req, b) in enumerate(zip(reduces, bufs)):
+        req.Wait()
+        sums.append(leaders.Iallreduce(MPI.IN_PLACE, b, op=op) if across else None)
+        # Broadcast, in order, every earlier bucket whose sum is complete.
+        while len(bcasts) < i and (
+            sums[len(bcasts)] is None or sums[len(bcasts)].Test()
+        ):
+            bcasts.append(node.Ibcast(bufs[len(bcasts)], root=0))
+    for j in range(len(bcasts), len(bufs)):
+        if sums[j] is not None:
+            sums[j].Wait()
+        bcasts.append(node.Ibcast(bufs[j], root=0))
+    MPI.Request.Waitall(bcasts)
 
 
 def jit_allreduce(x: Any, comms: NodeComms, op: MPI.Op = MPI.SUM) -> Any:
