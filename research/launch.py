@@ -258,16 +258,15 @@ def launch_command(np_: int, hosts: str = "") -> tuple[list[str], dict[str, str]
     except LocalnetError as e:
         raise UsageError(str(e)) from None
     if cluster is not None:
-        if not is_hydra(mpiexec):
-            raise UsageError(
-                f"the local cluster's nodes need MPICH's mpiexec; {mpiexec} is not"
-            )
         try:
             enter = cluster.enter(where[0][0])
         except LocalnetError as e:
             raise UsageError(str(e)) from None
-        cmd = [*enter, mpiexec, *cluster.mpiexec_args(where), "-n", str(np_)]
-        return cmd, cluster.env()
+        if is_hydra(mpiexec):
+            args = cluster.mpiexec_args(where)
+        else:  # Open MPI's mpirun
+            args = cluster.openmpi_args(where)
+        return [*enter, mpiexec, *args, "-n", str(np_)], cluster.env()
     spec = ",".join(f"{h}:{n}" for h, n in where)
     if is_hydra(mpiexec):
         return [mpiexec, "-hosts", spec, "-n", str(np_)], {}

@@ -28,6 +28,10 @@ scripts/cluster/node-ssh -iface eth0``; ``node-ssh`` stands in for ssh and
 enters the node named like the host. ``UCX_TLS=tcp,self``: otherwise UCX finds
 shared memory across the namespaces and no byte crosses the link; ranks of one
 node still talk through MPICH's own shared memory in their node's ``/dev/shm``.
+Open MPI's ``mpirun`` (a site MPI, ``scripts/install.sh --site-mpi``) needs
+``--mca plm_rsh_agent node-ssh``, ``--mca oob_tcp_if_include eth0``, ``--mca
+btl_tcp_if_include eth0`` and ``--mca btl tcp,self,vader``
+(:meth:`Cluster.openmpi_args`); Debian's Open MPI 4.1 ran across the nodes so.
 
 Usage (root; ``scripts/cluster/localnet.sh`` runs this module)::
 
@@ -203,6 +207,27 @@ class Cluster:
             self.node(host)
         spec = ",".join(f"{h}:{n}" for h, n in hosts)
         return [*self.launcher_args(), "-hosts", spec]
+
+    def openmpi_args(self, hosts: list[tuple[str, int]]) -> list[str]:
+        """Open MPI ``mpirun`` arguments that start ranks on ``hosts``: its rsh
+        launcher through ``node-ssh``, its out-of-band and byte transfer over
+        the nodes' ``eth0`` (TCP), shared memory (vader) within a node."""
+        for host, _ in hosts:
+            self.node(host)
+        args = ["--host", ",".join(f"{h}:{n}" for h, n in hosts)]
+        args += ["--mca", "plm_rsh_agent", str(NODE_SSH)]
+        args += ["--mca", "oob_tcp_if_include", "eth0"]
+        args += [
+            "--mca",
+            "btl_tcp_if_include",
+            "eth0",
+            "--mca",
+            "btl",
+            "tcp,self,vader",
+        ]
+        if os.geteuid() == 0:
+            args.append("--allow-run-as-root")
+        return args
 
     def env(self) -> dict[str, str]:
         """Environment for a job on the nodes (the launcher's and the ranks')."""
