@@ -16,6 +16,7 @@ import pytest
 
 from research import localnet
 from research.launch import UsageError, placement
+from research.localnet import cluster as cluster_mod
 
 ROOT = Path(__file__).parent.parent
 SCRIPT = ROOT / "scripts" / "cluster" / "localnet.sh"
@@ -133,6 +134,6 @@ def test_a_failed_up_leaves_nothing():
     name = f"tf{os.getpid() % 10000}"
     with pytest.raises(localnet.LocalnetError, match="did not start"):
         localnet.up(2, name=name, shm_size="not-a-size")
-    assert localnet._leftovers(name) == {"netns": [], "links": []}
+    assert cluster_mod._leftovers(name) == {"netns": [], "links": []}
     assert not localnet.Cluster.folder(name).exists()
     assert not list(Path("/etc/netns").glob(f"{name}-*"))

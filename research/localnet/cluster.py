@@ -1,54 +1,10 @@
-"""A cluster on one box: nodes as network namespaces joined by shaped links.
+"""Nodes on one box and their state: making, removing, shaping and faults.
 
-A *node* here is what a cluster node is to MPI: its own hostname, its own
-``/dev/shm`` (memory that only its processes share) and one network interface
-whose bytes cross a link of a set rate. It is made of
-
-* a network namespace ``<name>-<host>`` with ``eth0`` (a veth pair whose other end
-  is a port of the bridge ``<name>-br`` in the root namespace) and ``lo``;
-* a *holder* process, ``sleep infinity`` inside that network namespace and in
-  new UTS, IPC and mount namespaces: the hostname is the host's name, ``/dev/shm``
-  is a tmpfs of the node's own, System V IPC is the node's own. Everything that
-  runs on the node enters the holder's namespaces (``nsenter``), so a job's ranks
-  and a later job on the same node see the same ``/dev/shm``;
-* ``tc tbf`` on both ends of the veth: each node's link carries ``rate`` bits per
-  second in each direction, like a full-duplex NIC. This kernel has no ``netem``,
-  so there is no added latency: a message costs what the veth, the bridge and
-  TCP cost (measured in ``docs/results/network.md``).
-
-Addresses: every address lives inside a namespace this module made (the nodes'
-``eth0``, ``10.X.Y.Z/24``); the bridge and the root-side veths get none (and no
-IPv6 link-local either), so the box's own network is never touched. Names
-resolve through ``/etc/netns/<name>-<host>/hosts``, which ``ip netns exec``
-mounts over ``/etc/hosts`` in the node.
-
-MPI across the nodes: MPICH's ``mpiexec`` runs on the first node (as a batch
-script runs on a job's first node) with ``-launcher ssh -launcher-exec
-scripts/cluster/node-ssh -iface eth0``; ``node-ssh`` stands in for ssh and
-enters the node named like the host. ``UCX_TLS=tcp,self``: otherwise UCX finds
-shared memory across the namespaces and no byte crosses the link; ranks of one
-node still talk through MPICH's own shared memory in their node's ``/dev/shm``.
-Open MPI's ``mpirun`` (a site MPI, ``scripts/install.sh --site-mpi``) needs
-``--mca plm_rsh_agent node-ssh``, ``--mca oob_tcp_if_include eth0``, ``--mca
-btl_tcp_if_include eth0`` and ``--mca btl tcp,self,vader``
-(:meth:`Cluster.openmpi_args`); Debian's Open MPI 4.1 ran across the nodes so.
-
-Usage (root; ``scripts/cluster/localnet.sh`` runs this module)::
-
-    scripts/cluster/localnet.sh up 2 --rate 1gbit   # nodes n1, n2
-    scripts/cluster/localnet.sh status
-    .venv/bin/python -m experiments.train --hosts n1,n2 --np 4
-    scripts/cluster/localnet.sh rate n2 10gbit       # change a link while it runs
-    scripts/cluster/localnet.sh link n2 down         # faults: link, freeze, kill
-    scripts/cluster/localnet.sh down                 # removes all of it
-
-The state (nodes, holders' pids, rate) is kept in ``/run/research-localnet/<name>``
-(``RESEARCH_LOCALNET_DIR`` names it for the launcher and ``node-ssh``).
+See :mod:`research.localnet` for what a node is and how MPI runs across them.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -56,7 +12,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import zlib
 from dataclasses import asdict, dataclass, field
@@ -67,7 +22,7 @@ STATE_ROOT = Path("/run/research-localnet")
 DEFAULT_NAME = "rs"
 #: The environment variable naming a cluster's state folder.
 DIR_ENV = "RESEARCH_LOCALNET_DIR"
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 NODE_SSH = REPO / "scripts" / "cluster" / "node-ssh"
 #: Environment every rank on the nodes gets (see the module docstring).
 MPI_ENV = {"UCX_TLS": "tcp,self", "UCX_NET_DEVICES": "eth0"}
@@ -281,7 +236,7 @@ class Cluster:
         self.save()
 
 
-# -- making and removing a cluster -----------------------------------------------------
+# -- making and removing a cluster --------------------------------------------
 def check_can_run() -> None:
     """One line saying why nodes cannot be made here, raised; else nothing."""
     if os.geteuid() != 0:
@@ -485,204 +440,3 @@ def _run(cmd: list[str], check: bool = True) -> subprocess.CompletedProcess:
     if check and proc.returncode != 0:
         raise LocalnetError(f"`{' '.join(cmd)}` failed: {proc.stderr.strip()}")
     return proc
-
-
-# -- host lists for launchers -------------------------------------------------
-def parse_hosts(spec: str, np_: int) -> list[tuple[str, int]]:
-    """``"n1,n2"`` or ``"n1:2,n2:1"`` and a rank count as ``[(host, ranks)]``.
-
-    Without counts the ranks are spread in blocks (node-contiguous ranks, the
-    first ``np % hosts`` hosts one more); with counts they must add up to ``np``.
-    """
-    items = [s.strip() for s in spec.split(",") if s.strip()]
-    if not items:
-        raise ValueError("--hosts: give at least one host, e.g. n1,n2")
-    names, counts = [], []
-    for item in items:
-        host, _, count = item.partition(":")
-        if not host:
-            raise ValueError(f"--hosts: empty host name in {spec!r}")
-        if count:
-            if not count.isdigit() or int(count) < 1:
-                raise ValueError(
-                    f"--hosts: bad rank count in {item!r} (want host:N, N >= 1)"
-                )
-            counts.append(int(count))
-        names.append(host)
-    if len(set(names)) != len(names):
-        raise ValueError(f"--hosts: a host appears twice in {spec!r}")
-    if counts and len(counts) != len(names):
-        raise ValueError(
-            f"--hosts: give a rank count for every host or none ({spec!r})"
-        )
-    if counts:
-        if sum(counts) != np_:
-            raise ValueError(
-                f"--hosts {spec} places {sum(counts)} ranks but --np is {np_}"
-            )
-        return list(zip(names, counts))
-    if np_ < len(names):
-        raise ValueError(f"--np {np_} is fewer than the {len(names)} hosts of --hosts")
-    base, extra = divmod(np_, len(names))
-    return [(h, base + (i < extra)) for i, h in enumerate(names)]
-
-
-def find_cluster(hosts: list[str]) -> Cluster | None:
-    """The running local cluster that has every one of ``hosts``, or None.
-
-    ``$RESEARCH_LOCALNET_DIR`` names the cluster when set (only it is looked
-    at); else the one cluster under :data:`STATE_ROOT` that has all the hosts.
-
-    Raises:
-      LocalnetError: several clusters have them (set the variable to choose).
-    """
-    if os.environ.get(DIR_ENV):
-        folder = Path(os.environ[DIR_ENV])
-        try:
-            cluster = Cluster.load(folder.name)
-        except (LocalnetError, OSError, ValueError, TypeError):
-            return None
-        return cluster if set(hosts) <= set(cluster.hosts()) else None
-    found = []
-    for folder in sorted(STATE_ROOT.iterdir()) if STATE_ROOT.is_dir() else []:
-        try:
-            cluster = Cluster.load(folder.name)
-        except (LocalnetError, OSError, ValueError, TypeError):
-            continue
-        if set(hosts) <= set(cluster.hosts()):
-            found.append(cluster)
-    if len(found) > 1:
-        names = ", ".join(f"{DIR_ENV}={c.dir}" for c in found)
-        raise LocalnetError(
-            f"several local clusters have {','.join(hosts)}: choose one ({names})"
-        )
-    return found[0] if found else None
-
-
-# -- the command line ---------------------------------------------------------
-def _status(cluster: Cluster) -> str:
-    lines = [f"cluster {cluster.name}: {len(cluster.nodes)} nodes, bridge "
-             f"{cluster.bridge}, state {cluster.dir}"]  # fmt: skip
-    for node in cluster.nodes:
-        link = _run(["ip", "-n", node.netns, "-o", "link", "show", "eth0"], check=False)
-        state = "up" if "state UP" in link.stdout or ",UP" in link.stdout else "down"
-        qdisc = _run(["tc", "-n", node.netns, "qdisc", "show", "dev", "eth0"],
-                     check=False).stdout  # fmt: skip
-        rate = re.search(r"rate (\S+)", qdisc)
-        alive = "up" if node.alive() else "DOWN"
-        lines.append(
-            f"  {node.host:4s} {node.ip:15s} node {alive:4s} link {state:4s} "
-            f"rate {rate.group(1) if rate else '?':8s} "
-            f"processes {len(cluster.pids(node.host)) if alive == 'up' else 0}"
-        )
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="localnet.sh",
-        description="Nodes on one box: network namespaces with their own hostname "
-        "and /dev/shm, joined by shaped links (root).",
-    )
-    p.add_argument("--name", default=DEFAULT_NAME, help="cluster name (default rs)")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("up", help="make N nodes n1..nN")
-    s.add_argument("n", type=int)
-    s.add_argument("--rate", default="1gbit", help="each node's link (default 1gbit)")
-    s.add_argument("--shm-size", default="4g", help="each node's /dev/shm (default 4g)")
-    sub.add_parser("down", help="remove every node, link and process of the cluster")
-    sub.add_parser("status", help="nodes, links, rates, processes")
-    sub.add_parser(
-        "env", help="print the environment a job on the nodes needs (for eval)"
-    )
-    s = sub.add_parser("exec", help="run a command on a node: exec n1 -- CMD...")
-    s.add_argument("host")
-    s.add_argument("command", nargs="*", help="the command (after --)")
-    s = sub.add_parser("rate", help="change a link's rate: rate n2 10gbit (or all)")
-    s.add_argument("host")
-    s.add_argument("rate")
-    s = sub.add_parser("link", help="take a node's link down or up")
-    s.add_argument("host")
-    s.add_argument("state", choices=["up", "down"])
-    for verb, text in (
-        ("freeze", "stop every process on a node (SIGSTOP)"),
-        ("thaw", "continue a frozen node's processes (SIGCONT)"),
-        ("kill", "kill every process on a node, its /dev/shm too"),
-        ("start", "bring a killed node back (empty /dev/shm)"),
-        ("pids", "list the processes on a node"),
-    ):
-        sub.add_parser(verb, help=text).add_argument("host")
-    s = sub.add_parser(
-        "mpiexec",
-        help="run MPICH's mpiexec on n1 with the nodes' launcher: "
-        "mpiexec -n 4 -hosts n1:2,n2:2 PROGRAM...",
-    )
-    s.add_argument("args", nargs="*", help="mpiexec's arguments")
-    argv = sys.argv[1:] if argv is None else list(argv)
-    # exec and mpiexec pass the rest of the line on untouched (argparse would read
-    # the program's own options).
-    raw = None
-    for verb in ("exec", "mpiexec"):
-        if verb in argv:
-            i = argv.index(verb)
-            if verb == "exec" and i + 1 < len(argv):
-                argv, raw = argv[: i + 2], argv[i + 2 :]
-            elif verb == "mpiexec":
-                argv, raw = argv[: i + 1], argv[i + 1 :]
-            break
-    a = p.parse_args(argv)
-    if raw is not None:
-        a.args = a.command = raw[1:] if raw[:1] == ["--"] else raw
-    try:
-        if a.cmd == "up":
-            cluster = up(a.n, rate=a.rate, name=a.name, shm_size=a.shm_size)
-            print(_status(cluster))
-            return 0
-        if a.cmd == "down":
-            for item in down(a.name):
-                print(f"removed {item}")
-            return 0
-        cluster = Cluster.load(a.name)
-        hosts = cluster.hosts() if getattr(a, "host", None) == "all" else None
-        if a.cmd == "status":
-            print(_status(cluster))
-        elif a.cmd == "env":
-            print(" ".join(f"export {k}={v};" for k, v in cluster.env().items()))
-        elif a.cmd == "exec":
-            cmd = a.command
-            if not cmd:
-                raise LocalnetError("exec: give a command, e.g. exec n1 -- hostname")
-            env = dict(os.environ, **cluster.env())
-            os.execvpe(cluster.enter(a.host)[0], [*cluster.enter(a.host), *cmd], env)
-        elif a.cmd == "rate":
-            for host in hosts or [a.host]:
-                cluster.set_rate(host, a.rate)
-        elif a.cmd == "link":
-            cluster.set_link(a.host, a.state == "up")
-        elif a.cmd == "freeze":
-            print(f"stopped {len(cluster.signal(a.host, signal.SIGSTOP))} processes")
-        elif a.cmd == "thaw":
-            print(f"continued {len(cluster.signal(a.host, signal.SIGCONT))} processes")
-        elif a.cmd == "kill":
-            cluster.kill(a.host)
-        elif a.cmd == "start":
-            cluster.start(a.host)
-        elif a.cmd == "pids":
-            print(" ".join(map(str, cluster.pids(a.host))))
-        elif a.cmd == "mpiexec":
-            args = a.args
-            mpiexec = str(REPO / ".venv" / "bin" / "mpiexec")
-            if not os.path.exists(mpiexec):
-                mpiexec = shutil.which("mpiexec") or "mpiexec"
-            launch = cluster.launcher_args()
-            env = dict(os.environ, **cluster.env())
-            cmd = [*cluster.enter(cluster.hosts()[0]), mpiexec, *launch, *args]
-            os.execvpe(cmd[0], cmd, env)
-    except LocalnetError as e:
-        print(f"localnet: error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
