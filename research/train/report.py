@@ -126,12 +126,19 @@ def progress_bar(t: Trainer):
 
 def step_row(t: Trainer, m: dict, info: Any, phases: dict, dt: float) -> dict:
     """One step's row of ``metrics.jsonl``: loss, accuracy, rate, times, phases
-    (``*_s``, the executor's) and the communication record (``comm_*``)."""
+    (``*_s``, the executor's) and the communication record (``comm_*``).
+
+    ``samples_per_s``: global samples per second of training time since the
+    previous row (``t._logged``; the first row's includes compilation).
+    """
+    step0, time0 = t._logged
+    rate = t.config.batch_size * t.world.size * (t.step - step0)
     row = {
         "step": t.step,
         "loss": float(m["loss"]),
         "acc": float(m["acc"]),
         "lr": float(t.schedule(t.step - 1)),
+        "samples_per_s": rate / max(t.train_time - time0, 1e-9),
         "step_time": dt,
         "wall": time.perf_counter() - t._t_start,
         "train_time": t.train_time,
