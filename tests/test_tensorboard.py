@@ -217,3 +217,48 @@ def test_eager_sgd_arms_side_by_side_with_per_rank_tags(tmp_path):
             host = socket.gethostname()
             assert f"{host}-rank1.xplane.pb" in files
             assert not any("rank0" in f for f in files)
+
+
+def test_profile_window_parse_and_problems():
+    from research.train.profiling import ProfileWindow
+
+    assert ProfileWindow.parse(None) is None and ProfileWindow.parse("") is None
+    w = ProfileWindow.parse("20:3", "2,0")
+    assert (w.start, w.last, w.ranks, w.session) == (20, 22, (0, 2), "steps_20-22")
+    assert ProfileWindow.parse("5").count == 1
+    for spec, ranks, needle in [
+        ("x:3", "all", "--profile expects START:COUNT"),
+        ("0:3", "all", "START counts from 1"),
+        ("3:0", "all", "COUNT must be >= 1"),
+        ("3:1", "1;2", "--profile-ranks expects"),
+        ("3:1", "-1", "ranks are >= 0"),
+    ]:
+        with pytest.raises(ValueError, match=needle):
+            ProfileWindow.parse(spec, ranks)
+    assert "after the run's last step (10)" in w.problem(10, 4)
+    assert "--profile-ranks 2: the job has ranks 0..1" in w.problem(30, 2)
+    assert w.problem(30, 3) is None
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--profile", "3-5"], "--profile expects START:COUNT"),
+        (["--profile", "4:2", "--profile-ranks", "3", "--steps", "6"], "ranks 0..0"),
+    ],
+)
+def test_bad_profile_flags_one_line_exit_2(args, needle):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI"):
+        env.pop(var, None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.train", "--np", "1", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
+    assert len(lines) == 1 and needle in lines[0], proc.stderr

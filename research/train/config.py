@@ -162,14 +162,15 @@ class TrainConfig:
         OUTPUT,
         negatable=True,
     )
-    profile: str = flag(
-        "",
+    profile: str | None = flag(
+        None,
         "capture jax.profiler traces of COUNT steps from step START (counted "
         "from 1, as metrics.jsonl and TensorBoard count) into "
         "RUN_DIR/plugins/profile/, for TensorBoard's profile plugin "
         "(pip install tensorboard xprof)",
         OUTPUT,
         metavar="START:COUNT",
+        type=str,
     )
     profile_ranks: str = flag(
         "all",

@@ -53,8 +53,8 @@ class ProfileWindow:
     ranks: tuple[int, ...] | None = None
 
     @classmethod
-    def parse(cls, spec: str, ranks: str = "all") -> ProfileWindow | None:
-        """``"20:3"`` and ``"0,2"`` -> a window; ``""`` -> None.
+    def parse(cls, spec: str | None, ranks: str = "all") -> ProfileWindow | None:
+        """``"20:3"`` and ``"0,2"`` -> a window; None or ``""`` -> None.
 
         Raises ``ValueError`` with the flag and what is wrong, in one line.
         """
