@@ -76,7 +76,7 @@ def test_one_rank_scalars_checkpoint_and_profile(tmp_path):
     """Sparse top-k on 1 rank (every phase, bytes, density), DeepFreeze
     checkpoints (blocking time), steps 3-4 profiled and traced."""
     run_dir = tmp_path / "runs" / "sparse"
-    run(
+    proc = run(
         "experiments.train",
         [
             "--np", "1", "--data-opt", "n_train=256", "--data-opt", "n_test=64",
@@ -87,6 +87,8 @@ def test_one_rank_scalars_checkpoint_and_profile(tmp_path):
             "--run-dir", str(run_dir), "--no-progress",
         ],
     )  # fmt: skip
+    where = run_dir / "plugins" / "profile" / "steps_3-4"
+    assert f"r0 | jax.profiler: steps 3-4 (every rank) in {where}" in proc.stdout
     rows = read_metrics(run_dir)
     steps = [r for r in rows if r.get("kind") != "eval"]
     evals = [r for r in rows if r.get("kind") == "eval"]
@@ -262,3 +264,33 @@ def test_bad_profile_flags_one_line_exit_2(args, needle):
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     lines = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
     assert len(lines) == 1 and needle in lines[0], proc.stderr
+
+
+def test_without_tensorboardx_one_line_and_the_run_goes_on(tmp_path):
+    """tensorboardX missing (a package that fails to import, first on the
+    path): one line says what to install; metrics and the run are as ever."""
+    shim = tmp_path / "shim" / "tensorboardX"
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    env = dict(os.environ, PYTHONPATH=f"{shim.parent}{os.pathsep}{ROOT}")
+    for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI"):
+        env.pop(var, None)
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "experiments.train", "--np", "1",
+            "--data-opt", "n_train=128", "--data-opt", "n_test=32",
+            "--steps", "2", "--batch-size", "16", "--log-every", "1",
+            "--run-dir", str(run_dir), "--no-progress",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    note = "TensorBoard scalars off: tensorboardX is not installed (pip install"
+    assert proc.stdout.count(note) == 1, proc.stdout
+    assert [r["step"] for r in read_metrics(run_dir)][:2] == [1, 2]
+    assert not list(run_dir.glob("events.out.tfevents.*"))

@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 SUFFIX = ".xplane.pb"
+#: What viewing a profile needs (the `dev` extra has both).
+VIEWER = "pip install tensorboard xprof"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,6 +192,16 @@ class StepProfiler:
             os.replace(path, dest)
             self.files.append(dest)
         shutil.rmtree(self._tmp, ignore_errors=True)
+        ranks = self.window.ranks
+        if self.rank == (ranks[0] if ranks else 0):  # one line per job
+            who = "ranks " + ",".join(map(str, ranks)) if ranks else "every rank"
+            print(
+                f"r{self.rank} | jax.profiler: steps {self.window.start}-"
+                f"{self.window.last} ({who}) in {self.session_dir}; view with "
+                f"`tensorboard --logdir {self.session_dir.parents[2]}`, Profile tab "
+                f"({VIEWER})",
+                flush=True,
+            )
 
     def close(self) -> None:
         """Stop a capture still running (a run that ended inside the window)."""

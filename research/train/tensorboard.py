@@ -16,10 +16,11 @@ tag                         from
 ``train/<key>``             a step row's ``loss``, ``acc``, ``lr``,
                             ``samples_per_s`` (global samples per second of
                             training time since the previous row), ``step_time``
-``step/<key>``              its timings (``*_s``): the schema's ``compute_s``,
+``step/<key>``              its timings: the schema's ``compute_s``,
                             ``comm_exposed_s``, ``comm_busy_s``, ``update_s``
                             (``research.train.executors.PHASES``), ``data_s``,
-                            ``delay_s``, an executor's own (``select_s``)
+                            ``delay_s``, an executor's own (``select_s``) and
+                            any other number an executor adds
 ``comm/<key>``              its communication record ``comm_<key>``: ``bytes``,
                             ``contributors``, ``staleness``, ``wait_s``,
                             ``round``, a strategy's own (solo and majority:
@@ -61,8 +62,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-#: Step-row keys with a tag of their own in ``train/``; other numeric keys
-#: ending in ``_s`` go to ``step/``, ``comm_*`` keys to ``comm/``.
+#: Step-row keys with a tag of their own in ``train/``; ``comm_*`` keys go to
+#: ``comm/``, every other number (the timings) to ``step/``.
 TRAIN_KEYS = ("loss", "acc", "lr", "samples_per_s", "step_time")
 #: Row keys that say where a row is, not what happened (no tag).
 SKIP_KEYS = ("step", "wall", "train_time", "kind")
@@ -82,7 +83,7 @@ def step_tags(row: dict[str, Any]) -> dict[str, float]:
             out[f"train/{key}"] = float(value)
         elif key.startswith("comm_") and key not in ("comm_exposed_s", "comm_busy_s"):
             out[f"comm/{key[5:]}"] = float(value)
-        elif key.endswith("_s"):
+        else:
             out[f"step/{key}"] = float(value)
     return out
 
@@ -117,7 +118,11 @@ class EventWriter:
 
         self._Event, self._Summary = event_pb2.Event, summary_pb2.Summary
         Path(run_dir).mkdir(parents=True, exist_ok=True)
-        self._file = EventsWriter(os.path.join(os.fspath(run_dir), "events"))
+        # events.out.tfevents.<time>.<host>.<pid>: the pid keeps a run resumed
+        # within the same second from truncating the first file ("wb").
+        self._file = EventsWriter(
+            os.path.join(os.fspath(run_dir), "events"), f".{os.getpid()}"
+        )
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.failed: str | None = None
         self._thread = threading.Thread(
@@ -245,6 +250,13 @@ class Board:
                 print(
                     f"r0 | TensorBoard scalars off: tensorboardX is not installed "
                     f"({INSTALL}); the rest of the run is unaffected",
+                    flush=True,
+                )
+            except OSError as e:  # the other ranks go on; so does rank 0
+                print(
+                    f"r0 | TensorBoard scalars off: cannot write an event file in "
+                    f"{run_dir} ({e.strerror or e}); the rest of the run is "
+                    "unaffected",
                     flush=True,
                 )
 
