@@ -6,7 +6,9 @@ runs (one jitted program, host-side averaging, a parameter server, stages
 overlapped with communication) is its strategy's executor
 (``research.train.executors``): the loop asks it for each step's new state,
 metrics and communication record, and has it ``drain`` whatever is in flight
-before an evaluation, a checkpoint snapshot and the end.
+before an evaluation, a checkpoint snapshot and the end. Logged rows go to
+``metrics.jsonl`` and, by default, to TensorBoard (``research.train.tensorboard``);
+``--profile`` captures XLA's profile of chosen steps (``research.train.profiling``).
 
 Per step the loop blocks on the step's metrics, so step times are honest and
 rank 0's progress bar shows the loss; the cost is that the host cannot enqueue
