@@ -8,7 +8,10 @@ a warm-up and is left out), at each ``--log-every`` (1: a row, and so an event,
 every step; 10: the default). Per run: rank 0's median step (step 1 left out)
 and the wall time of ``Trainer.run`` (evaluations, their per-rank gathers and
 the writer's close included). The result per ``--log-every`` is the median over
-rounds of on / off, with the rounds' range: the noise floor is the range.
+rounds of on / off, with the rounds' range: the noise floor is the range. Beside
+it, what the scalars themselves take, free of that noise: every rank's training
+thread inside the board's calls plus rank 0's writer thread CPU, as a share of
+the ranks' training time.
 
     flock /work/bench.lock python -m scripts.bench_tensorboard   # 4 ranks
     python -m scripts.bench_tensorboard --np 2 --steps 100 --rounds 3
@@ -65,14 +68,24 @@ def run_one(world, root: Path, args, log_every: int, on: bool, rnd: int) -> dict
     )
     world.barrier()
     t0 = time.perf_counter()
-    summary = Trainer(cfg, world).run()
+    trainer = Trainer(cfg, world)
+    summary = trainer.run()
     wall = time.perf_counter() - t0
+    # The scalars' own CPU: every rank's training thread in the board's calls,
+    # rank 0's writer thread; over every rank's training time.
+    board = trainer.board
+    own = sum(world.allgather(getattr(board, "cost_s", 0.0)))
+    writer = getattr(board, "writer", None)
+    own += writer.cpu_s if writer is not None else 0.0
+    trained = sum(world.allgather(trainer.train_time))
     return {
         "round": rnd,
         "log_every": log_every,
         "tensorboard": on,
         "median_step_s": summary["median_step_s"],
         "run_s": wall,
+        "scalars_cpu_s": own,
+        "train_time_s": trained,
     }
 
 
@@ -94,8 +107,9 @@ def report(runs: list[dict], args) -> str:
     lines = [
         f"{args.np} ranks, {args.model}, {args.strategy}, {args.steps} steps, "
         f"{args.rounds - 1} measured rounds (+1 warm-up)",
-        "| log every | median step off (ms) | on / off | run time off (s) | on / off |",
-        "|---|---|---|---|---|",
+        "| log every | median step off (ms) | on / off | run time off (s) | on / off "
+        "| scalars' own CPU |",
+        "|---|---|---|---|---|---|",
     ]
     for every in args.log_every:
         off = [r for r in runs if r["log_every"] == every and not r["tensorboard"]]
@@ -106,6 +120,9 @@ def report(runs: list[dict], args) -> str:
             rs = ratios(runs, every, key)
             cells.append(f"{base:{fmt}}")
             cells.append(f"{statistics.median(rs):.3f} [{min(rs):.3f}, {max(rs):.3f}]")
+        on = [r for r in runs if r["log_every"] == every and r["tensorboard"]]
+        share = [r["scalars_cpu_s"] / r["train_time_s"] for r in on if r["round"]]
+        cells.append(f"{100 * statistics.median(share):.3f}% of training time")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

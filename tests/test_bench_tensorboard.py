@@ -32,6 +32,7 @@ def test_tiny_run_reports_ratios(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "| log every | median step off (ms) | on / off |" in proc.stdout
+    assert "% of training time |" in proc.stdout
     results = json.loads((tmp_path / "results.json").read_text())
     assert [(r["round"], r["tensorboard"]) for r in results["runs"]] == [
         (0, False),

@@ -53,6 +53,7 @@ from research.train.report import (
     config_record,
     eval_row,
     progress_bar,
+    rank_row,
     say_eval,
     step_row,
     summary_record,
@@ -305,10 +306,13 @@ class Trainer:
         if (self.world.rank == 0 or self.board.per_rank) and itstime(
             self.step, cfg.log_every, self.total_steps, first=True
         ):
-            row = step_row(self, m, info, phases, dt)
-            self._logged = (self.step, self.train_time)
-            self.metrics.write(row)  # rank 0 only
-            self.board.step(row)
+            if self.world.rank == 0:
+                row = step_row(self, m, info, phases, dt)
+                self._logged = (self.step, self.train_time)
+                self.metrics.write(row)
+                self.board.step(row)
+            else:  # this rank's own figures, for TensorBoard's per-rank tags
+                self.board.step(rank_row(self, info, phases, dt))
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{float(m['loss']):.3f}", refresh=False)

@@ -125,6 +125,7 @@ class EventWriter:
         )
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self.failed: str | None = None
+        self.cpu_s = 0.0  # the writer thread's CPU time, once closed
         self._thread = threading.Thread(
             target=self._work, name="tensorboard-writer", daemon=True
         )
@@ -143,6 +144,12 @@ class EventWriter:
         self._queue.put(("call", fn, args, None))
 
     def _work(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self.cpu_s = time.thread_time()
+
+    def _loop(self) -> None:
         next_flush = None
         while True:
             timeout = None if next_flush is None else max(0.0, next_flush - time.time())
@@ -242,6 +249,7 @@ class Board:
         self.per_rank = world.size > 1
         self.writer: EventWriter | None = None
         self._mine: list[tuple[int, float, dict[str, float]]] = []
+        self.cost_s = 0.0  # this rank's training thread in the calls below
         self._differ: set[str] = set()  # written per rank (rank 0's writer thread)
         if world.rank == 0:
             try:
@@ -269,7 +277,9 @@ class Board:
 
     def step(self, row: dict[str, Any]) -> None:
         """A step row of ``metrics.jsonl`` (every rank passes its own)."""
+        t0 = time.perf_counter()
         self._add(row["step"], step_tags(row))
+        self.cost_s += time.perf_counter() - t0
 
     def eval(self, row: dict[str, Any]) -> None:
         """An evaluation row (rank 0's is written; the others' are ignored)."""
@@ -293,10 +303,12 @@ class Board:
         """Hand every rank's figures to rank 0 (collective; success path only)."""
         if not self.per_rank:
             return
+        t0 = time.perf_counter()
         rows, self._mine = self._mine, []
         gathered = self.world.comm.gather(rows, root=0)
         if self.writer is not None:
             self.writer.call(_write_per_rank, self._differ, gathered)
+        self.cost_s += time.perf_counter() - t0
 
     def close(self) -> None:
         """Write what is queued and close the file (local: safe on any path)."""
