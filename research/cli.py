@@ -354,6 +354,12 @@ def validate(cfg: TrainConfig) -> str | None:
         problem = check_private_dir(cfg.fast_dir, "--fast-dir")
         if problem:
             return problem
+    from research.train.profiling import ProfileWindow
+
+    try:  # the steps against the run's length: on the ranks, once data are known
+        ProfileWindow.parse(cfg.profile, cfg.profile_ranks)
+    except ValueError as e:
+        return str(e)
     from research.launch import check_xla_flags, xla_thread_flags
 
     problem = check_xla_flags(xla_thread_flags(cfg.threads))
