@@ -168,6 +168,8 @@ def config_from(defaults: Any, ns: argparse.Namespace, _prefix: str = "") -> Any
         value = getattr(ns, key)
         if isinstance(default, dict):
             value = {**default, **parse_options(value, meta["name"] or key)}
+        elif value is None and default == "":
+            value = ""  # an empty text default is shown as none, kept as ""
         values[f.name] = value
     return dataclasses.replace(defaults, **values)
 
