@@ -15,7 +15,7 @@ iteration with no measurable overhead.
 What runs: one MPI job trains one model once, and its steps are shared out in
 periods of ``--window`` steps among the arms (saver x interval) in shuffled
 rounds, with periods without checkpoints as a placebo
-(``research.checkpoint.bench``; ``research/checkpoint/overhead.py``). Savers:
+(``research.studies.checkpoint_bench``; ``research/checkpoint/overhead.py``). Savers:
 ``rank0-blocking`` (rank 0 writes the whole state, blocking: Horovod/Keras),
 ``orbax-blocking`` (every rank writes its shard with Orbax's blocking
 Checkpointer), ``orbax-async-rank0`` (rank 0 with Orbax's AsyncCheckpointer)

@@ -18,8 +18,8 @@ import sys
 import threading
 from pathlib import Path
 
-from research.comm.env import env_rank, launched_by_mpi
-from research.malloc import launch_env
+from research.comm.env import SHM_DIR, SHM_PREFIXES, env_rank, launched_by_mpi
+from research.comm.malloc import launch_env
 from research.privdir import owned
 
 USAGE_EXIT = 2
@@ -157,10 +157,7 @@ def set_threads(threads: int) -> None:
     os.environ.update(thread_env(threads))
 
 
-#: Shared-memory files MPICH's ranks on one node talk through. MPICH removes them
-#: in MPI_Finalize; a job that aborts or is killed leaves them (2-4 MB each).
-SHM_DIR = "/dev/shm"
-SHM_PREFIXES = ("mpich_shm_",)
+# SHM_DIR, SHM_PREFIXES: MPICH's shared-memory files (research.comm.env).
 
 
 def _mapped_shm_files() -> set[str]:
@@ -220,7 +217,7 @@ def relaunch(module: str, argv: list[str], np_: int, threads: int = 1) -> int:
     ``128 + signal``, which is returned); a signal sent to the whole process
     group reaches mpiexec twice, which is harmless (the ranks keep a flag).
     """
-    env = launch_env(dict(os.environ))  # huge pages for malloc (research.malloc)
+    env = launch_env(dict(os.environ))  # huge pages for malloc (research.comm.malloc)
     env.update(thread_env(threads))
     env.setdefault("PYTHONUNBUFFERED", "1")
     cmd = [mpiexec_path(), "-n", str(np_), sys.executable, "-m", module, *argv]

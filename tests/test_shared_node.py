@@ -225,7 +225,7 @@ def test_fast_dir_flags_refuse_a_planted_folder_before_launch(tmp_path):
 
 def test_train_fast_dir_flag_reaches_the_checkpointer(tmp_path):
     from experiments.train import parse
-    from research.checkpoint.callback import CheckpointCallback
+    from research.train.checkpointing import CheckpointCallback
 
     for flag, want in (("auto", "auto"), ("none", None), ("/x/fast", "/x/fast")):
         argv = ["--checkpoint", "deepfreeze", "--fast-dir", flag]

@@ -14,8 +14,11 @@ Modules: ``deepfreeze`` (the checkpointer), ``baselines``, ``restore``,
 ``snapshot`` (donation-proof capture), ``partition`` (size-balanced shards),
 ``agreement`` (MPI commit rounds), ``manifest``, ``tiers``, ``shard`` (Orbax
 items), ``writer`` (the helper process that writes and flushes shards),
-``integrity`` (CRC-32s), ``leaves`` (named leaves), ``callback`` (the
-training-loop hook), ``config``, ``bench`` (the interleaved measurement).
+``integrity`` (CRC-32s), ``leaves`` (named leaves), ``config``,
+``overhead`` (the interleaved measurement's estimator). A library below
+training (``research/layers.py``): the Trainer's hook is
+``research.train.checkpointing``, the interleaved saver benchmark
+``research.studies.checkpoint_bench``.
 """
 
 from typing import Any

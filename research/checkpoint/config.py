@@ -117,7 +117,7 @@ class CheckpointConfig:
     def due(self, step: int, total: int | None = None) -> bool:
         """Whether a checkpoint is due after ``step`` completed steps: every
         ``every`` steps, and after the last (``total``) when ``final``."""
-        from research.train.periodic import itstime
+        from research.periodic import itstime
 
         return itstime(
             step, self.every, -1 if total is None else total, last=self.final

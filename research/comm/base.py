@@ -70,7 +70,7 @@ class Averager:
         """This strategy behind ``research.averaging``'s one call
         (:mod:`research.api`); a strategy whose call form is not itself
         wrapped (``sparse``: its top-k object) overrides this."""
-        from research.api import wrap
+        from research.comm.calling import wrap
 
         return wrap(cls(world, **options))
 

@@ -9,8 +9,10 @@ A strategy is declared in one place, its own module::
 Checking ``--strategy solo --strategy-opt seed=3`` happens before an experiment
 relaunches itself under ``mpiexec``, where importing the strategy module would
 import mpi4py and so initialise MPI in the launching process. So the names and
-their options are read here from the source of the modules under
-``research/comm`` and ``research/train`` with :mod:`ast`: every class decorated
+their options are read here from the source of the modules under the strategy
+roots with :mod:`ast`: ``research/comm``, and the folders a higher layer adds
+with :func:`add_root` (``research/train`` adds itself when it is imported: this
+module knows nothing above it). Every class decorated
 ``@register_averager("NAME")``, and the keyword arguments of its ``__init__``
 (or of the nearest base class in the same module that defines one) with their
 annotations. ``int``, ``float`` (an ``int`` is accepted too), ``bool``, ``str``,
@@ -27,9 +29,23 @@ from pathlib import Path
 from typing import Any
 
 PACKAGE = Path(__file__).resolve().parent.parent  # research/
-#: Where strategy modules live: communication-only ones under research/comm,
-#: those that bring their own executor (``layerwise``) under research/train.
-ROOTS = (PACKAGE / "comm", PACKAGE / "train")
+#: Where strategy modules live: communication-only ones under research/comm;
+#: folders of higher layers (``research/train``: strategies that bring their own
+#: executor, ``layerwise``) are added by those layers with :func:`add_root`.
+ROOTS: list[Path] = [PACKAGE / "comm"]
+
+
+def add_root(folder: str | Path) -> None:
+    """Also read the strategy modules under ``folder``, a package folder below
+    the project root (idempotent). A layer above ``research.comm`` calls this
+    for itself when it is imported."""
+    folder = Path(folder).resolve()
+    folder.relative_to(PACKAGE.parent)  # a ValueError outside the project
+    if folder not in ROOTS:
+        ROOTS.append(folder)
+        strategies.cache_clear()
+
+
 _TYPES: dict[str, tuple[type, ...]] = {
     "int": (int,),
     "float": (float, int),

@@ -49,7 +49,7 @@ hands large leaves to its ring whole (no packing copy; the ring reads the leaf
 and writes the result, dividing the chunk it finishes) and orders its work (see
 :mod:`research.comm.chain`); the host path reuses its buckets and returns views
 of them (1 copy in, 0 out). And every rank keeps its freed heap
-(:mod:`research.malloc`): XLA's results (161 fresh leaves per call) otherwise
+(:mod:`research.comm.malloc`): XLA's results (161 fresh leaves per call) otherwise
 come from memory that glibc handed back after the previous call.
 
 Measured with ``python -m scripts.bench_allreduce`` (2 ranks, one XLA thread

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from research.cli import check_private_dir
+from research.comm.malloc import launch_env
 from research.launch import bind_args, mpiexec_path, thread_env
-from research.malloc import launch_env
 
 SAVERS = ("rank0-blocking", "orbax-blocking", "orbax-async-rank0", "deepfreeze")
 #: Rounds of the extra jobs for the ranks figure (blocking times only).
@@ -83,8 +83,8 @@ def arms_and_configs(cfg: Any) -> tuple[dict, dict, dict]:
 def run_job(cfg: Any, root: Path) -> dict[str, Any]:
     """One MPI job: the interleaved run; rank 0 writes ``<root>/<job>-np<P>.json``
     (``cfg``: ``experiments.deepfreeze.Config``)."""
-    from research.checkpoint.bench import run_interleaved
     from research.comm.world import get_world, install_abort_on_error
+    from research.studies.checkpoint_bench import run_interleaved
 
     logging.getLogger("absl").setLevel(logging.ERROR)  # Orbax's per-save chatter
     world = get_world()

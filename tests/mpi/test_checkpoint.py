@@ -242,7 +242,7 @@ def test_a_resumed_run_continues_exactly_like_one_that_never_stopped(world, shar
     second run restores step 5 and trains to 8: both end bit for bit alike.
     (Stopping by kill -9 is covered with real processes in test_checkpoint_faults.)
     """
-    from research.checkpoint.callback import CheckpointCallback
+    from research.train.checkpointing import CheckpointCallback
     from research.train.config import TrainConfig
     from research.train.loop import Trainer
 
@@ -294,9 +294,9 @@ def test_a_solo_restart_applies_every_gradient_exactly_once(world, shared):
     """
     import jax
 
-    from research.checkpoint.callback import CheckpointCallback
     from research.comm.partial import SoloAverager
     from research.imbalance import parse_imbalance
+    from research.train.checkpointing import CheckpointCallback
     from research.train.config import TrainConfig
     from research.train.loop import Trainer
 

@@ -108,7 +108,7 @@ class SparseAverager(Averager):
         """``research.averaging("sparse", ...)``: one-pass top-k with error
         feedback from the first call (:class:`~research.comm.sparse.topk.
         TopKAllreduce`), the residual kept inside."""
-        from research.api import TopK
+        from research.comm.calling import TopK
         from research.comm.sparse.topk import TopKAllreduce
 
         if options.pop("warmup_steps", 0) or options.pop("select", "threshold") != (
