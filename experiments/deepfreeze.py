@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> str | None:
     plot = _plot if cfg.plots else None
     from research.comm.env import launched_by_mpi
 
-    if not launched_by_mpi() and cfg.np > 0:
+    if not launched_by_mpi():
         from research.rundir import default_run_dir
 
         root = Path(cfg.train.run_dir or default_run_dir("deepfreeze")).absolute()

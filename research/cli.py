@@ -238,6 +238,8 @@ def parse_config(
         fail_usage(prog, str(e))
     if problem:
         fail_usage(prog, problem)
+    if getattr(cfg, "np", 1) < 1:  # before any launch: 0 once meant "alone"
+        fail_usage(prog, f"--np must be >= 1 (1: this process alone), got {cfg.np}")
     return cfg
 
 

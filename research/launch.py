@@ -244,8 +244,9 @@ def relaunch(module: str, argv: list[str], np_: int, threads: int = 1) -> int:
 
 
 def maybe_relaunch(module: str, argv: list[str], np_: int, threads: int = 1) -> None:
-    """Relaunch under mpiexec unless already launched by MPI; exits when it does."""
-    if launched_by_mpi() or np_ <= 0:
+    """Relaunch under mpiexec unless already launched by MPI or ``np_`` is 1
+    (this process alone); exits when it does."""
+    if launched_by_mpi() or np_ == 1:
         return
     try:
         code = relaunch(module, argv, np_, threads)

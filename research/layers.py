@@ -4,7 +4,8 @@
 ``research.comm``, or a single module such as ``research.trace``), lowest
 first, each with the units it may import besides its own modules. A unit names
 only units listed before it, so the table is the layering and nothing imports
-upward: ``research.comm`` imports nothing of ours but the timeline;
+upward: ``research.comm`` imports nothing of ours but the timeline and the
+declared-options reader (``research.options``);
 ``research.checkpoint`` is a library below training (the Trainer's checkpoint
 hook lives in ``research.train.checkpointing``, the interleaved saver
 benchmark in ``research.studies.checkpoint_bench``); ``research`` never imports
@@ -28,6 +29,7 @@ _FOUNDATION: tuple[str, ...] = ()
 UNITS: dict[str, tuple[str, ...]] = {
     # Foundations: nothing of ours.
     "research.layers": _FOUNDATION,
+    "research.options": _FOUNDATION,
     "research.trace": _FOUNDATION,
     "research.privdir": _FOUNDATION,
     "research.periodic": _FOUNDATION,
@@ -38,13 +40,14 @@ UNITS: dict[str, tuple[str, ...]] = {
     "research.data": _FOUNDATION,
     "models": _FOUNDATION,
     # Communication: MPI start-up, collectives, the strategies' communication.
-    "research.comm": ("research.trace",),
+    "research.comm": ("research.options", "research.trace"),
     # Starting ranks: mpiexec, threads and heap settings of the processes.
     "research.launch": ("research.comm", "research.privdir", "models"),
     # Checkpointing: a library below training.
     "research.checkpoint": (
         "research.comm",
         "research.launch",
+        "research.options",
         "research.periodic",
         "research.privdir",
         "research.trace",

@@ -5,7 +5,7 @@ wrappers); ``research.api`` and ``research.averaging`` re-export it.
 
 ::
 
-    avg = research.averaging("solo", world, sync_every=8)   # or MPI.COMM_WORLD
+    avg = research.averaging("solo", world, full_every=8)   # or MPI.COMM_WORLD
     for step in ...:
         grads = grad_fn(params, batch)
         grads, info = avg(grads)          # the same kind of arrays you passed

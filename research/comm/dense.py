@@ -76,7 +76,7 @@ from research.comm.base import Averager, CommInfo
 from research.comm.chain import Chain
 from research.comm.fusion import DEFAULT_BUCKET_BYTES, FusionPlan, HostBuffers
 from research.comm.link import Link
-from research.comm.registry import register_averager
+from research.comm.registry import Range, register_averager
 from research.comm.world import as_world
 from research.trace import get_tracer
 
@@ -150,6 +150,11 @@ class FusedAllreduce(Averager):
 
     executor = "fused"
     name = "fused"
+    option_ranges = {
+        "bucket_bytes": Range(ge=1, le=2**40),
+        "alone_bytes": Range(ge=0, le=2**62),
+        "segment_bytes": Range(ge=1, le=2**30),  # ring.MAX_SEGMENT_BYTES
+    }
 
     def __init__(
         self,
@@ -292,6 +297,10 @@ class HostAllreduce(Averager):
 
     executor = "host-side"
     name = "host"
+    option_ranges = {
+        "bucket_bytes": Range(ge=1, le=2**40),
+        "alone_bytes": Range(ge=0, le=2**62),
+    }
 
     def __init__(
         self,

@@ -5,7 +5,7 @@ in Deep Learning with Partial Collective Operations*, PPoPP'20.
 
 Usage::
 
-    with PartialAllreduce(world.comm, mode="solo", sync_every=32) as pa:
+    with PartialAllreduce(world.comm, mode="solo", full_every=32) as pa:
         for step in range(n):
             avg, info = pa.reduce(grads)      # avg: round result, sum / P
             ...
@@ -31,11 +31,12 @@ Semantics (exact)
   identically on all ranks (no messages). Only the initiator's arrival activates
   round r. An early non-initiator hands in g_r (which is then fresh) and waits for
   the round; a late one takes its result at once.
-* Bounded staleness. With ``sync_every=K`` every K-th round (r % K == 0) is fully
-  synchronous: every rank waits for its own call r, so everything carried is
-  delivered there and a gradient is never applied more than K-1 rounds late.
+* Bounded staleness. With ``full_every=K`` every K-th round (r % K == 0) is a
+  *full* round: every rank waits for its own call r, so everything carried is
+  delivered there and a gradient is never applied more than K-1 rounds late
+  (``info.extra["full"]`` marks such a round; "sync" names only the strategy).
   ``K=1`` or ``mode="sync"`` makes every round synchronous, i.e. a plain allreduce
-  of the gradients divided by P. ``sync_every=None`` never forces a round.
+  of the gradients divided by P. ``full_every=None`` never forces a round.
 * ``drain()`` counts as the next call: a synchronous round with no fresh
   gradient that delivers whatever any rank still carries, returning ``(tree,
   info)`` (zeros when nothing was carried). ``close()`` runs one more synchronous
@@ -45,13 +46,13 @@ Semantics (exact)
   ``close``; a mismatch is detected in the round and raised on every rank.
 * A fast rank may run ahead: rounds it activates run with the slow ranks' carried
   gradients or zeros, and the slow ranks' results wait in a queue (at most K
-  rounds with ``sync_every=K``) until their own calls take them.
+  rounds with ``full_every=K``) until their own calls take them.
 
 How it runs
 -----------
 The rounds run on the rank's shared progress thread (``research.comm.progress``)
 as a polled task: each poll advances a small state machine (await activation ->
-Iallreduce -> drain activation messages) without ever blocking in MPI; between
+Iallreduce -> collect the activation messages) without ever blocking in MPI; between
 polls the thread sleeps (woken at once by a local ``reduce``) and polls the
 other subsystems' tasks, such as asynchronous handles, alongside.
 
@@ -88,21 +89,21 @@ from typing import Any, Literal
 import numpy as np
 from mpi4py import MPI
 
-from research.comm.base import Averager, CommInfo, renamed
+from research.comm.base import Averager, CommInfo, old_options, renamed
 from research.comm.fusion import FlatLayout
 from research.comm.link import Link
 from research.comm.progress import Poll, Task, get_progress
-from research.comm.registry import register_averager
+from research.comm.registry import Range, register_averager
 from research.trace import get_tracer
 
 Mode = Literal["solo", "majority", "sync"]
 MODES = ("solo", "majority", "sync")
 
-_REDUCE, _FLUSH, _STOP = "reduce", "flush", "stop"
-_WAIT, _REDUCING, _DRAIN, _DONE = "wait", "reducing", "drain", "done"
-# Metadata appended to the payload: fresh, flush, stop, carried, summed age of the
+_REDUCE, _DRAIN, _STOP = "reduce", "drain", "stop"
+_WAIT, _REDUCING, _COLLECT, _DONE = "wait", "reducing", "collect", "done"
+# Metadata appended to the payload: fresh, drain, stop, carried, summed age of the
 # gradients (rounds late), then P activators.
-_FRESH, _FLUSHF, _STOPF, _CARRIED, _AGE, _NMETA = 0, 1, 2, 3, 4, 5
+_FRESH, _DRAINF, _STOPF, _CARRIED, _AGE, _NMETA = 0, 1, 2, 3, 4, 5
 _DTYPE_CODES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1}
 _REDUCE_SLEEP = 50e-6  # longest sleep between Tests of a running round
 _TAG_MOD = 30_000  # at most two rounds are ever in flight; MPI guarantees 32767 tags
@@ -131,7 +132,7 @@ class _Round:
     age_total: int  # rounds late, summed over every gradient in it
     my_calls: tuple[int, ...]  # which of this rank's gradients it carried
     i_activated: bool
-    sync: bool
+    full: bool  # a full round: every rank handed in its own call
     kind: str
     seconds: float  # activation to completion, on this rank
     emulated_s: float  # time the emulated link added after MPI had finished
@@ -145,7 +146,9 @@ class PartialAllreduce:
         every rank must construct its instances in the same order.
       mode: ``"solo"``, ``"majority"`` or ``"sync"``.
       seed: seed of the majority initiator sequence (same on every rank).
-      sync_every: every ``sync_every``-th round is synchronous (None: never).
+      full_every: every ``full_every``-th round is full, every rank's own
+        gradient in it (None: never); ``sync_every``, its old name, works for
+        one release.
       max_sleep: longest sleep between tests while awaiting activation, seconds.
       link: an emulated link (a :class:`Link` or a spec such as ``"10gbps"``;
         ``"real"``: none).
@@ -156,20 +159,24 @@ class PartialAllreduce:
         comm: Any,
         mode: Mode = "solo",
         seed: int = 0,
-        sync_every: int | None = 32,
+        full_every: int | None = 32,
         *,
         max_sleep: float = 5e-4,
         link: Link | str | None = "real",
+        **old: Any,
     ) -> None:
+        full_every = old_options(
+            "PartialAllreduce", {"sync_every": "full_every"}, old
+        ).get("full_every", full_every)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-        if sync_every is not None and sync_every < 1:
-            raise ValueError(f"sync_every must be >= 1 or None, got {sync_every}")
+        if full_every is not None and full_every < 1:
+            raise ValueError(f"full_every must be >= 1 or None, got {full_every}")
         base = getattr(comm, "comm", comm)  # a World carries its communicator
         self._comm: MPI.Intracomm = base.Dup()
         self._comm.Set_name(f"research.partial.{mode}")
         self.rank, self.size = self._comm.Get_rank(), self._comm.Get_size()
-        self.mode, self.seed, self.sync_every = mode, int(seed), sync_every
+        self.mode, self.seed, self.full_every = mode, int(seed), full_every
         self._max_sleep = max_sleep
         self.link = Link.parse(link)
         # Shared between the compute thread and the background task.
@@ -190,7 +197,7 @@ class PartialAllreduce:
         self._rec_header = np.zeros(3, np.int64)
         self._consumed_from = -1
         self._i_activated = False
-        self._sync_round = False
+        self._full_round = False
         # Activation sends and drain receives, with the buffers they use.
         self._pending: list[tuple[MPI.Request, np.ndarray]] = []
         self._req: MPI.Request | None = None
@@ -209,10 +216,10 @@ class PartialAllreduce:
         """Round ``r``'s majority initiator: identical on every rank, no messages."""
         return int(np.random.default_rng((self.seed, int(r))).integers(self.size))
 
-    def is_sync_round(self, r: int) -> bool:
-        """True when round ``r`` is synchronous by schedule (not counting drain)."""
+    def is_full_round(self, r: int) -> bool:
+        """True when round ``r`` is full by schedule (not counting drain)."""
         return self.mode == "sync" or (
-            self.sync_every is not None and r % self.sync_every == 0
+            self.full_every is not None and r % self.full_every == 0
         )
 
     @property
@@ -247,7 +254,7 @@ class PartialAllreduce:
         """
         if self._layout is None:
             raise RuntimeError("drain() before any reduce(): nothing to drain")
-        call, rec, waited = self._hand_in(_FLUSH, None)
+        call, rec, waited = self._hand_in(_DRAIN, None)
         return self._unpack(rec.total), self._info(call, rec, waited)
 
     def flush(self) -> tuple[Any, CommInfo]:
@@ -259,7 +266,7 @@ class PartialAllreduce:
         """Stop the background task after a final synchronous round. Collective.
 
         Idempotent. Gradients still carried are dropped with a warning: call
-        :meth:`flush` first to apply them.
+        :meth:`drain` first to apply them.
         """
         if self._closed:
             return
@@ -268,7 +275,7 @@ class PartialAllreduce:
             if rec.carried_total:
                 warnings.warn(
                     f"PartialAllreduce.close() dropped {rec.carried_total} "
-                    "carried gradients; call flush() first",
+                    "carried gradients; call drain() first",
                     stacklevel=2,
                 )
         elif self._n is None and self._error is None and not self._abandoned:
@@ -320,11 +327,11 @@ class PartialAllreduce:
             rec = self._done.pop(call)
             if rec.kind != kind:
                 # A peer's reduce() ran this round as a partial one before this
-                # rank's flush()/close() reached it.
+                # rank's drain()/close() reached it.
                 self._error = RuntimeError(
                     f"{kind}() met round {call} run as a partial round: every rank "
                     "must make the same number of reduce() calls before "
-                    "flush()/close()"
+                    "drain()/close()"
                 )
                 self._raise_if_failed()
         return call, rec, time.perf_counter() - t0
@@ -350,7 +357,7 @@ class PartialAllreduce:
             "mean_age": rec.age_total / max(1, rec.fresh + rec.carried_total),
             "activators": rec.activators,
             "activated": rec.i_activated,
-            "sync": rec.sync,
+            "full": rec.full,
             "kind": rec.kind,
             "round_s": rec.seconds,
             "emulated_s": rec.emulated_s,
@@ -375,9 +382,9 @@ class PartialAllreduce:
                 self._real_done = time.perf_counter()
             if time.perf_counter() < self._emul_until:
                 return False  # the emulated link still moves the bytes
-            self._begin_drain()
+            self._begin_collect()
             return True
-        if self._phase == _DRAIN:
+        if self._phase == _COLLECT:
             reqs = [req for req, _ in self._pending]
             if reqs and not MPI.Request.Testall(reqs):
                 return False
@@ -389,9 +396,9 @@ class PartialAllreduce:
         r = self._round
         with self._cond:
             own = next((d for d in self._inbox if d.call == r), None)
-        if own is not None and (own.kind != _REDUCE or self.is_sync_round(r)):
-            return self._start_round(sync=True)
-        if self.is_sync_round(r):
+        if own is not None and (own.kind != _REDUCE or self.is_full_round(r)):
+            return self._start_round(full=True)
+        if self.is_full_round(r):
             return False  # a synchronous round waits for this rank's own call
         status = MPI.Status()
         msg = self._comm.Improbe(MPI.ANY_SOURCE, _tag(r), status)
@@ -402,7 +409,7 @@ class PartialAllreduce:
             if rnd != r:
                 raise RuntimeError(f"activation for round {rnd} arrived in round {r}")
             self._check_peer_buffer(n, code)
-            return self._start_round(sync=False)
+            return self._start_round(full=False)
         if own is not None and (self.mode == "solo" or self.initiator(r) == self.rank):
             header = np.array([r, self._n, _DTYPE_CODES[self._dtype]], np.int64)
             for dest in range(self.size):
@@ -411,7 +418,7 @@ class PartialAllreduce:
                         (self._comm.Isend(header, dest, _tag(r)), header)
                     )
             self._i_activated = True
-            return self._start_round(sync=False)
+            return self._start_round(full=False)
         return False
 
     def _check_peer_buffer(self, n: int, code: int) -> None:
@@ -428,7 +435,7 @@ class PartialAllreduce:
                 f"peer, {mine[0]} x {mine[1]} here"
             )
 
-    def _start_round(self, *, sync: bool) -> bool:
+    def _start_round(self, *, full: bool) -> bool:
         r = self._round
         self._t_act = time.perf_counter()
         with self._cond:
@@ -442,20 +449,20 @@ class PartialAllreduce:
                 if d.call != r:
                     raise RuntimeError(
                         f"{d.kind}() of call {d.call} missed its round: ranks made "
-                        "different numbers of reduce() calls before flush()/close()"
+                        "different numbers of reduce() calls before drain()/close()"
                     )
                 kind = d.kind
                 continue
             buf[:n] += d.flat
             calls.append(d.call)
         buf[n + _FRESH] = float(r in calls)
-        buf[n + _FLUSHF] = float(kind == _FLUSH)
+        buf[n + _DRAINF] = float(kind == _DRAIN)
         buf[n + _STOPF] = float(kind == _STOP)
         buf[n + _CARRIED] = float(sum(c != r for c in calls))
         buf[n + _AGE] = float(sum(r - c for c in calls))
         buf[n + _NMETA + self.rank] = float(self._i_activated)
         self._buf, self._recv = buf, np.empty_like(buf)
-        self._my_calls, self._kind, self._sync_round = tuple(calls), kind, sync
+        self._my_calls, self._kind, self._full_round = tuple(calls), kind, full
         self._req = self._comm.Iallreduce(self._buf, self._recv, op=MPI.SUM)
         model = self.link.allreduce(buf.nbytes, self.size)
         self._emul_until = time.perf_counter() + model if model else 0.0
@@ -463,7 +470,7 @@ class PartialAllreduce:
         self._phase = _REDUCING
         return True
 
-    def _begin_drain(self) -> None:
+    def _begin_collect(self) -> None:
         # Every activator sent to every other rank: receive exactly those messages
         # not consumed while awaiting activation, so none is ever left behind.
         r, n = self._round, self._n
@@ -473,17 +480,17 @@ class PartialAllreduce:
                 continue
             hdr = np.empty(3, np.int64)
             self._pending.append((self._comm.Irecv(hdr, src, _tag(r)), hdr))
-        self._phase = _DRAIN
+        self._phase = _COLLECT
 
     def _finish_round(self) -> None:
         r, n, meta = self._round, self._n, self._recv[self._n :]
         t_end = time.perf_counter()
-        flushes, stops = int(round(meta[_FLUSHF])), int(round(meta[_STOPF]))
-        if flushes not in (0, self.size) or stops not in (0, self.size):
+        drains, stops = int(round(meta[_DRAINF])), int(round(meta[_STOPF]))
+        if drains not in (0, self.size) or stops not in (0, self.size):
             raise RuntimeError(
-                f"round {r}: {flushes} ranks flushed and {stops} closed out of "
+                f"round {r}: {drains} ranks drained and {stops} closed out of "
                 f"{self.size}: every rank must make the same number of reduce() "
-                "calls before flush()/close()"
+                "calls before drain()/close()"
             )
         rec = _Round(
             round=r,
@@ -494,7 +501,7 @@ class PartialAllreduce:
             age_total=int(round(meta[_AGE])),
             my_calls=self._my_calls,
             i_activated=self._i_activated,
-            sync=self._sync_round,
+            full=self._full_round,
             kind=self._kind,
             seconds=t_end - self._t_act,
             emulated_s=max(0.0, self._emul_until - self._real_done),
@@ -507,7 +514,7 @@ class PartialAllreduce:
             round=r,
             contributors=rec.fresh,
             activated=rec.i_activated,
-            sync=rec.sync,
+            full=rec.full,
             kind=rec.kind,
         )
         self._pending, self._buf, self._recv, self._req = [], None, None, None
@@ -582,28 +589,39 @@ def _abandon_open() -> None:
 class PartialAverager(Averager):
     """Host-side :class:`Averager` over :class:`PartialAllreduce` (registered modes).
 
-    ``reduce`` returns the round result to apply; ``flush`` returns None when no
+    ``reduce`` returns the round result to apply; ``drain`` returns None when no
     rank carried anything (so the loop skips a zero update that momentum would
     still turn into a step).
     """
 
     executor = "host-side"
     mode: Mode = "solo"
+    option_ranges = {
+        "seed": Range(ge=0),
+        "full_every": Range(ge=1),
+        "max_sleep": Range(gt=0, le=1),
+    }
+    #: ``sync_every`` before 2026-11-26 ("sync" now names only the strategy).
+    renamed_options = {"sync_every": "full_every"}
 
     def __init__(
         self,
         world: Any,
         *,
         seed: int = 0,
-        sync_every: int | None = 32,
+        full_every: int | None = 32,
         max_sleep: float = 5e-4,
         link: str = "real",
+        **old: Any,
     ) -> None:
+        full_every = old_options(self.mode, self.renamed_options, old).get(
+            "full_every", full_every
+        )
         self.pa = PartialAllreduce(
             world,
             mode=self.mode,
             seed=seed,
-            sync_every=sync_every,
+            full_every=full_every,
             max_sleep=max_sleep,
             link=link,
         )

@@ -286,7 +286,7 @@ def test_a_solo_restart_applies_every_gradient_exactly_once(world, shared):
     """eager-SGD's carried gradients across a checkpoint and a restart.
 
     Solo rounds leave late gradients carried to a later round. The loop drains
-    (a synchronous flush round) before each checkpoint snapshot, so a
+    (a full drain round) before each checkpoint snapshot, so a
     checkpoint holds every gradient computed up to its step and nothing is
     carried past it. With plain SGD the parameters are the initial ones minus
     lr times every applied round result, and P times those results sum to every
@@ -348,7 +348,7 @@ def test_a_solo_restart_applies_every_gradient_exactly_once(world, shared):
             fast_dir=str(shared / "fast"),
             fsync=False,
         )
-        avg = Recording(world, seed=1, sync_every=None)
+        avg = Recording(world, seed=1, full_every=None)
         # One rank at a time sleeps 20 ms: solo rounds go without it.
         late = parse_imbalance("random:k=1:seconds=0.02", size=world.size, seed=3)
         callback = CheckpointCallback(ck)

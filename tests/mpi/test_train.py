@@ -122,7 +122,7 @@ def test_solo_restart_applies_every_gradient_exactly_once(world, tmp_path_factor
             steps=total,
             eval_every=0,
             strategy="solo",
-            strategy_options={"sync_every": None},
+            strategy_options={"full_every": None},
             schedule="constant",
             warmup_steps=0,
             momentum=0.0,

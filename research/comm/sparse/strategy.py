@@ -45,13 +45,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from research.comm.base import Averager, CommInfo
 from research.comm.link import Link
-from research.comm.registry import register_averager
+from research.comm.registry import Range, register_averager
 from research.comm.sparse.algorithms import ALGORITHMS, sparse_allreduce
 from research.comm.sparse.cost import CostModel, agreed_model, choose
 from research.comm.sparse.vector import SparseVector
@@ -102,6 +102,11 @@ class SparseAverager(Averager):
 
     executor = "sparse"
     name = "sparse"
+    option_ranges = {
+        "density": Range(gt=0, le=1),
+        "warmup_steps": Range(ge=0),
+        "seed": Range(ge=0),
+    }
 
     @classmethod
     def averaging(cls, world: Any, **options: Any) -> Any:
@@ -128,12 +133,12 @@ class SparseAverager(Averager):
         world: Any,
         *,
         density: float = 0.01,
-        scope: str = "global",
-        bits: int = 0,
+        scope: Literal["global", "per-layer", "layer"] = "global",
+        bits: Literal[0, 2, 4, 8] = 0,
         warmup_steps: int = 0,
         error_feedback: bool = True,
-        algorithm: str = "auto",
-        select: str = "threshold",
+        algorithm: Literal["auto", "ssar_rd", "ssar_sag", "dsar_sag", "dense"] = "auto",
+        select: Literal["threshold", "exact"] = "threshold",
         seed: int = 0,
         link: str = "real",
     ) -> None:
