@@ -84,11 +84,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from research.checkpoint.config import saver_name
+from research.checkpoint.registry import list_savers, saver_name
 from research.cli import nested, override, parse_config
 from research.launch import UsageError, fail_usage
 from research.studies.deepfreeze import (
-    SAVERS,
     check_flags,
     launch_jobs,
     report,
@@ -162,10 +161,11 @@ class Config(ExperimentConfig):
     train: TrainConfig = nested(_train)
     savers: list[str] = flag(
         None,
-        "checkpoint savers compared (none is always the reference); default all",
+        "checkpoint savers compared (none is always the reference; see "
+        "experiments.train --list); default all",
         CKPT,
-        factory=lambda: list(SAVERS),
-        choices=SAVERS,
+        factory=list_savers,
+        metavar="SAVER",
         type=saver_name,
         aliases=("--strategies",),
     )

@@ -264,32 +264,132 @@ def _registered_name(cls: ast.ClassDef, decorator: str) -> str | None:
     return None
 
 
-def _lineage(cls: ast.ClassDef, classes: dict[str, ast.ClassDef]) -> list[ast.ClassDef]:
-    """``cls`` and its first bases defined in the same module, nearest first."""
-    out = [cls]
+#: The folder holding ``research/`` (where project modules are looked up).
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class _Source:
+    """One parsed module: its classes, constants and where its names come from."""
+
+    path: Path
+    root: Path  # the folder its top-level package lives in
+    tree: ast.Module
+    classes: dict[str, ast.ClassDef]
+    imports: dict[str, tuple[str, str]]  # local name -> (module, name there)
+    _names: dict[str, ast.expr] | None = None
+
+    @property
+    def names(self) -> dict[str, ast.expr]:
+        """Module-level constants, and those imported from project modules."""
+        if self._names is None:
+            out: dict[str, ast.expr] = {}
+            for local, (module, attr) in self.imports.items():
+                theirs = _source(module, self.root)
+                if theirs is not None and attr in _assignments(theirs.tree):
+                    try:
+                        value = _const(_assignments(theirs.tree)[attr], theirs.names)
+                    except ValueError:
+                        continue
+                    out[local] = ast.Constant(value)
+            self._names = {**out, **_assignments(self.tree)}
+        return self._names
+
+
+_SOURCES: dict[tuple[Path, int], _Source] = {}
+
+
+def _parse(path: Path, root: Path) -> _Source:
+    path = path.resolve()
+    key = (path, path.stat().st_mtime_ns)
+    if key not in _SOURCES:
+        tree = ast.parse(path.read_text(), filename=str(path))
+        imports = {
+            (a.asname or a.name): (n.module, a.name)
+            for n in tree.body
+            if isinstance(n, ast.ImportFrom) and not n.level and n.module
+            for a in n.names
+        }
+        classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+        _SOURCES[key] = _Source(path, root, tree, classes, imports)
+    return _SOURCES[key]
+
+
+def _source(module: str, root: Path) -> _Source | None:
+    """A project module's source (beside ``root``'s packages, or ours)."""
+    for base in dict.fromkeys((root, PROJECT)):
+        stem = base.joinpath(*module.split("."))
+        for path in (stem.with_suffix(".py"), stem / "__init__.py"):
+            if path.is_file():
+                return _parse(path, base)
+    return None
+
+
+def _assignments(tree: ast.Module) -> dict[str, ast.expr]:
+    return {
+        t.id: n.value
+        for n in tree.body
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
+
+
+def _lineage(cls: ast.ClassDef, src: _Source) -> list[tuple[ast.ClassDef, _Source]]:
+    """``cls`` and its first bases, nearest first, through project modules."""
+    out = [(cls, src)]
     while True:
-        bases = [b.id for b in cls.bases if isinstance(b, ast.Name) and b.id in classes]
-        if not bases or classes[bases[0]] in out:
+        bases = [b.id for b in cls.bases if isinstance(b, ast.Name)]
+        if not bases:
             return out
-        cls = classes[bases[0]]
-        out.append(cls)
+        name = bases[0]
+        if name in src.classes:
+            cls = src.classes[name]
+        elif name in src.imports:
+            module, attr = src.imports[name]
+            theirs = _source(module, src.root)
+            if theirs is None or attr not in theirs.classes:
+                return out  # outside the project (Averager's own bases: none)
+            cls, src = theirs.classes[attr], theirs
+        else:
+            return out
+        if any(c is cls for c, _ in out):
+            return out
+        out.append((cls, src))
 
 
-def _init_of(lineage: list[ast.ClassDef]) -> ast.FunctionDef:
-    for cls in lineage:
-        for item in cls.body:
-            if isinstance(item, ast.FunctionDef) and item.name == "__init__":
-                args = item.args
-                passes_on = args.vararg and args.kwarg and not args.kwonlyargs
-                if not passes_on:  # ``__init__(self, *a, **kw)``: the base's
-                    return item
-    raise LookupError(f"{lineage[0].name}: no __init__ in the class or its bases here")
+def _init(cls: ast.ClassDef) -> ast.FunctionDef | None:
+    for item in cls.body:
+        if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+            return item
+    return None
 
 
-def _class_dict(lineage: list[ast.ClassDef], attr: str) -> dict[str, ast.expr]:
+def _options(
+    lineage: list[tuple[ast.ClassDef, _Source]], skip: tuple[str, ...]
+) -> dict[str, Option]:
+    """The keywords of the nearest ``__init__``; one that passes ``**kw`` on
+    to its base also has the base's (the nearest declaration wins)."""
+    out: dict[str, Option] = {}
+    for cls, src in lineage:
+        init = _init(cls)
+        if init is None:
+            continue
+        for key, option in _keywords(init, src.names, skip).items():
+            out.setdefault(key, option)
+        if init.args.kwarg is None:  # nothing passed on: the base's are not ours
+            return out
+    if not out:
+        raise LookupError(f"{lineage[0][0].name}: no __init__ found")
+    return out
+
+
+def _class_dict(
+    lineage: list[tuple[ast.ClassDef, _Source]], attr: str
+) -> dict[str, tuple[ast.expr, _Source]]:
     """``attr = {...}`` of the classes of ``lineage`` merged, the nearest winning."""
-    out: dict[str, ast.expr] = {}
-    for cls in reversed(lineage):
+    out: dict[str, tuple[ast.expr, _Source]] = {}
+    for cls, src in reversed(lineage):
         for item in cls.body:
             if isinstance(item, ast.Assign):
                 target = item.targets[0]
@@ -302,16 +402,19 @@ def _class_dict(lineage: list[ast.ClassDef], attr: str) -> dict[str, ast.expr]:
             if not isinstance(item.value, ast.Dict) or None in item.value.keys:
                 raise ValueError(f"{cls.name}.{attr} must be a dict literal")
             for key, value in zip(item.value.keys, item.value.values):
-                out[ast.literal_eval(key)] = value
+                out[ast.literal_eval(key)] = (value, src)
     return out
 
 
-def _ranges(lineage: list[ast.ClassDef], names: dict[str, ast.expr]) -> dict:
+def _ranges(lineage: list[tuple[ast.ClassDef, _Source]]) -> dict[str, Range]:
     out: dict[str, Range] = {}
-    for key, call in _class_dict(lineage, "option_ranges").items():
+    for key, (call, src) in _class_dict(lineage, "option_ranges").items():
         if not (isinstance(call, ast.Call) and getattr(call.func, "id", "") == "Range"):
-            raise ValueError(f"{lineage[0].name}.option_ranges[{key!r}]: use Range()")
-        out[key] = Range(**{kw.arg: _const(kw.value, names) for kw in call.keywords})
+            raise ValueError(
+                f"{lineage[0][0].name}.option_ranges[{key!r}]: use Range()"
+            )
+        bounds = {kw.arg: _const(kw.value, src.names) for kw in call.keywords}
+        out[key] = Range(**bounds)
     return out
 
 
@@ -319,6 +422,10 @@ def read(
     path: Path, module: str, decorator: str, skip: tuple[str, ...] = ("world",)
 ) -> dict[str, Declared]:
     """The classes in ``path`` decorated ``@decorator("NAME")``, by name.
+
+    A class's options are its ``__init__``'s keywords; where that passes
+    ``**kw`` on, its base's too (followed into project modules: a subclass of
+    ``Rank0Blocking`` in a module of yours has its options as well).
 
     Args:
       path: the module's source file.
@@ -330,35 +437,27 @@ def read(
       ValueError: a name registered twice in the module, or a range on an
         option the constructor does not have.
     """
-    text = path.read_text()
     out: dict[str, Declared] = {}
-    if f"@{decorator}(" not in text:
+    if f"@{decorator}(" not in path.read_text():
         return out
-    tree = ast.parse(text, filename=str(path))
-    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
-    names = {
-        t.id: n.value
-        for n in tree.body
-        if isinstance(n, ast.Assign)
-        for t in n.targets
-        if isinstance(t, ast.Name)
-    }
-    for cls in classes.values():
+    root = path.resolve().parents[module.count(".")]
+    src = _parse(path, root)
+    for cls in src.classes.values():
         name = _registered_name(cls, decorator)
         if name is None:
             continue
         if name in out:
             raise ValueError(f"{name!r} registered twice: {path}")
-        lineage = _lineage(cls, classes)
-        options = _keywords(_init_of(lineage), names, skip)
-        for key, rng in _ranges(lineage, names).items():
+        lineage = _lineage(cls, src)
+        options = _options(lineage, skip)
+        for key, rng in _ranges(lineage).items():
             if key not in options:
                 raise ValueError(f"{path}: {cls.name}.option_ranges names {key!r}")
             o = options[key]
             options[key] = Option(o.types, o.choices, rng, o.default, o.items)
         renamed = {
             k: ast.literal_eval(v)
-            for k, v in _class_dict(lineage, "renamed_options").items()
+            for k, (v, _) in _class_dict(lineage, "renamed_options").items()
         }
         out[name] = Declared(name, module, options, renamed)
     return out

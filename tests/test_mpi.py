@@ -53,8 +53,8 @@ def run_under_mpiexec(
         XLA_FLAGS="--xla_cpu_multi_thread_eigen=false",
         NPROC="1",  # XLA:CPU's intra-op pool: one thread per rank
         # sparse_allreduce(auto) uses its documented defaults, not whatever
-        # calibration this machine's user cache holds.
-        RESEARCH_SPARSE_COST=f"/nonexistent/research-sparse-cost-{os.getuid()}.json",
+        # calibration this machine's user cache holds (tests/conftest.py).
+        RESEARCH_SPARSE_COST="defaults",
         PYTHONUNBUFFERED="1",
         PYTHONPATH=str(ROOT),
     )

@@ -93,6 +93,11 @@ def test_smoke_two_ranks_relaunch(tmp_path):
             "bucket_bytes='big' must be int",
         ),
         (["--threads", "-1"], "--threads must be >= 0"),
+        (  # the old name of full_every, out of its range: before any rank starts
+            ["--strategy", "solo", "--strategy-opt", "sync_every=-3"],
+            "full_every=-3 must be >= 1",
+        ),
+        (["--np", "0"], "--np must be >= 1"),
         (["--link", "10gbs"], "bad link spec '10gbs'"),
         (["--strategy", "fused", "--link", "10gbps"], "cannot run on an emulated"),
         (["--bogus-flag"], "unrecognized arguments"),

@@ -54,15 +54,19 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from research import privdir
 from research.checkpoint.agreement import allgather_json
-from research.checkpoint.base import Checkpointer, CheckpointError, SaveRecord
+from research.checkpoint.base import (
+    Checkpointer,
+    CheckpointError,
+    FaultHook,
+    SaveRecord,
+)
 from research.checkpoint.integrity import remove_tree
 from research.checkpoint.leaves import Flattener
 from research.checkpoint.manifest import (
@@ -72,13 +76,12 @@ from research.checkpoint.manifest import (
 )
 from research.checkpoint.partition import LOCAL, Unit, plan
 from research.checkpoint.rawshard import SPARE, retire, stage
+from research.checkpoint.registry import Range, register_saver
 from research.checkpoint.snapshot import Snapshotter
 from research.checkpoint.tiers import Tier
 from research.checkpoint.writer import Writer, WriterProcess
 from research.comm.world import World
 from research.trace import get_tracer
-
-FaultHook = Callable[[str, int], None]
 
 
 class WriterError(RuntimeError):
@@ -144,6 +147,7 @@ class _Job:
     skipped: bool = False
 
 
+@register_saver("deepfreeze")
 class DeepFreeze(Checkpointer):
     """The DeepFreeze checkpointer (see the module docstring).
 
@@ -182,6 +186,12 @@ class DeepFreeze(Checkpointer):
     """
 
     name = "deepfreeze"
+    option_ranges = {
+        "keep": Range(ge=1),
+        "keep_fast": Range(ge=1),
+        "max_inflight": Range(ge=1),
+        "nice": Range(ge=-20, le=19),
+    }
 
     def __init__(
         self,
@@ -192,12 +202,12 @@ class DeepFreeze(Checkpointer):
         keep: int = 3,
         keep_fast: int = 2,
         max_inflight: int = 2,
-        on_busy: str = "wait",
-        snapshot: str = "auto",
+        on_busy: Literal["wait", "skip"] = "wait",
+        snapshot: Literal["auto", "view", "host", "device"] = "auto",
         compress: bool = False,
         fsync: bool = True,
         rank_local: tuple[str, ...] = (),
-        writer: str = "process",
+        writer: Literal["process", "thread"] = "process",
         nice: int = 10,
         idle: bool = False,
         verify_flush: bool = False,
@@ -210,15 +220,15 @@ class DeepFreeze(Checkpointer):
             raise ValueError("max_inflight, keep and keep_fast must be >= 1")
         if writer not in ("process", "thread"):
             raise ValueError(f"writer must be 'process' or 'thread', got {writer!r}")
-        super().__init__(world, directory, fast_dir=fast_dir, fsync=fsync)
+        super().__init__(
+            world, directory, fast_dir=fast_dir, fsync=fsync, fault_hook=fault_hook
+        )
         self._fast_auto = fast_dir == "auto"
         self.keep, self.keep_fast = keep, keep_fast
         self.keep_fast_tier = keep_fast_tier
         self.max_inflight, self.on_busy = max_inflight, on_busy
         self.compress = compress
         self.rank_local = tuple(rank_local)
-        self._hook = fault_hook or (lambda event, step: None)
-        self._hooked = fault_hook is not None
         self.writer = writer
         self.verify_flush = verify_flush
         # Started now, so its imports (jax, Orbax) overlap the training's start.

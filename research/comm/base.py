@@ -95,6 +95,11 @@ class Averager:
     def close(self) -> None:
         """Release threads and communicators. Idempotent."""
 
+    def summary(self) -> dict[str, Any]:
+        """What ``summary.json`` records of this strategy beyond the loop's
+        numbers (local: no collective)."""
+        return {}
+
     def __enter__(self):
         return self
 

@@ -22,7 +22,6 @@ from research.cli import check_private_dir
 from research.comm.malloc import launch_env
 from research.launch import bind_args, mpiexec_path, thread_env
 
-SAVERS = ("rank0-blocking", "orbax-blocking", "orbax-async-rank0", "deepfreeze")
 #: Rounds of the extra jobs for the ranks figure (blocking times only).
 RANKS_JOB_ROUNDS = 2
 
@@ -38,6 +37,12 @@ def check_flags(cfg: Any) -> str | None:
         return f"--settle must be between 1 and --window - 1 ({cfg.window - 1})"
     if cfg.minor_rounds < 1:
         return "--minor-rounds must be >= 1"
+    from research.checkpoint.registry import check_saver_options
+
+    for saver in cfg.savers:
+        problem = check_saver_options(saver, {})
+        if problem:
+            return f"--savers: {problem}"
     if cfg.tiers != "persistent" and cfg.train.fast_dir != "auto":
         return check_private_dir(cfg.train.fast_dir, "--fast-dir")
     return None
@@ -132,7 +137,7 @@ def run_job(cfg: Any, root: Path) -> dict[str, Any]:
 def _current(job: dict) -> dict:
     """A job file in today's words: files written before 2026-11-25 say
     "strategy"/"strategies" and "rank0-sync"/"orbax-sync" for the savers."""
-    from research.checkpoint.config import RENAMED_SAVERS
+    from research.checkpoint.registry import RENAMED_SAVERS
 
     def name(n: str) -> str:
         return RENAMED_SAVERS.get(n, n)

@@ -61,6 +61,7 @@ class CheckpointCallback(Callback):
                 resume=config.resume,
                 final=True,
                 fast_dir=None if fast == "none" else fast,
+                options=dict(getattr(config, "checkpoint_options", {})),
             )
         )
 

@@ -53,7 +53,8 @@ from research.comm.base import Averager, CommInfo
 from research.comm.link import Link
 from research.comm.registry import Range, register_averager
 from research.comm.sparse.algorithms import ALGORITHMS, sparse_allreduce
-from research.comm.sparse.cost import CostModel, agreed_model, choose
+from research.comm.sparse.calibration import agreed_model
+from research.comm.sparse.cost import CostModel, choose
 from research.comm.sparse.vector import SparseVector
 from research.comm.world import as_world
 from research.trace import get_tracer
@@ -170,6 +171,14 @@ class SparseAverager(Averager):
         self.seed = int(seed)
         self.link = Link.parse(link)
         self._picked: dict[tuple[int, int], str] = {}
+
+    def summary(self) -> dict[str, Any]:
+        """The cost model ``auto`` chose with, and where it came from (None:
+        no algorithm was chosen by the model)."""
+        from research.comm.sparse.calibration import cached_model, record
+
+        model = cached_model(self.comm)
+        return {"sparse_cost_model": None if model is None else record(model)}
 
     def k_for(self, n: int) -> int:
         """Entries sent out of ``n`` (at least 1, at most ``n``)."""
