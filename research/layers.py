@@ -75,6 +75,7 @@ UNITS: dict[str, tuple[str, ...]] = {
         "research.train",
     ),
     "research.cli": (
+        "research.checkpoint",
         "research.comm",
         "research.data",
         "research.launch",

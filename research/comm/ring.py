@@ -109,11 +109,18 @@ def _mpicxx() -> str:
     if config.get("mpicxx"):
         return config["mpicxx"]
     if config.get("mpicc"):
-        cxx = Path(config["mpicc"]).with_name("mpicxx")
-        if cxx.exists():
-            return str(cxx)
+        cc = Path(config["mpicc"])
+        # mpicc.openmpi -> mpicxx.openmpi (Debian's names), else plain mpicxx.
+        for name in (cc.name.replace("mpicc", "mpicxx"), "mpicxx"):
+            if cc.with_name(name).exists():
+                return str(cc.with_name(name))
     local = Path(sys.executable).parent / "mpicxx"
     return str(local) if local.exists() else "mpicxx"
+
+
+def compiler() -> str:
+    """The C++ MPI wrapper the handler is (or would be) compiled with."""
+    return _mpicxx()
 
 
 def _mpi_digest() -> str:
