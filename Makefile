@@ -4,12 +4,18 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-cluster test-site-mpi lint bench
+.PHONY: run test test-fast test-cluster test-site-mpi lint bench
 run: $(STAMP)
 	$(PY) -m experiments.eager_sgd --seeds 0 1 2
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# The edit-test loop: every test that starts no MPI job. A test that tries to
+# (through research.launch or tests/test_mpi.py) fails instead: mark it
+# @pytest.mark.launches and it runs in `make test` only.
+test-fast: $(STAMP)
+	RESEARCH_NO_MPIEXEC=1 $(PY) -m pytest -m "not launches"
 
 # The batch templates under a one-node Slurm on localhost (Debian's slurm-wlm,
 # installed here when missing; skipped with the reason where it cannot start),

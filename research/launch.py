@@ -42,6 +42,8 @@ def mpiexec_path() -> str:
     A site-MPI environment (``scripts/install.sh --site-mpi``) has none of its
     own: the site MPI's ``mpiexec``/``mpirun`` on PATH (its module loaded) is it.
     """
+    if os.environ.get("RESEARCH_NO_MPIEXEC"):  # make test-fast: no MPI jobs
+        raise UsageError("RESEARCH_NO_MPIEXEC is set: this may not start mpiexec")
     local = Path(sys.executable).parent / "mpiexec"
     if local.exists():
         return str(local)

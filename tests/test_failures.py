@@ -26,6 +26,8 @@ from research.launch import _mapped_shm_files
 from tests.fail_driver import PHASES
 from tests.test_mpi import run_under_mpiexec
 
+pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
+
 FAIL_STEP = 4  # even: DeepFreeze checkpoints every 2 steps in the driver
 
 

@@ -93,5 +93,6 @@ def test_its_option_takes_effect(module_dir, tmp_path):
     assert back.step == 2 and identical(back.state, state_at(2))
 
 
+@pytest.mark.launches
 def test_it_keeps_the_saver_contract(module_dir, tmp_path):
     run_contract(tmp_path, ["rank0-slowdisk"], 2, 3, module=(NAME, module_dir))

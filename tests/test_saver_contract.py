@@ -20,6 +20,8 @@ import pytest
 
 from tests.test_mpi import run_under_mpiexec
 
+pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
+
 
 def results(proc) -> list[dict]:
     """The driver's ``RESULT`` objects (mpiexec may join two ranks' lines)."""

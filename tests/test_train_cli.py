@@ -34,6 +34,7 @@ def run(args: list[str], timeout: float = 240, **kw) -> subprocess.CompletedProc
     )
 
 
+@pytest.mark.launches
 def test_smoke_two_ranks_relaunch(tmp_path):
     run_dir = tmp_path / "run"
     proc = run(
@@ -110,6 +111,7 @@ def test_bad_input_one_line_exit_2(args, needle):
     assert len(lines) == 1 and needle in lines[0], proc.stderr
 
 
+@pytest.mark.launches
 def test_bad_input_under_mpiexec_printed_once():
     from tests.test_mpi import mpiexec
 
