@@ -335,6 +335,8 @@ def validate(cfg: TrainConfig) -> str | None:
         return f"--threads must be >= 0 (0: XLA's default), got {cfg.threads}"
     from research.checkpoint.registry import check_saver_options
 
+    if cfg.checkpoint == "none" and cfg.checkpoint_options:
+        return "--checkpoint-opt needs a saver: --checkpoint NAME (see --list)"
     problem = check_saver_options(cfg.checkpoint, cfg.checkpoint_options)
     if problem:
         return f"--checkpoint: {problem}"

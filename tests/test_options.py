@@ -126,6 +126,8 @@ def test_unknown_saver_and_option_name_the_valid_ones(capsys):
         capsys, ["--checkpoint", "rank0-blocking", "--checkpoint-opt", "kep=2"]
     )
     assert "has no option 'kep'; its options: compress, fsync, keep" in line
+    line = _parse_fails(capsys, ["--checkpoint-opt", "keep=2"])
+    assert "--checkpoint-opt needs a saver" in line
 
 
 def test_range_arithmetic():

@@ -104,11 +104,34 @@ def test_smoke_two_ranks_relaunch(tmp_path):
         (["--bogus-flag"], "unrecognized arguments"),
     ],
 )
-def test_bad_input_one_line_exit_2(args, needle):
+def test_bad_input_one_line_exit_2(args, needle, capsys):
+    """Checked by the parser every process runs first (in this process here:
+    a python start per case cost 2 s; the real entry point follows)."""
+    from experiments.train import parse
+
+    with pytest.raises(SystemExit) as exc:
+        parse(args)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if "error:" in ln]
+    assert len(lines) == 1 and needle in lines[0], err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--strategy", "solo", "--strategy-opt", "sync_every=-3"], "full_every=-3"),
+        (["--np", "0"], "--np must be >= 1"),
+    ],
+)
+def test_bad_input_as_a_user_types_it(args, needle):
+    """``python -m experiments.train`` itself: one line, exit 2, no rank."""
     proc = run(["-m", "experiments.train", *args], timeout=120)
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
     assert len(lines) == 1 and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr and "mpiexec" not in proc.stderr
 
 
 @pytest.mark.launches
