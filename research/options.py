@@ -236,9 +236,11 @@ def _keywords(
     init: ast.FunctionDef, names: dict[str, ast.expr], skip: tuple[str, ...]
 ) -> dict[str, Option]:
     args = init.args
-    positional = [a for a in args.args if a.arg not in ("self", *skip)]
-    defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
-    pairs = [*zip(positional, defaults), *zip(args.kwonlyargs, args.kw_defaults)]
+    defaults = [None] * (len(args.args) - len(args.defaults)) + list(args.defaults)
+    positional = [
+        (a, d) for a, d in zip(args.args, defaults) if a.arg not in ("self", *skip)
+    ]
+    pairs = [*positional, *zip(args.kwonlyargs, args.kw_defaults)]
     out = {}
     for arg, node in pairs:
         try:
