@@ -452,9 +452,12 @@ def read(
             raise ValueError(f"{name!r} registered twice: {path}")
         lineage = _lineage(cls, src)
         options = _options(lineage, skip)
+        own = _class_dict(lineage[:1], "option_ranges")
         for key, rng in _ranges(lineage).items():
             if key not in options:
-                raise ValueError(f"{path}: {cls.name}.option_ranges names {key!r}")
+                if key in own:  # a base's range of an option this class drops is moot
+                    raise ValueError(f"{path}: {cls.name}.option_ranges names {key!r}")
+                continue
             o = options[key]
             options[key] = Option(o.types, o.choices, rng, o.default, o.items)
         renamed = {
