@@ -246,10 +246,15 @@ def test_predicted_bytes_follow_density():
     assert full <= 1.01 * predicted_bytes("dsar_sag", d, d, P) + 8 * P * 64
 
 
+#: A 10 Gb/s-class network and a slower CPU (the defaults before 2026-11-26).
+NETWORK = CostModel(5e-6, 8e-10, 2e-8, 2e-9, 2e-5, 2e-9, 2e-10)
+
+
 def test_choose_sparse_when_sparse_dense_when_dense():
     d, P = 25_600_000, 4
-    assert choose(DEFAULTS, [d // 1000] * P, d, 4, 4) in ("ssar_rd", "ssar_sag")
-    assert choose(DEFAULTS, [d] * P, d, 4, 4) in ("dense", "dsar_sag")
+    for model in (DEFAULTS, NETWORK):
+        assert choose(model, [d // 1000] * P, d, 4, 4) in ("ssar_rd", "ssar_sag")
+    assert choose(NETWORK, [d] * P, d, 4, 4) in ("dense", "dsar_sag")
     t = [predicted_time(DEFAULTS, "ssar_sag", f * d, d, P) for f in (1e-3, 1e-2, 0.1)]
     assert t[0] < t[1] < t[2]
     with pytest.raises(ValueError):

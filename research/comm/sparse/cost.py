@@ -47,19 +47,23 @@ class CostModel:
     delta: float
     ar_alpha: float
     ar_beta: float
-    copy: float = 2e-10  # 5 GB/s; calibration files older than this field lack it
+    copy: float = 5.8e-11  # DEFAULTS'; calibration files older than this field lack it
     source: str = "defaults"
 
 
-#: Used where no calibration can be had (see ``calibration.py``).
+#: Used where no calibration can be had (see ``calibration.py``): measured
+#: 2026-11-26 on this project's 2-core machine, 4 ranks of the mpich wheel over
+#: shared memory (``scripts.calibrate_sparse``, 9 repetitions, nothing else
+#: running), rounded.
 DEFAULTS = CostModel(
-    alpha=5e-6,
-    beta=8e-10,
-    gamma=2e-8,
-    delta=2e-9,
-    ar_alpha=2e-5,
-    ar_beta=2e-9,
-    copy=2e-10,
+    alpha=1.4e-5,
+    beta=2.5e-10,
+    gamma=2.7e-8,
+    delta=1.6e-8,
+    ar_alpha=2.2e-5,
+    ar_beta=1.1e-9,
+    copy=5.8e-11,
+    source="defaults (measured 2026-11-26, 4 ranks, shared memory)",
 )
 
 
