@@ -32,10 +32,26 @@ if [ "$SITE_MPI" = 1 ]; then
     exit 2
   fi
   MPICC="$MPICC_PATH"
+  ON_PATH="$(command -v mpicc || true)"
+  if [ "$FROM" = "MPICC" ] && [ -n "$ON_PATH" ] \
+    && [ "$(readlink -f "$ON_PATH")" != "$(readlink -f "$MPICC")" ]; then
+    FROM="MPICC; not $ON_PATH, the first mpicc on PATH"
+  fi
   # Its C++ wrapper: the same name with mpicxx (mpicc.openmpi: mpicxx.openmpi).
   MPICXX="$(dirname "$MPICC")/$(basename "$MPICC" | sed 's/mpicc/mpicxx/')"
   [ -x "$MPICXX" ] || MPICXX="$(dirname "$MPICC")/mpicxx"
-  echo "[install] --site-mpi: building mpi4py, mpi4jax and the native ring with $MPICC ($FROM; C++: $MPICXX)"
+  # The MPI library behind MPICC, from a two-line program it builds and runs
+  # (MPI_Get_library_version needs no MPI_Init).
+  PROBE="$(mktemp -d)"
+  printf '#include <mpi.h>\n#include <stdio.h>\nint main(void) { char v[MPI_MAX_LIBRARY_VERSION_STRING]; int n; MPI_Get_library_version(v, &n); printf("%%s\\n", v); return 0; }\n' > "$PROBE/probe.c"
+  if ! "$MPICC" "$PROBE/probe.c" -o "$PROBE/probe" >"$PROBE/log" 2>&1; then
+    echo "[install] --site-mpi: $MPICC cannot build an MPI program:" >&2
+    cat "$PROBE/log" >&2
+    exit 2
+  fi
+  SITE_LIBRARY="$("$PROBE/probe" | head -1 | sed 's/[[:space:]]*$//')"
+  rm -rf "$PROBE"
+  echo "[install] --site-mpi: building mpi4py, mpi4jax and the native ring with $MPICC ($FROM; C++: $MPICXX): $SITE_LIBRARY"
   # The wheel's mpi.h (VENV/include) and mpicxx (VENV/bin) come first at build
   # time and would shadow the site MPI's: mpi4py then links the site's libmpi
   # against MPICH's declarations, and the native ring against the wrong MPI.
@@ -53,13 +69,12 @@ $PIP install -q --upgrade pip wheel setuptools
 # mpi4jax's build requirements first (it is built without isolation, below).
 $PIP install -q "jax>=0.10,<0.11" "jaxlib>=0.10,<0.11" "numpy>=2.0,<3" nanobind cython
 if [ "$SITE_MPI" = 1 ]; then
-  # mpi4py records the wrappers it was built with (mpi4py.get_config()): one
-  # built with another mpicc is built again.
-  BUILT_WITH="$("$VENV/bin/python" -c "import mpi4py, mpi4py.MPI; print(mpi4py.get_config().get('mpicc', ''))" 2>/dev/null || echo none)"
-  if [ "$BUILT_WITH" != "$MPICC" ]; then
+  # An mpi4py that loads another MPI library than MPICC's is built again.
+  BUILT_WITH="$("$VENV/bin/python" -c "import mpi4py.MPI as M; print(M.Get_library_version().splitlines()[0].strip())" 2>/dev/null || echo none)"
+  if [ "$BUILT_WITH" != "$SITE_LIBRARY" ]; then
     # From source, against the site MPI; --no-cache-dir: pip's wheel cache would
     # hand back a build made earlier against another MPI.
-    echo "[install] building mpi4py with $MPICC (was: ${BUILT_WITH:-unknown})"
+    echo "[install] building mpi4py with $MPICC (the one there loads: $BUILT_WITH)"
     MPICC="$MPICC" MPICXX="$MPICXX" $PIP install -q --no-cache-dir --force-reinstall \
       --no-deps --no-binary mpi4py "mpi4py>=4.1,<5"
   fi
@@ -71,6 +86,10 @@ if [ "$SITE_MPI" = 1 ]; then
   ln -s "$MPICC" "$SHIM/mpicc"
   ln -s "$MPICXX" "$SHIM/mpicxx"
   export MPICC MPICXX MPI4JAX_BUILD_MPICC="$MPICC" PATH="$SHIM:$PATH"
+  # What the native ring (research/comm/ring.py) compiles with, at run time too:
+  # mpi4py does not record the wrappers it was built with.
+  printf '{"mpicc": "%s", "mpicxx": "%s", "library": "%s"}\n' \
+    "$MPICC" "$MPICXX" "$SITE_LIBRARY" > "$VENV/research-mpi.json"
 else
   # MPI (the mpich wheel brings mpiexec, mpicc and mpicxx).
   $PIP install -q "mpich>=5.0,<6" "mpi4py>=4.1,<5"
