@@ -205,7 +205,8 @@ class DeepFreeze(Background, Checkpointer):
         self.rank_local = tuple(rank_local)
         self.writer = writer
         self.verify_flush = verify_flush
-        # Started now, so its imports (jax, Orbax) overlap the training's start.
+        # Started now, so its start-up overlaps the training's (numpy only: jax
+        # and Orbax load with the first compressed shard).
         self._proc = WriterProcess.shared(nice, idle) if writer == "process" else None
         self._local = Writer() if writer == "thread" else None
         try:
