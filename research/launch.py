@@ -36,14 +36,19 @@ def fail_usage(prog: str, message: str) -> None:
     raise SystemExit(USAGE_EXIT)
 
 
+def check_may_launch() -> None:
+    """Refuse to start an MPI job where ``RESEARCH_NO_MPIEXEC`` is set
+    (``make test-fast``: a test that launches one is marked ``launches``)."""
+    if os.environ.get("RESEARCH_NO_MPIEXEC"):
+        raise UsageError("RESEARCH_NO_MPIEXEC is set: no MPI job may start here")
+
+
 def mpiexec_path() -> str:
     """The ``mpiexec`` of this environment (the mpich wheel's), else the PATH's.
 
     A site-MPI environment (``scripts/install.sh --site-mpi``) has none of its
     own: the site MPI's ``mpiexec``/``mpirun`` on PATH (its module loaded) is it.
     """
-    if os.environ.get("RESEARCH_NO_MPIEXEC"):  # make test-fast: no MPI jobs
-        raise UsageError("RESEARCH_NO_MPIEXEC is set: this may not start mpiexec")
     local = Path(sys.executable).parent / "mpiexec"
     if local.exists():
         return str(local)
@@ -222,6 +227,7 @@ def relaunch(module: str, argv: list[str], np_: int, threads: int = 1) -> int:
     env = launch_env(dict(os.environ))  # huge pages for malloc (research.comm.malloc)
     env.update(thread_env(threads))
     env.setdefault("PYTHONUNBUFFERED", "1")
+    check_may_launch()
     cmd = [mpiexec_path(), "-n", str(np_), sys.executable, "-m", module, *argv]
     remove_orphaned_shm()  # a killed earlier job's MPICH segments
     proc = subprocess.Popen(cmd, env=env)

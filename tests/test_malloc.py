@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 PROBE = """
@@ -86,6 +88,7 @@ def test_huge_pages_alone_still_keep_the_heap() -> None:
     assert lines[1] == "kept"
 
 
+@pytest.mark.launches
 def test_relaunched_ranks_get_huge_pages(tmp_path, monkeypatch) -> None:
     from research.launch import relaunch
 

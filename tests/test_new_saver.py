@@ -57,9 +57,14 @@ def module_dir(tmp_path_factory):
     (folder / f"{NAME}.py").write_text(MODULE)
     sys.path.insert(0, str(folder))
     registry.add_saver_module(NAME)
+    registered = dict(registry._REGISTRY)
     yield folder
+    # The saver is gone again for the tests that follow in this process.
     sys.path.remove(str(folder))
     registry.SAVER_MODULES.remove(NAME)
+    registry._REGISTRY.clear()
+    registry._REGISTRY.update(registered)
+    sys.modules.pop(NAME, None)
 
 
 def test_a_saver_from_one_outside_module_is_known_and_checked(module_dir):

@@ -160,6 +160,7 @@ def test_bad_input_under_mpiexec_printed_once():
     assert proc.stderr.count("unknown model 'nope'") == 1, proc.stderr
 
 
+@pytest.mark.launches
 def test_missing_data_files_named(tmp_path):
     proc = run(
         [

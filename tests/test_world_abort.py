@@ -12,13 +12,15 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.test_mpi import run_under_mpiexec
+
+pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
 
 SCRIPT = """
 import sys, threading
 from research.comm.world import get_world
-
-pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
 world = get_world()
 assert world.size == 2, world.size
 if world.rank == 1:

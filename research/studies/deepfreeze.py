@@ -20,7 +20,7 @@ from typing import Any
 
 from research.cli import check_private_dir
 from research.comm.malloc import launch_env
-from research.launch import bind_args, mpiexec_path, thread_env
+from research.launch import bind_args, check_may_launch, mpiexec_path, thread_env
 
 #: Rounds of the extra jobs for the ranks figure (blocking times only).
 RANKS_JOB_ROUNDS = 2
@@ -362,6 +362,7 @@ def launch_jobs(cfg: Any, argv: list[str], root: Path, module: str) -> int:
     """
     env = dict(launch_env(os.environ), **thread_env(cfg.train.threads))
     env["PYTHONUNBUFFERED"] = "1"
+    check_may_launch()
     mpiexec = mpiexec_path()
     bind: list[str] = []
     if cfg.bind == "core" and cfg.train.threads < 1:
