@@ -51,7 +51,7 @@ def parse(argv: list[str]) -> Config:
 def main(argv: list[str] | None = None) -> dict | None:
     argv = sys.argv[1:] if argv is None else argv
     cfg = parse(argv)
-    maybe_relaunch("experiments.train", argv, cfg.np, cfg.train.threads)
+    maybe_relaunch("experiments.train", argv, cfg.np, cfg.train.threads, cfg.hosts)
     set_threads(cfg.train.threads)
     from research.runner import run_training
 

@@ -234,6 +234,7 @@ def parse_config(
             train = dataclasses.replace(cfg.train, model=preset.train.model)
             cfg = dataclasses.replace(cfg, train=train_config(train))
         problem = cfg.problem() if hasattr(cfg, "problem") else None
+        problem = problem or hosts_problem(cfg)
     except ValueError as e:
         fail_usage(prog, str(e))
     if problem:
@@ -241,6 +242,25 @@ def parse_config(
     if getattr(cfg, "np", 1) < 1:  # before any launch: 0 once meant "alone"
         fail_usage(prog, f"--np must be >= 1 (1: this process alone), got {cfg.np}")
     return cfg
+
+
+def hosts_problem(cfg: Any) -> str | None:
+    """A one-line problem with ``--hosts`` for the rank counts ``cfg`` launches
+    (``np``, or each of ``ranks``), or None."""
+    hosts = getattr(cfg, "hosts", "")
+    if not hosts:
+        return None
+    from research.launch import UsageError, placement
+
+    counts = getattr(cfg, "ranks", None) or [getattr(cfg, "np", 1)]
+    for n in counts:
+        if n < 1:
+            return f"--hosts needs at least one rank, got {n}"
+        try:
+            placement(hosts, n)
+        except UsageError as e:
+            return str(e)
+    return None
 
 
 def override(cfg: Any, **values: Any) -> Any:
@@ -346,6 +366,12 @@ def validate(cfg: TrainConfig) -> str | None:
         problem = check_private_dir(cfg.fast_dir, "--fast-dir")
         if problem:
             return problem
+    from research.train.profiling import ProfileWindow
+
+    try:  # the steps against the run's length: on the ranks, once data are known
+        ProfileWindow.parse(cfg.profile, cfg.profile_ranks)
+    except ValueError as e:
+        return str(e)
     from research.launch import check_xla_flags, xla_thread_flags
 
     problem = check_xla_flags(xla_thread_flags(cfg.threads))

@@ -38,11 +38,17 @@ UNITS: dict[str, tuple[str, ...]] = {
     "research.imbalance": _FOUNDATION,
     "research.trace_analysis": _FOUNDATION,
     "research.data": _FOUNDATION,
+    "research.localnet": _FOUNDATION,  # nodes as network namespaces, one machine
     "models": _FOUNDATION,
     # Communication: MPI start-up, collectives, the strategies' communication.
     "research.comm": ("research.options", "research.trace"),
     # Starting ranks: mpiexec, threads and heap settings of the processes.
-    "research.launch": ("research.comm", "research.privdir", "models"),
+    "research.launch": (
+        "research.comm",
+        "research.localnet",
+        "research.privdir",
+        "models",
+    ),
     # Checkpointing: a library below training.
     "research.checkpoint": (
         "research.comm",
@@ -59,6 +65,7 @@ UNITS: dict[str, tuple[str, ...]] = {
         "research.data",
         "research.imbalance",
         "research.launch",
+        "research.localnet",
         "research.periodic",
         "research.rundir",
         "research.trace",

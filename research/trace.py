@@ -53,6 +53,7 @@ TRACKS = {
     "checkpoint": 8,
     "checkpoint-bg": 9,
     "log": 10,
+    "profile": 11,  # steps captured by jax.profiler (research.train.profiling)
 }
 
 

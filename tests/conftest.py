@@ -37,7 +37,9 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # that set the variable themselves: tests/mpi/test_sparse.py).
 os.environ.setdefault("RESEARCH_SPARSE_COST", "defaults")
 
-collect_ignore_glob = [] if os.environ.get("RESEARCH_UNDER_MPI") else ["mpi/*"]
+collect_ignore_glob = (
+    [] if os.environ.get("RESEARCH_UNDER_MPI") else ["mpi/*", "multinode/*"]
+)
 if not os.environ.get("RESEARCH_CLUSTER_TESTS"):  # `make test-cluster` runs them
     collect_ignore_glob.append("cluster/*")
 # The folder itself, not only its files: its conftest.py sets RESEARCH_MPIEXEC

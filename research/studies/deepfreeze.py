@@ -20,7 +20,13 @@ from typing import Any
 
 from research.cli import check_private_dir
 from research.comm.malloc import launch_env
-from research.launch import bind_args, check_may_launch, mpiexec_path, thread_env
+from research.launch import (
+    bind_args,
+    check_may_launch,
+    launch_command,
+    mpiexec_path,
+    thread_env,
+)
 
 #: Rounds of the extra jobs for the ranks figure (blocking times only).
 RANKS_JOB_ROUNDS = 2
@@ -382,7 +388,6 @@ def launch_jobs(cfg: Any, argv: list[str], root: Path, module: str) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-    base = [mpiexec, *bind, "-n"]
     rest = [
         sys.executable,
         "-m",
@@ -393,7 +398,9 @@ def launch_jobs(cfg: Any, argv: list[str], root: Path, module: str) -> int:
     ]
     jobs = [(cfg.np, "main")] + [(n, "ranks") for n in cfg.sweep_ranks if n != cfg.np]
     for n, job in jobs:
-        code = subprocess.call(base + [str(n)] + rest + ["--job", job], env=env)
+        launcher, extra = launch_command(n, cfg.hosts)
+        cmd = [*launcher, *bind, *rest, "--job", job]
+        code = subprocess.call(cmd, env={**env, **extra})
         if code != 0:
             return code
     return 0

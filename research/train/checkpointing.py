@@ -111,8 +111,15 @@ class CheckpointCallback(Callback):
         choice = getattr(trainer.averager, "allreduce_choice", None)
         if choice is not None:
             extra["allreduce"] = choice
-        self.ckpt.save(step, trainer.state, extra=extra)
+        record = self.ckpt.save(step, trainer.state, extra=extra)
         self._saved_at = step
+        trainer.log_scalars(
+            step,
+            {
+                "checkpoint/blocking_s": record.blocking_s,
+                "checkpoint/wait_s": record.wait_s,
+            },
+        )
 
     def on_train_end(self, trainer: Trainer) -> None:
         if self.ckpt is not None:

@@ -154,6 +154,30 @@ class TrainConfig:
     trace_max_events: int = flag(
         200_000, "timeline events kept per rank; default %(default)s", OUTPUT
     )
+    tensorboard: bool = flag(
+        True,
+        "TensorBoard scalars (loss, accuracy, rate, step phases, communication, "
+        "checkpoint blocking) into the run folder, written off the training "
+        "thread; view with `tensorboard --logdir runs/`",
+        OUTPUT,
+        negatable=True,
+    )
+    profile: str | None = flag(
+        None,
+        "capture jax.profiler traces of COUNT steps from step START (counted "
+        "from 1, as metrics.jsonl and TensorBoard count) into "
+        "RUN_DIR/plugins/profile/, for TensorBoard's profile plugin "
+        "(pip install tensorboard xprof)",
+        OUTPUT,
+        metavar="START:COUNT",
+        type=str,
+    )
+    profile_ranks: str = flag(
+        "all",
+        "the ranks --profile captures, e.g. 0,2; default %(default)s",
+        OUTPUT,
+        metavar="RANKS",
+    )
     run_dir: str = flag(
         "", "run folder (default runs/<experiment>-<timestamp>)", OUTPUT
     )

@@ -6,7 +6,9 @@ runs (one jitted program, host-side averaging, a parameter server, stages
 overlapped with communication) is its strategy's executor
 (``research.train.executors``): the loop asks it for each step's new state,
 metrics and communication record, and has it ``drain`` whatever is in flight
-before an evaluation, a checkpoint snapshot and the end.
+before an evaluation, a checkpoint snapshot and the end. Logged rows go to
+``metrics.jsonl`` and, by default, to TensorBoard (``research.train.tensorboard``);
+``--profile`` captures XLA's profile of chosen steps (``research.train.profiling``).
 
 Per step the loop blocks on the step's metrics, so step times are honest and
 rank 0's progress bar shows the loss; the cost is that the host cannot enqueue
@@ -46,10 +48,12 @@ from research.train.evaluate import average_batch_stats, evaluate
 from research.train.executors import StepContext, make_executor
 from research.train.optim import make_optimizer_for
 from research.train.preemption import StopAgreement, Stopped, lag_for, save_at_stop
+from research.train.profiling import ProfileWindow, StepProfiler
 from research.train.report import (
     config_record,
     eval_row,
     progress_bar,
+    rank_row,
     say_eval,
     step_row,
     summary_record,
@@ -57,6 +61,7 @@ from research.train.report import (
 
 __all__ = ["Callback", "Trainer"]
 from research.train.state import TrainState, create_train_state
+from research.train.tensorboard import Board
 
 
 class Trainer:
@@ -132,9 +137,16 @@ class Trainer:
             max_events=config.trace_max_events,
         )
         self.metrics = MetricsWriter(self.run_dir, enabled=world.rank == 0)
+        # TensorBoard scalars (rank 0 writes; research.train.tensorboard) and
+        # XLA's profile of --profile's steps (research.train.profiling).
+        self.board = Board.start(self.run_dir, world, enabled=config.tensorboard)
+        self.profiler = StepProfiler.start(
+            self._profile_window, self.run_dir, world.rank, self.tracer
+        )
+        self._logged = (0, 0.0)  # (step, train_time) of the last metrics row
         # BatchNorm statistics: the ring where every rank can load it, not a
         # timed choice, so a resumed run averages them exactly as before.
-        self._stats_mean = HostAllreduce(world, native=True)
+        self._stats_mean = HostAllreduce(world, allreduce="ring")
         self.step_times: list[float] = []
         self.delays: list[float] = []  # injected into each step (imbalance)
         self.contributors: list[int] = []
@@ -155,6 +167,11 @@ class Trainer:
         self.state: TrainState = create_train_state(
             self.model, self.dataset.train_x[:1], tx, config.seed
         )
+        self._profile_window = ProfileWindow.parse(config.profile, config.profile_ranks)
+        if self._profile_window is not None:
+            problem = self._profile_window.problem(self.total_steps, self.world.size)
+            if problem:
+                raise UsageError(problem)
 
     # -- resume -------------------------------------------------------------------
     def restore(self, state: TrainState, step: int, data_position: dict | None) -> None:
@@ -223,10 +240,14 @@ class Trainer:
             summary = self._run()
         except BaseException:
             self.stop.restore_handlers()
+            self.profiler.close()
+            self.board.close()  # local: rank 0 writes what it has
             self.metrics.close()
             self.tracer.close(collective=False)
             set_tracer(prev_tracer)
             raise
+        self.profiler.close()
+        self.board.close()
         self.metrics.close()
         self.tracer.close()
         set_tracer(prev_tracer)
@@ -246,12 +267,14 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_train_start(self)
         bar = progress_bar(self)
+        self._logged = (self.step, self.train_time)
         world.barrier()
         self._t_start = time.perf_counter()
         while self.step < self.total_steps:
-            t0 = time.perf_counter()
-            m, info, phases = self._train_step()
-            dt = time.perf_counter() - t0
+            with self.profiler.step(self.step + 1):
+                t0 = time.perf_counter()
+                m, info, phases = self._train_step()
+                dt = time.perf_counter() - t0
             self.train_time += dt
             self.step += 1
             self.step_times.append(dt)
@@ -270,6 +293,7 @@ class Trainer:
             self._eval_and_log()
         for cb in self.callbacks:
             cb.on_train_end(self)
+        self.board.gather()  # collective: the ranks' figures since the last eval
         if bar is not None:
             bar.close()
         summary = summary_record(self)
@@ -279,10 +303,16 @@ class Trainer:
 
     def _after_step(self, m, info, phases, dt, bar) -> None:
         cfg = self.config
-        if self.world.rank == 0 and itstime(
+        if (self.world.rank == 0 or self.board.per_rank) and itstime(
             self.step, cfg.log_every, self.total_steps, first=True
         ):
-            self.metrics.write(step_row(self, m, info, phases, dt))
+            if self.world.rank == 0:
+                row = step_row(self, m, info, phases, dt)
+                self._logged = (self.step, self.train_time)
+                self.metrics.write(row)
+                self.board.step(row)
+            else:  # this rank's own figures, for TensorBoard's per-rank tags
+                self.board.step(rank_row(self, info, phases, dt))
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{float(m['loss']):.3f}", refresh=False)
@@ -310,4 +340,12 @@ class Trainer:
         self.evals.append(row)
         if self.world.rank == 0:
             self.metrics.write({"kind": "eval", **row})
+            self.board.eval(row)
             say_eval(self, row)
+        self.board.gather()  # collective, where the ranks meet anyway
+
+    def log_scalars(self, step: int, values: dict[str, float]) -> None:
+        """More TensorBoard scalars at ``step``, from any rank (a callback's:
+        ``checkpoint/blocking_s``); rank 0's are written as they are, every
+        rank's also as ``per_rank/<tag>/rank<r>`` where the ranks differ."""
+        self.board.scalars(step, values)

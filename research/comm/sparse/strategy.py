@@ -289,6 +289,7 @@ class SparseAverager(Averager):
             wait_s=time.perf_counter() - t0,
             round=int(step) + 1,
             extra={
+                "density": vec.nnz / vec.dim,  # of what this rank sent
                 "sent_nnz": int(vec.nnz),
                 "result_nnz": int(stats.result_nnz),
                 "result_dense": int(stats.result_dense),
