@@ -1,14 +1,21 @@
 # `make run` and `make test` install what is missing into .venv, then do the work.
+SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-cluster test-site-mpi lint bench
+.PHONY: run test test-fast test-cluster test-site-mpi lint bench
 run: $(STAMP)
 	$(PY) -m experiments.eager_sgd --seeds 0 1 2
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# The edit-test loop: every test that starts no MPI job. A test that tries to
+# (through research.launch or tests/test_mpi.py) fails instead: mark it
+# @pytest.mark.launches and it runs in `make test` only.
+test-fast: $(STAMP)
+	RESEARCH_NO_MPIEXEC=1 $(PY) -m pytest -m "not launches"
 
 # The batch templates under a one-node Slurm on localhost (Debian's slurm-wlm,
 # installed here when missing; skipped with the reason where it cannot start),
@@ -32,8 +39,14 @@ test-site-mpi:
 	  RESEARCH_SITE_MPI_TESTS=1 $(SITE_VENV)/bin/python -m pytest tests/site_mpi -rs; \
 	fi
 
-$(SITE_VENV)/.installed: pyproject.toml scripts/install.sh
-	VENV=$(SITE_VENV) MPICC=mpicc.openmpi bash scripts/install.sh --site-mpi
+# Two MPIs at once, as on a login node with a module left loaded: the mpich
+# wheel's mpicc comes first on PATH, MPICC names Open MPI's, and everything
+# must be built with MPICC (tests/site_mpi/test_install_mpicc.py reads the log).
+$(SITE_VENV)/.installed: pyproject.toml scripts/install.sh $(STAMP)
+	mkdir -p $(SITE_VENV)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" VENV=$(SITE_VENV) MPICC=mpicc.openmpi \
+	  bash scripts/install.sh --site-mpi 2>&1 | tee $(SITE_VENV)/install.log; \
+	  test $${PIPESTATUS[0]} -eq 0
 	touch $@
 
 lint: $(STAMP)

@@ -38,7 +38,7 @@ def main(mode: str, steps: int, delay: float) -> float:
 
     straggler = np.random.default_rng(1)  # the same draws on every rank
     t0 = time.perf_counter()
-    with research.averaging(mode, world, sync_every=8) as avg:
+    with research.averaging(mode, world, full_every=8) as avg:
         for s in range(steps):
             g = grad(params, *batches(x, y, 32, s))
             if straggler.integers(world.size) == world.rank:

@@ -15,7 +15,7 @@ iteration with no measurable overhead.
 What runs: one MPI job trains one model once, and its steps are shared out in
 periods of ``--window`` steps among the arms (saver x interval) in shuffled
 rounds, with periods without checkpoints as a placebo
-(``research.checkpoint.bench``; ``research/checkpoint/overhead.py``). Savers:
+(``research.studies.checkpoint_bench``; ``research/checkpoint/overhead.py``). Savers:
 ``rank0-blocking`` (rank 0 writes the whole state, blocking: Horovod/Keras),
 ``orbax-blocking`` (every rank writes its shard with Orbax's blocking
 Checkpointer), ``orbax-async-rank0`` (rank 0 with Orbax's AsyncCheckpointer)
@@ -84,11 +84,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from research.checkpoint.config import saver_name
+from research.checkpoint.registry import list_savers, saver_name
 from research.cli import nested, override, parse_config
 from research.launch import UsageError, fail_usage
 from research.studies.deepfreeze import (
-    SAVERS,
     check_flags,
     launch_jobs,
     report,
@@ -162,10 +161,11 @@ class Config(ExperimentConfig):
     train: TrainConfig = nested(_train)
     savers: list[str] = flag(
         None,
-        "checkpoint savers compared (none is always the reference); default all",
+        "checkpoint savers compared (none is always the reference; see "
+        "experiments.train --list); default all",
         CKPT,
-        factory=lambda: list(SAVERS),
-        choices=SAVERS,
+        factory=list_savers,
+        metavar="SAVER",
         type=saver_name,
         aliases=("--strategies",),
     )
@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> str | None:
     plot = _plot if cfg.plots else None
     from research.comm.env import launched_by_mpi
 
-    if not launched_by_mpi() and cfg.np > 0:
+    if not launched_by_mpi():
         from research.rundir import default_run_dir
 
         root = Path(cfg.train.run_dir or default_run_dir("deepfreeze")).absolute()

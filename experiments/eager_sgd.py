@@ -12,14 +12,14 @@ What runs: one MPI job trains the same model for the same number of epochs under
 the same injected imbalance with each arm, one after the other: ``allreduce``
 (synchronous SGD, ``--allreduce-strategy``, default ``sync``: exact, with sleeping
 waits like the eager arms), ``solo`` and ``majority`` (eager-SGD,
-``research.comm.partial``, staleness bound ``--sync-every``), ``ps`` (an
+``research.comm.partial``, staleness bound ``--full-every``), ``ps`` (an
 asynchronous parameter server on rank 0, ``research.comm.ps``) and ``balanced``
 (a short synchronous run without imbalance: the "no-imbalance step time";
 ``--reference-steps``, 0 skips it). It prints one table (samples/s, median step,
 step without the rank's own delay, time to ``--target-acc``, final test
 accuracy, fresh contributors per round, gradient age; mean +- std over
 ``--seeds``) and the checks, and writes ``table.md``, ``results.json`` and the
-figures. Laptop defaults against the paper: ``--sync-every 4`` (paper 32: with
+figures. Laptop defaults against the paper: ``--full-every 4`` (paper 32: with
 4 ranks and 1 straggler a rank is late in 25% of steps, not ~2%), momentum 0.7
 (paper 0.9: heavy-ball SGD with stale gradients is stable only at a much smaller
 rate), and a delay as long as the measured no-imbalance step
@@ -50,7 +50,7 @@ Commands (every figure of a run comes from its one folder)::
     # the figures again, from a finished run folder
     python -m scripts.plot_eager_sgd runs/eager_sgd-<time>
     # the paper's scale in a batch job: ResNet-50 (224x224, 1000 classes), 64 ranks,
-    # random:k=1-2:seconds=0.32, sync_every 32, momentum 0.9:
+    # random:k=1-2:seconds=0.32, full_every 32, momentum 0.9:
     sbatch -N 16 --ntasks-per-node=4 scripts/slurm.sbatch experiments.eager_sgd \\
         --paper-scale
     qsub -l select=16:ncpus=64:mpiprocs=4 \\
@@ -166,7 +166,7 @@ PAPER_SCALE: dict[str, Any] = {
     "schedule": "step",
     "warmup_steps": 200,
     "imbalance": "random:k=1-2:seconds=0.32",
-    "sync_every": 32,
+    "full_every": 32,
     "np": 64,
     "data_options": {
         "image_size": 224,
@@ -226,13 +226,14 @@ class Config(ExperimentConfig):
         EAGER,
         factory=lambda: [0],
     )
-    sync_every: int = flag(
+    full_every: int = flag(
         4,
-        "eager arms: every K-th round is synchronous (bounded staleness); "
-        "default %(default)s (0: never). The authors used 32 with 64 ranks, where "
-        "a rank is delayed in ~2%% of steps; with 4 ranks it is 25%%, lag "
-        "builds up ~10x faster, and 4 keeps staleness alike",
+        "eager arms: every K-th round is a full round, every rank's own gradient "
+        "in it (bounded staleness); default %(default)s (0: never). The authors "
+        "used 32 with 64 ranks, where a rank is delayed in ~2%% of steps; with 4 "
+        "ranks it is 25%%, lag builds up ~10x faster, and 4 keeps staleness alike",
         EAGER,
+        aliases=("--sync-every",),
     )
     allreduce_strategy: str = flag(
         "sync",

@@ -241,6 +241,8 @@ def parse_config(
         fail_usage(prog, str(e))
     if problem:
         fail_usage(prog, problem)
+    if getattr(cfg, "np", 1) < 1:  # before any launch: 0 once meant "alone"
+        fail_usage(prog, f"--np must be >= 1 (1: this process alone), got {cfg.np}")
     return cfg
 
 
@@ -290,8 +292,11 @@ def train_config(cfg: TrainConfig) -> TrainConfig:
     (mpiexec starts them in the same folder), and libraries handed paths below
     it (Orbax) refuse relative ones.
     """
+    from research.comm.registry import current_options
+
     run_dir = os.path.abspath(cfg.run_dir) if cfg.run_dir else ""
-    cfg = dataclasses.replace(cfg, run_dir=run_dir)
+    options = current_options(cfg.strategy, cfg.strategy_options)  # old names
+    cfg = dataclasses.replace(cfg, run_dir=run_dir, strategy_options=options)
     problem = validate(cfg)
     if problem:
         raise ValueError(problem)
@@ -350,6 +355,13 @@ def validate(cfg: TrainConfig) -> str | None:
         return f"--data-dir {cfg.data_dir!r} is not a folder"
     if cfg.threads < 0:
         return f"--threads must be >= 0 (0: XLA's default), got {cfg.threads}"
+    from research.checkpoint.registry import check_saver_options
+
+    if cfg.checkpoint == "none" and cfg.checkpoint_options:
+        return "--checkpoint-opt needs a saver: --checkpoint NAME (see --list)"
+    problem = check_saver_options(cfg.checkpoint, cfg.checkpoint_options)
+    if problem:
+        return f"--checkpoint: {problem}"
     if cfg.checkpoint != "none" and cfg.checkpoint_every < 1:
         return f"--checkpoint-every must be >= 1, got {cfg.checkpoint_every}"
     if cfg.checkpoint == "deepfreeze" and cfg.fast_dir not in ("auto", "none"):
@@ -395,16 +407,30 @@ def check_private_dir(path: str | os.PathLike, flag: str) -> str | None:
 
 
 def listing() -> str:
+    """What ``--list`` prints: models, datasets, and every strategy and saver
+    with its options (type, range or values, default), all read from their
+    declarations without importing them."""
     import models
+    from research.checkpoint.registry import declared_saver, list_savers
     from research.comm.registry import declared_options, known_averagers
     from research.data import list_datasets
+
+    def options(opts: dict) -> list[str]:
+        if not opts:
+            return ["      (no options)"]
+        width = max(map(len, opts))
+        return [f"      {k:<{width}}  {o.describe()}" for k, o in opts.items()]
 
     lines = [
         f"models:     {', '.join(models.list_models())}",
         f"datasets:   {', '.join(list_datasets())}",
-        "strategies (--strategy-opt KEY=VALUE):",
+        "strategies (--strategy NAME --strategy-opt KEY=VALUE):",
     ]
     for name in known_averagers():
-        opts = ", ".join(declared_options(name) or {}) or "-"
-        lines.append(f"  {name:<10} {opts}")
+        lines += [f"  {name}", *options(declared_options(name) or {})]
+    lines.append("checkpoint savers (--checkpoint NAME --checkpoint-opt KEY=VALUE):")
+    lines.append("  none  (no checkpoints)")
+    for name in list_savers():
+        found = declared_saver(name)
+        lines += [f"  {name}", *options(found.options if found else {})]
     return "\n".join(lines)

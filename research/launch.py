@@ -18,8 +18,8 @@ import sys
 import threading
 from pathlib import Path
 
-from research.comm.env import env_rank, launched_by_mpi
-from research.malloc import launch_env
+from research.comm.env import SHM_DIR, SHM_PREFIXES, env_rank, launched_by_mpi
+from research.comm.malloc import launch_env
 from research.privdir import owned
 
 USAGE_EXIT = 2
@@ -34,6 +34,13 @@ def fail_usage(prog: str, message: str) -> None:
     if env_rank() == 0:
         print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(USAGE_EXIT)
+
+
+def check_may_launch() -> None:
+    """Refuse to start an MPI job where ``RESEARCH_NO_MPIEXEC`` is set
+    (``make test-fast``: a test that launches one is marked ``launches``)."""
+    if os.environ.get("RESEARCH_NO_MPIEXEC"):
+        raise UsageError("RESEARCH_NO_MPIEXEC is set: no MPI job may start here")
 
 
 def mpiexec_path() -> str:
@@ -157,10 +164,7 @@ def set_threads(threads: int) -> None:
     os.environ.update(thread_env(threads))
 
 
-#: Shared-memory files MPICH's ranks on one node talk through. MPICH removes them
-#: in MPI_Finalize; a job that aborts or is killed leaves them (2-4 MB each).
-SHM_DIR = "/dev/shm"
-SHM_PREFIXES = ("mpich_shm_",)
+# SHM_DIR, SHM_PREFIXES: MPICH's shared-memory files (research.comm.env).
 
 
 def _mapped_shm_files() -> set[str]:
@@ -284,9 +288,10 @@ def relaunch(
     ``128 + signal``, which is returned); a signal sent to the whole process
     group reaches mpiexec twice, which is harmless (the ranks keep a flag).
     """
-    env = launch_env(dict(os.environ))  # huge pages for malloc (research.malloc)
+    env = launch_env(dict(os.environ))  # huge pages for malloc (research.comm.malloc)
     env.update(thread_env(threads))
     env.setdefault("PYTHONUNBUFFERED", "1")
+    check_may_launch()
     launcher, extra_env = launch_command(np_, hosts)
     env.update(extra_env)
     cmd = [*launcher, sys.executable, "-m", module, *argv]
@@ -315,8 +320,9 @@ def relaunch(
 def maybe_relaunch(
     module: str, argv: list[str], np_: int, threads: int = 1, hosts: str = ""
 ) -> None:
-    """Relaunch under mpiexec unless already launched by MPI; exits when it does."""
-    if launched_by_mpi() or np_ <= 0:
+    """Relaunch under mpiexec unless already launched by MPI or ``np_`` is 1
+    on this node (this process alone); exits when it does."""
+    if launched_by_mpi() or (np_ == 1 and not hosts):
         return
     try:
         code = relaunch(module, argv, np_, threads, hosts)

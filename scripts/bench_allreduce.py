@@ -37,7 +37,7 @@ pages (what XLA hands mpi4jax); the fused path with one 102 MB bucket and
 without sequencing. ``--unpinned`` leaves XLA's thread pools at their defaults;
 ``--glibc-tunables`` changes malloc (huge pages for its mmaps, no heap trimming);
 ``--malloc default`` leaves glibc's malloc at its defaults instead of the heap
-that every rank of ours keeps (``research/malloc.py``).
+that every rank of ours keeps (``research/comm/malloc.py``).
 
 Run ``python -m scripts.bench_allreduce`` (it starts itself under mpiexec with 2,
 then 4 ranks) or ``mpiexec -n 2 python -m scripts.bench_allreduce``; with
@@ -112,7 +112,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("kept", "default"),
         default="kept",
         help="kept (default): malloc keeps freed memory, as in every rank of "
-        "ours (research/malloc.py); default: glibc's own thresholds (diagnosis)",
+        "ours (research/comm/malloc.py); default: glibc's own thresholds (diagnosis)",
     )
     p.add_argument(
         "--synthetic",
@@ -201,8 +201,8 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
     from mpi4py import MPI
 
     from research.comm.dense import FusedAllreduce, HostAllreduce
+    from research.comm.malloc import state as malloc_state
     from research.comm.world import get_world
-    from research.malloc import state as malloc_state
 
     world = get_world()
     comm, rank, size = world.comm, world.rank, world.size
@@ -472,7 +472,7 @@ def relaunch(args: argparse.Namespace, argv: list[str]) -> list[dict]:
         env["GLIBC_TUNABLES"] = args.glibc_tunables
     if args.malloc == "default":
         env["RESEARCH_MALLOC"] = "default"
-    from research.malloc import launch_env
+    from research.comm.malloc import launch_env
 
     env = launch_env(env)  # as research.launch.relaunch starts ranks
     env["PYTHONPATH"] = os.pathsep.join(

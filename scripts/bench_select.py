@@ -233,6 +233,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
+    if args.np_ < 1:
+        p.error(f"--np must be >= 1 (1: this process alone), got {args.np_}")
     from research.launch import maybe_relaunch
 
     maybe_relaunch("scripts.bench_select", argv, args.np_)

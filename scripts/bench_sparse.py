@@ -7,9 +7,10 @@ bytes sent per rank against ``predicted_bytes``, and what ``auto`` chose::
 
     mpiexec -n 4 python -m scripts.bench_sparse [--dim 25557032] [--reps 5]
 
-Default dim is 2**22 (quick); ``--dim 25557032`` is a ResNet-50 gradient. Run
-``python -m scripts.calibrate_sparse`` under the same mpiexec first, or auto
-uses its defaults.
+Default dim is 2**22 (quick); ``--dim 25557032`` is a ResNet-50 gradient.
+``auto`` measures its cost model briefly on first use (cached per machine, MPI
+and rank count); ``python -m scripts.calibrate_sparse`` under the same mpiexec
+measures it more carefully.
 """
 
 from __future__ import annotations

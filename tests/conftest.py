@@ -32,6 +32,10 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _compile_cache()
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# sparse_allreduce(auto) decides with the documented defaults, not whatever
+# this machine's cache holds, and measures nothing on first use (the tests of
+# that set the variable themselves: tests/mpi/test_sparse.py).
+os.environ.setdefault("RESEARCH_SPARSE_COST", "defaults")
 
 collect_ignore_glob = (
     [] if os.environ.get("RESEARCH_UNDER_MPI") else ["mpi/*", "multinode/*"]

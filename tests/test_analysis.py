@@ -413,7 +413,7 @@ def run_dir(tmp_path_factory) -> Path:
     """A traced single-process run of a tiny model (staged host averaging)."""
     out = tmp_path_factory.mktemp("traced") / "run"
     proc = _python(
-        ["-m", "experiments.train", "--np", "0", "--model", "cnn_small",
+        ["-m", "experiments.train", "--np", "1", "--model", "cnn_small",
          "--data-opt", "n_train=256", "--data-opt", "n_test=64",
          "--steps", str(STEPS), "--batch-size", "16", "--eval-every", "0",
          "--strategy", "host", "--trace", "--run-dir", str(out)],

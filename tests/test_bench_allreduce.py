@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -16,6 +16,8 @@ import pytest
 
 from tests.test_mpi import run_under_mpiexec
 
+pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
+
 NP = 2
 
 

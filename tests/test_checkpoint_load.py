@@ -23,6 +23,8 @@ from research.checkpoint.leaves import Flattener, unnest
 from tests.checkpoint_state import host, identical, state_at
 from tests.test_mpi import run_under_mpiexec
 
+pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

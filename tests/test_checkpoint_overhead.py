@@ -101,8 +101,8 @@ def test_interleaved_run_merges_the_trace_at_the_end_only(tmp_path):
     # A mid-run merge would stall rank 0's training thread in a measured step.
     import types
 
-    from research.checkpoint.bench import Interleaved
     from research.comm.world import get_world
+    from research.studies.checkpoint_bench import Interleaved
     from research.trace import Tracer
 
     tracer = Tracer(tmp_path, 0, 1, flush_every=1, merge_every_s=0.0)

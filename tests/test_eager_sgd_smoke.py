@@ -30,6 +30,7 @@ def run(
     )
 
 
+@pytest.mark.launches
 def test_tiny_run_writes_folders_table_and_figures(tmp_path):
     # From another folder, with a relative run folder, as users type it.
     out = tmp_path / "runs" / "eager"

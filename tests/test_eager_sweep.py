@@ -13,6 +13,7 @@ import pytest
 from tests.test_eager_sgd_smoke import run
 
 
+@pytest.mark.launches
 def test_tiny_sweep_writes_table_json_and_figure(tmp_path):
     out = tmp_path / "sweep"
     proc = run(
@@ -107,6 +108,7 @@ def test_bad_sweep_flags_exit_2_before_mpi(flags, message):
     assert message in proc.stderr
 
 
+@pytest.mark.launches
 def test_digits_trains_on_two_ranks(tmp_path):
     out = tmp_path / "digits"
     proc = run(

@@ -13,6 +13,8 @@ import pytest
 
 from tests.test_mpi import run_under_mpiexec
 
+pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
+
 
 def run(script: str, *args: str) -> str:
     proc = run_under_mpiexec(2, [f"examples/{script}", *args], timeout=400)

@@ -99,3 +99,24 @@ def test_old_flag_spellings_work_for_one_release_with_a_note(capsys, monkeypatch
     assert "--sync-strategy is now --allreduce-strategy" in err
     assert "--strategies is now --savers" in err
     assert "'rank0-sync' is now 'rank0-blocking'" in err
+
+
+def test_sync_names_only_the_strategy_old_spellings_for_one_release(
+    capsys, monkeypatch
+):
+    """``sync_every`` became ``full_every`` (2026-11-26): the old option and
+    flag still work, each with a one-line note, and mean the same."""
+    from experiments.eager_sgd import parse as eager
+    from experiments.train import parse as train
+    from research.comm import base, registry
+
+    monkeypatch.setattr(base, "_SAID", set())
+    assert eager(["--sync-every", "6"]).full_every == 6
+    cfg = train(["--strategy", "solo", "--strategy-opt", "sync_every=4"]).train
+    assert cfg.strategy_options == {"full_every": 4}
+    err = capsys.readouterr().err
+    assert "--sync-every is now --full-every" in err
+    assert "strategy option sync_every is now full_every" in err
+    assert registry.check_options("majority", {"sync_every": 0}) == (
+        "strategy option full_every=0 must be >= 1"
+    )

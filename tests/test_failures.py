@@ -12,19 +12,20 @@ tracing on hung in the tracer's closing barrier until killed.
 from __future__ import annotations
 
 import re
-import subprocess
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
-from research import privdir
 from research.checkpoint.deepfreeze import remove_stale_transfer_files
 from research.checkpoint.integrity import remove_tree
 from research.checkpoint.tiers import default_fast_root
 from research.launch import _mapped_shm_files
 from tests.fail_driver import PHASES
 from tests.test_mpi import run_under_mpiexec
+
+pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
 
 FAIL_STEP = 4  # even: DeepFreeze checkpoints every 2 steps in the driver
 
@@ -34,22 +35,20 @@ FAIL_STEP = 4  # even: DeepFreeze checkpoints every 2 steps in the driver
 def test_one_failing_rank_ends_the_job(phase, np_, tmp_path):
     rank = 0 if phase == "rundir" else np_ - 1  # only rank 0 writes the run folder
     shm_before = _shm()
+    job = uuid.uuid4().hex  # marks this job's processes, its writers' too
     proc = run_under_mpiexec(
         np_,
         ["tests/fail_driver.py", str(tmp_path / "run"), phase, str(rank), "4"],
         timeout=240,
+        env_extra={JOB_ENV: job},
     )
     end = time.time()
     # A killed run leaves its fast tier for the next run of the same folder to
     # take over; this one has no next run. Its writer processes die with their
     # ranks (PDEATHSIG) but may still be creating a folder for a moment.
-    _wait_for_writers_gone()
+    _wait_for_job_gone(job)
     remove_tree(default_fast_root(tmp_path / "run" / "checkpoints"))
-    for _ in range(20):  # killed ranks' transfer files, once the ranks are gone
-        remove_stale_transfer_files()
-        if not [p for b in privdir.existing_bases() for p in b.glob("xfer-*")]:
-            break
-        time.sleep(0.1)
+    remove_stale_transfer_files()  # the killed ranks' (their pids are gone)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-4000:]
     stamps = re.findall(r"INJECTED (\d+\.\d+)", proc.stdout)
@@ -75,15 +74,30 @@ def test_one_failing_rank_ends_the_job(phase, np_, tmp_path):
     assert left - _mapped_shm_files() == set()
 
 
-def _wait_for_writers_gone(timeout: float = 10.0) -> None:
+#: Set in the job's environment: its ranks and their writer processes carry it.
+JOB_ENV = "RESEARCH_TEST_JOB"
+
+
+def _job_pids(job: str) -> list[int]:
+    """Processes whose environment holds this job's mark (ours only: others'
+    environments are not readable, and other jobs have other marks)."""
+    mark = f"{JOB_ENV}={job}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if mark in (entry / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(entry.name))
+            except OSError:  # gone meanwhile, or not ours
+                continue
+    return pids
+
+
+def _wait_for_job_gone(job: str, timeout: float = 10.0) -> None:
+    """Until no process of this job is left (writers exit with their rank)."""
     end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        alive = subprocess.run(
-            ["pgrep", "-f", "research.checkpoint.writer"], capture_output=True
-        )
-        if alive.returncode != 0:
-            return
-        time.sleep(0.1)
+    while _job_pids(job) and time.monotonic() < end:
+        time.sleep(0.05)
 
 
 def _shm() -> set[str]:

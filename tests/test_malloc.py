@@ -1,4 +1,4 @@
-"""research.malloc: every rank keeps its freed heap unless told not to."""
+"""research.comm.malloc: every rank keeps its freed heap unless told not to."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 PROBE = """
 import ctypes, resource, sys
-from research import malloc
+from research.comm import malloc
 print(malloc.state())
 print(malloc.keep_heap())
 print(malloc.keep_heap())  # once: the same answer
@@ -68,7 +70,7 @@ def test_users_glibc_tunables_win() -> None:
 
 
 def test_launch_env_adds_huge_pages_once() -> None:
-    from research.malloc import HUGETLB, launch_env
+    from research.comm.malloc import HUGETLB, launch_env
 
     assert launch_env({})["GLIBC_TUNABLES"] == HUGETLB
     got = launch_env({"GLIBC_TUNABLES": "glibc.pthread.rseq=0"})["GLIBC_TUNABLES"]
@@ -86,6 +88,7 @@ def test_huge_pages_alone_still_keep_the_heap() -> None:
     assert lines[1] == "kept"
 
 
+@pytest.mark.launches
 def test_relaunched_ranks_get_huge_pages(tmp_path, monkeypatch) -> None:
     from research.launch import relaunch
 

@@ -21,6 +21,7 @@ import pytest
 
 from tests.test_mpi import COMPILE_CACHE_ENV
 
+pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
 ROOT = Path(__file__).parent.parent
 NAME = f"t{os.getpid() % 100000}"  # this run's cluster, apart from a user's "rs"
 #: Strategies whose result depends on timing (which gradients make a round).

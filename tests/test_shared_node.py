@@ -103,6 +103,7 @@ def shared_tmp():
 
 # -- the reproduction: a fast-tier folder planted by another user --------------------
 @NEEDS_ROOT
+@pytest.mark.launches
 def test_planted_fast_tier_folders_get_nothing_and_ours_is_private(shared_tmp):
     intruder, me = _user(INTRUDER), privdir.user_name()
     # Stand-ins for /dev/shm and $TMPDIR that no other test shares: shared
@@ -167,6 +168,7 @@ def test_planted_fast_tier_folders_get_nothing_and_ours_is_private(shared_tmp):
 
 
 @NEEDS_ROOT
+@pytest.mark.launches
 def test_a_planted_fast_dir_is_refused_by_every_rank(tmp_path):
     _user(INTRUDER)
     planted = Path("/dev/shm") / f"rsh25-planted-{os.getpid()}"
@@ -225,7 +227,7 @@ def test_fast_dir_flags_refuse_a_planted_folder_before_launch(tmp_path):
 
 def test_train_fast_dir_flag_reaches_the_checkpointer(tmp_path):
     from experiments.train import parse
-    from research.checkpoint.callback import CheckpointCallback
+    from research.train.checkpointing import CheckpointCallback
 
     for flag, want in (("auto", "auto"), ("none", None), ("/x/fast", "/x/fast")):
         argv = ["--checkpoint", "deepfreeze", "--fast-dir", flag]

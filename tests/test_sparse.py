@@ -15,7 +15,6 @@ from research.comm.sparse import (
     CostModel,
     SparseVector,
     choose,
-    cost,
     dequantize,
     goes_dense,
     index_dtype,
@@ -247,10 +246,15 @@ def test_predicted_bytes_follow_density():
     assert full <= 1.01 * predicted_bytes("dsar_sag", d, d, P) + 8 * P * 64
 
 
+#: A 10 Gb/s-class network and a slower CPU (the defaults before 2026-11-26).
+NETWORK = CostModel(5e-6, 8e-10, 2e-8, 2e-9, 2e-5, 2e-9, 2e-10)
+
+
 def test_choose_sparse_when_sparse_dense_when_dense():
     d, P = 25_600_000, 4
-    assert choose(DEFAULTS, [d // 1000] * P, d, 4, 4) in ("ssar_rd", "ssar_sag")
-    assert choose(DEFAULTS, [d] * P, d, 4, 4) in ("dense", "dsar_sag")
+    for model in (DEFAULTS, NETWORK):
+        assert choose(model, [d // 1000] * P, d, 4, 4) in ("ssar_rd", "ssar_sag")
+    assert choose(NETWORK, [d] * P, d, 4, 4) in ("dense", "dsar_sag")
     t = [predicted_time(DEFAULTS, "ssar_sag", f * d, d, P) for f in (1e-3, 1e-2, 0.1)]
     assert t[0] < t[1] < t[2]
     with pytest.raises(ValueError):
@@ -259,19 +263,48 @@ def test_choose_sparse_when_sparse_dense_when_dense():
         predicted_bytes("dense", [1, 2], 10, 3)
 
 
-def test_model_file_round_trip_and_default_warning(tmp_path, monkeypatch):
+def test_model_file_round_trip_and_defaults_without_a_word(tmp_path, monkeypatch):
+    """No calibration file: the documented defaults, silently (the first
+    ``auto`` call under MPI measures one: tests/mpi/test_sparse.py)."""
+    from research.comm.sparse import calibration
+
     path = tmp_path / "cost.json"
     monkeypatch.setenv("RESEARCH_SPARSE_COST", str(path))
-    monkeypatch.setattr(cost, "_warned", False)
-    with pytest.warns(UserWarning, match="no calibration"):
-        assert cost.load_model(4) is DEFAULTS
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        cost.load_model(4)  # said once only
+        assert calibration.load_model(4) is DEFAULTS
+    monkeypatch.setenv("RESEARCH_SPARSE_COST", "defaults")
+    assert calibration.default_path(4) is None and calibration.load_model(4) is DEFAULTS
+    monkeypatch.setenv("RESEARCH_SPARSE_COST", str(path))
     m = CostModel(1e-6, 2e-10, 3e-8, 4e-9, 5e-6, 6e-10)
     path.write_text(json.dumps({**m.__dict__, "size": 4}))
-    got = cost.load_model(4)
+    got = calibration.load_model(4)
     assert got.alpha == 1e-6 and got.ar_beta == 6e-10 and got.source == str(path)
+
+
+def test_the_cache_is_per_machine_mpi_and_ranks(tmp_path, monkeypatch):
+    """Another machine or MPI library is another key, so another file; a
+    file whose recorded key differs is not used."""
+    from research.comm.sparse import calibration
+
+    monkeypatch.delenv("RESEARCH_SPARSE_COST", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    key = calibration.cache_key(4)
+    assert key["size"] == 4 and key["nodes"] == 1
+    assert "MPI" in key["mpi"] or "mpi" in key["mpi"].lower()
+    here = calibration.default_path(4)
+    assert here.parent == tmp_path / "research" and here.name.startswith(
+        "sparse_cost_4_"
+    )
+    other_mpi = calibration.default_path(4, {**key, "mpi": "Open MPI v4.1.4"})
+    other_cpu = calibration.default_path(4, {**key, "machine": "another CPU"})
+    assert len({here, other_mpi, other_cpu, calibration.default_path(8)}) == 4
+    m = CostModel(1e-6, 2e-10, 3e-8, 4e-9, 5e-6, 6e-10)
+    here.parent.mkdir(parents=True)
+    here.write_text(json.dumps({**m.__dict__, "key": key}))
+    assert calibration.load_model(4).alpha == 1e-6
+    here.write_text(json.dumps({**m.__dict__, "key": {**key, "mpi": "other"}}))
+    assert calibration.load_model(4) is DEFAULTS  # measured for another MPI
 
 
 def test_model_charges_each_step_what_the_code_does():

@@ -158,6 +158,7 @@ def test_one_rank_scalars_checkpoint_and_profile(tmp_path):
         assert marked[n] * 0.99 <= e["dur"] / 1e6 <= marked[n] + 0.05
 
 
+@pytest.mark.launches
 def test_eager_sgd_arms_side_by_side_with_per_rank_tags(tmp_path):
     """The done-when: a tiny eager-SGD job on 2 ranks; the server shows each arm
     as its own run with metrics.jsonl's values, and the ranks' own figures."""

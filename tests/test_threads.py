@@ -76,6 +76,7 @@ def test_a_bare_token_in_xla_flags_is_named():
     assert problem is not None and "'oops=1'" in problem
 
 
+@pytest.mark.launches
 def test_threads_2_recorded_in_config(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI", "NPROC", "PJRT_NPROC"):

@@ -34,6 +34,7 @@ def run(args: list[str], timeout: float = 240, **kw) -> subprocess.CompletedProc
     )
 
 
+@pytest.mark.launches
 def test_smoke_two_ranks_relaunch(tmp_path):
     run_dir = tmp_path / "run"
     proc = run(
@@ -93,18 +94,47 @@ def test_smoke_two_ranks_relaunch(tmp_path):
             "bucket_bytes='big' must be int",
         ),
         (["--threads", "-1"], "--threads must be >= 0"),
+        (  # the old name of full_every, out of its range: before any rank starts
+            ["--strategy", "solo", "--strategy-opt", "sync_every=-3"],
+            "full_every=-3 must be >= 1",
+        ),
+        (["--np", "0"], "--np must be >= 1"),
         (["--link", "10gbs"], "bad link spec '10gbs'"),
         (["--strategy", "fused", "--link", "10gbps"], "cannot run on an emulated"),
         (["--bogus-flag"], "unrecognized arguments"),
     ],
 )
-def test_bad_input_one_line_exit_2(args, needle):
+def test_bad_input_one_line_exit_2(args, needle, capsys):
+    """Checked by the parser every process runs first (in this process here:
+    a python start per case cost 2 s; the real entry point follows)."""
+    from experiments.train import parse
+
+    with pytest.raises(SystemExit) as exc:
+        parse(args)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if "error:" in ln]
+    assert len(lines) == 1 and needle in lines[0], err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--strategy", "solo", "--strategy-opt", "sync_every=-3"], "full_every=-3"),
+        (["--np", "0"], "--np must be >= 1"),
+    ],
+)
+def test_bad_input_as_a_user_types_it(args, needle):
+    """``python -m experiments.train`` itself: one line, exit 2, no rank."""
     proc = run(["-m", "experiments.train", *args], timeout=120)
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
     assert len(lines) == 1 and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr and "mpiexec" not in proc.stderr
 
 
+@pytest.mark.launches
 def test_bad_input_under_mpiexec_printed_once():
     from tests.test_mpi import mpiexec
 
@@ -130,6 +160,7 @@ def test_bad_input_under_mpiexec_printed_once():
     assert proc.stderr.count("unknown model 'nope'") == 1, proc.stderr
 
 
+@pytest.mark.launches
 def test_missing_data_files_named(tmp_path):
     proc = run(
         [

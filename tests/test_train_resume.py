@@ -16,8 +16,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from research.checkpoint.manifest import committed_steps, read_manifest
 from research.checkpoint.tiers import default_fast_root
+
+pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
 
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = [

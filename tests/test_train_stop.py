@@ -128,6 +128,7 @@ def _stop_and_check(tmp_path: Path, sig: int, *extra: str) -> dict:
     return summary
 
 
+@pytest.mark.launches
 def test_sigterm_checkpoints_the_agreed_step_and_the_same_command_resumes(
     tmp_path,
 ):
@@ -156,6 +157,7 @@ def test_sigterm_checkpoints_the_agreed_step_and_the_same_command_resumes(
     assert "stopped" not in resumed
 
 
+@pytest.mark.launches
 def test_sigusr1_stops_a_partial_collective_at_one_step(tmp_path):
     """solo: the ranks are not in lock step, yet they stop at the same step
     (the flush round and the checkpoint are collectives: a rank stopping
@@ -164,6 +166,7 @@ def test_sigusr1_stops_a_partial_collective_at_one_step(tmp_path):
     assert summary["strategy"] == "solo"
 
 
+@pytest.mark.launches
 def test_sigkill_keeps_every_rank_timeline(tmp_path):
     """Rank files are flushed every 2 s, not only every 5,000 events: spans are
     on disk long before 5,000 events and survive SIGKILL."""
@@ -211,6 +214,7 @@ raise SystemExit(stop.stopped["exit_code"])
 """
 
 
+@pytest.mark.launches
 def test_a_late_copy_of_the_stop_signal_does_not_kill_a_stopping_rank(tmp_path):
     """The CI failure of 2026-11-24: the group's SIGTERM reached a rank directly
     and again through the launcher and Hydra; the second copy came after the

@@ -12,7 +12,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.test_mpi import run_under_mpiexec
+
+pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
 
 SCRIPT = """
 import sys, threading

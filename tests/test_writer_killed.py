@@ -16,9 +16,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from research.checkpoint.manifest import committed_steps, read_manifest
 from research.checkpoint.tiers import default_fast_root
 from tests.test_train_resume import ARGS, _env
+
+pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
 
 LIMIT_S = 300
 

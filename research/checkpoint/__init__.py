@@ -14,8 +14,12 @@ Modules: ``deepfreeze`` (the checkpointer), ``baselines``, ``restore``,
 ``snapshot`` (donation-proof capture), ``partition`` (size-balanced shards),
 ``agreement`` (MPI commit rounds), ``manifest``, ``tiers``, ``shard`` (Orbax
 items), ``writer`` (the helper process that writes and flushes shards),
-``integrity`` (CRC-32s), ``leaves`` (named leaves), ``callback`` (the
-training-loop hook), ``config``, ``bench`` (the interleaved measurement).
+``integrity`` (CRC-32s), ``leaves`` (named leaves), ``config``, ``registry``
+(savers by name: ``register_saver``, ``list_savers``),
+``overhead`` (the interleaved measurement's estimator). A library below
+training (``research/layers.py``): the Trainer's hook is
+``research.train.checkpointing``, the interleaved saver benchmark
+``research.studies.checkpoint_bench``.
 """
 
 from typing import Any
@@ -26,8 +30,9 @@ _EXPORTS = {
     "Checkpointer": "base",
     "CheckpointError": "base",
     "SaveRecord": "base",
-    "STRATEGIES": "config",
     "CheckpointConfig": "config",
+    "list_savers": "registry",
+    "register_saver": "registry",
     "CorruptShardError": "integrity",
     "CheckpointWarning": "manifest",
     "Restored": "restore",

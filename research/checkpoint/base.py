@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,12 @@ from research.checkpoint.tiers import (
     open_fast_tier,
 )
 from research.comm.world import World
+
+#: ``hook(event, step)``: called where a saver reaches ``event`` for ``step``
+#: (fault-injection tests). Every saver calls it with ``"written"`` on each
+#: rank once its data for the step is on disk and before the step is committed
+#: (``tests/test_saver_contract.py`` kills the job there).
+FaultHook = Callable[[str, int], None]
 
 
 class CheckpointError(RuntimeError):
@@ -78,6 +85,7 @@ class Checkpointer:
         line naming it) when it belongs to another user or others may write
         in it (``research/privdir.py``).
       fsync: make the persistent tier's files and manifests durable.
+      fault_hook: see :data:`FaultHook` (tests only).
     """
 
     name = "base"
@@ -89,7 +97,10 @@ class Checkpointer:
         *,
         fast_dir: str | Path | None = None,
         fsync: bool = True,
+        fault_hook: FaultHook | None = None,
     ) -> None:
+        self._hook: FaultHook = fault_hook or (lambda event, step: None)
+        self._hooked = fault_hook is not None
         self.world = world
         self.rank, self.size = world.rank, world.size
         # A private communicator per instance: two checkpointers alive in one

@@ -25,12 +25,18 @@ import jax
 import numpy as np
 
 from research.checkpoint.agreement import allgather_json
-from research.checkpoint.base import Checkpointer, CheckpointError, SaveRecord
+from research.checkpoint.base import (
+    Checkpointer,
+    CheckpointError,
+    FaultHook,
+    SaveRecord,
+)
 from research.checkpoint.cpuclock import OffThread, process_cpu
 from research.checkpoint.integrity import remove_tree
 from research.checkpoint.leaves import Flattener, is_key
 from research.checkpoint.manifest import make_entry
 from research.checkpoint.partition import Unit, plan
+from research.checkpoint.registry import Range, register_saver
 from research.checkpoint.shard import new_checkpointer, shard_args
 from research.checkpoint.snapshot import cut
 from research.checkpoint.tiers import Tier, dir_bytes
@@ -46,6 +52,8 @@ def _host(x: Any) -> Any:
 class _Base(Checkpointer):
     """Persistent tier only; ``keep`` newest steps."""
 
+    option_ranges = {"keep": Range(ge=1)}
+
     def __init__(
         self,
         world: World,
@@ -54,8 +62,13 @@ class _Base(Checkpointer):
         keep: int = 3,
         compress: bool = False,
         fsync: bool = True,
+        fault_hook: FaultHook | None = None,
     ) -> None:
-        super().__init__(world, directory, fast_dir=None, fsync=fsync)
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        super().__init__(
+            world, directory, fast_dir=None, fsync=fsync, fault_hook=fault_hook
+        )
         self.keep, self.compress = keep, compress
         self._flat = Flattener()
         self.tier = self.tiers[0]
@@ -93,6 +106,7 @@ class _Base(Checkpointer):
         }
 
 
+@register_saver("rank0-blocking")
 class Rank0Blocking(_Base):
     """Rank 0 saves the whole state synchronously; the others do nothing."""
 
@@ -122,6 +136,7 @@ class Rank0Blocking(_Base):
                         dict(zip(self._flat.names, host)), self._meta(step, extra)
                     ),
                 )
+                self._hook("written", step)
                 shard = self._shard(step, extra)
                 rec.bytes_written = rec.shard_bytes = shard["bytes"]
                 entry = self._entry(step, plan(self._flat.specs, 1), [shard])
@@ -133,6 +148,7 @@ class Rank0Blocking(_Base):
         return rec
 
 
+@register_saver("orbax-blocking")
 class OrbaxBlocking(_Base):
     """Every rank saves its balanced shard with Orbax's blocking Checkpointer."""
 
@@ -171,6 +187,7 @@ class OrbaxBlocking(_Base):
                 )
                 report["shard"] = self._shard(step, extra)
                 rec.bytes_written = rec.shard_bytes = report["shard"]["bytes"]
+                self._hook("written", step)
             except Exception as e:  # noqa: BLE001 - reported to every rank
                 report.update(status="error", error=f"{type(e).__name__}: {e}")
             rec.writer_cpu_s = process_cpu() - cpu0  # the write, not the agreement
@@ -194,6 +211,7 @@ class OrbaxBlocking(_Base):
         return rec
 
 
+@register_saver("orbax-async-rank0")
 class OrbaxAsyncRank0(_Base):
     """Rank 0 saves the whole state with Orbax's AsyncCheckpointer."""
 
@@ -253,6 +271,7 @@ class OrbaxAsyncRank0(_Base):
         try:
             with get_tracer().span("write", "checkpoint-bg", step=step):
                 self._ckptr.wait_until_finished()
+            self._hook("written", step)
             rec.writer_cpu_s = cpu.elapsed()
             shard = self._shard(step, extra)
             rec.bytes_written = rec.shard_bytes = shard["bytes"]

@@ -6,36 +6,38 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from research.checkpoint.registry import (
+    NONE,
+    RENAMED_SAVERS,
+    check_saver_options,
+    declared_saver,
+    list_savers,
+    saver_class,
+    saver_name,
+)
+
 if TYPE_CHECKING:  # importing them imports mpi4py, which starts MPI: flag
     # parsing before an experiment relaunches itself must not
     from research.checkpoint.base import Checkpointer
     from research.comm.world import World
 
-#: The savers by name ("none": no checkpoints). "Saver", not "strategy": a
-#: strategy is how gradients are averaged (``--strategy``).
-SAVERS = ("none", "rank0-blocking", "orbax-blocking", "orbax-async-rank0", "deepfreeze")
-#: Names before 2026-11-25, accepted for one release with a one-line note.
-RENAMED_SAVERS = {"rank0-sync": "rank0-blocking", "orbax-sync": "orbax-blocking"}
-
-
-def saver_name(name: str) -> str:
-    """``name``, or the current name of an old one (with a one-line note)."""
-    new = RENAMED_SAVERS.get(name)
-    if new is None:
-        return name
-    from research.comm.base import renamed
-
-    renamed(f"checkpoint saver {name!r}", repr(new))
-    return new
+# The savers are registered (research.checkpoint.registry): ``list_savers()``
+# names them, "none" means no checkpoints.
+__all__ = ["CheckpointConfig", "RENAMED_SAVERS", "list_savers", "saver_name"]
 
 
 @dataclasses.dataclass
 class CheckpointConfig:
     """How, where and how often to checkpoint.
 
+    The fields below ``directory`` are options of the savers; each saver gets
+    those its constructor declares (``research/checkpoint/registry.py``), and
+    ``options`` adds or overrides any of its declared options by name (a
+    saver of your own: its options go there).
+
     Attributes:
-      saver: one of ``SAVERS`` (``strategy=``, the old keyword, works for
-        one release).
+      saver: a registered saver (``list_savers()``) or ``"none"``
+        (``strategy=``, the old keyword, works for one release).
       every: checkpoint after every ``every`` steps (0: never). Read by the
         Trainer's hook and by :meth:`due`; a checkpointer you drive yourself
         saves whenever you call ``save`` (ask ``config.due(step, total)``).
@@ -67,6 +69,7 @@ class CheckpointConfig:
         other jobs the writer then starves and checkpoints wait).
       keep_fast_tier: DeepFreeze: keep the fast tier after a normal close
         (removed by default: /dev/shm is memory).
+      options: more options of the saver, by name (``--checkpoint-opt``).
     """
 
     saver: str = "deepfreeze"
@@ -87,6 +90,7 @@ class CheckpointConfig:
     nice: int = 10
     idle: bool = False
     keep_fast_tier: bool = False
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: The old name of ``saver`` (one release).
     strategy: dataclasses.InitVar[str | None] = None
 
@@ -98,26 +102,30 @@ class CheckpointConfig:
             self.saver = strategy
         self.saver = saver_name(self.saver)
 
+    def saver_options(self) -> dict[str, Any]:
+        """The options the saver is built with: each field named like one of
+        its declared options, then :attr:`options` (empty for ``"none"``)."""
+        found = declared_saver(self.saver)
+        if found is None:
+            return dict(self.options)
+        fields = {f.name for f in dataclasses.fields(self)} - {"options", "saver"}
+        out = {k: getattr(self, k) for k in found.options if k in fields}
+        out.update(self.options)
+        return out
+
     def validate(self) -> str | None:
-        """A one-line problem, or None when the configuration is usable."""
-        if self.saver not in SAVERS:
-            return f"unknown checkpoint saver {self.saver!r}; valid: " + ", ".join(
-                SAVERS
-            )
+        """A one-line problem, or None when the configuration is usable
+        (the saver's options checked against its declaration)."""
         if self.every < 0:
             return "checkpoint interval must be >= 0"
-        if min(self.keep, self.keep_fast, self.max_inflight) < 1:
-            return "keep, keep_fast and max_inflight must be >= 1"
-        if self.writer not in ("process", "thread"):
-            return f"writer must be 'process' or 'thread', got {self.writer!r}"
-        if self.on_busy not in ("wait", "skip"):
-            return f"on_busy must be 'wait' or 'skip', got {self.on_busy!r}"
-        return None
+        if self.saver == NONE:
+            return None
+        return check_saver_options(self.saver, self.saver_options())
 
     def due(self, step: int, total: int | None = None) -> bool:
         """Whether a checkpoint is due after ``step`` completed steps: every
         ``every`` steps, and after the last (``total``) when ``final``."""
-        from research.train.periodic import itstime
+        from research.periodic import itstime
 
         return itstime(
             step, self.every, -1 if total is None else total, last=self.final
@@ -130,34 +138,7 @@ class CheckpointConfig:
         problem = self.validate()
         if problem:
             raise ValueError(problem)
-        if self.saver == "none":
+        if self.saver == NONE:
             return None
         directory = self.directory or str(Path(run_dir or ".") / "checkpoints")
-        common = {"compress": self.compress, "fsync": self.fsync, "keep": self.keep}
-        if self.saver == "deepfreeze":
-            from research.checkpoint.deepfreeze import DeepFreeze
-
-            return DeepFreeze(
-                world,
-                directory,
-                fast_dir=self.fast_dir,
-                keep_fast=self.keep_fast,
-                max_inflight=self.max_inflight,
-                on_busy=self.on_busy,
-                snapshot=self.snapshot,
-                rank_local=tuple(self.rank_local),
-                writer=self.writer,
-                nice=self.nice,
-                idle=self.idle,
-                keep_fast_tier=self.keep_fast_tier,
-                **common,
-                **kw,
-            )
-        from research.checkpoint import baselines
-
-        cls = {
-            "rank0-blocking": baselines.Rank0Blocking,
-            "orbax-blocking": baselines.OrbaxBlocking,
-            "orbax-async-rank0": baselines.OrbaxAsyncRank0,
-        }[self.saver]
-        return cls(world, directory, **common, **kw)
+        return saver_class(self.saver)(world, directory, **self.saver_options(), **kw)

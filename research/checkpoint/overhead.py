@@ -1,4 +1,6 @@
-"""The overhead estimator of the interleaved benchmark (``bench.py``): pure arithmetic.
+"""The overhead estimator of the interleaved benchmark: pure arithmetic.
+
+The benchmark itself is ``research/studies/checkpoint_bench.py``.
 
 One training run is cut into *periods* of ``window`` steps (10: a checkpoint
 every 10 steps). Each period belongs to one arm: the arm checkpoints at the

@@ -404,8 +404,9 @@ def main() -> None:
         lambda rec: not str(rec.msg).startswith("Failed to json parse Metadata file")
     )
     writer = Writer(own_process=True)
-    import research.checkpoint.shard  # noqa: F401  (jax, Orbax: before "ready")
-
+    # jax and Orbax (about 1 s of CPU here) are imported by the first Orbax
+    # shard only (``compress``): raw shards, the default, need numpy alone, and
+    # a short run's ranks start without this process competing for the cores.
     send({"op": "ready", "pid": os.getpid()})
     for line in sys.stdin:
         req = json.loads(line)

@@ -70,7 +70,7 @@ class Averager:
         """This strategy behind ``research.averaging``'s one call
         (:mod:`research.api`); a strategy whose call form is not itself
         wrapped (``sparse``: its top-k object) overrides this."""
-        from research.api import wrap
+        from research.comm.calling import wrap
 
         return wrap(cls(world, **options))
 
@@ -95,6 +95,11 @@ class Averager:
     def close(self) -> None:
         """Release threads and communicators. Idempotent."""
 
+    def summary(self) -> dict[str, Any]:
+        """What ``summary.json`` records of this strategy beyond the loop's
+        numbers (local: no collective)."""
+        return {}
+
     def __enter__(self):
         return self
 
@@ -106,11 +111,39 @@ _SAID: set[str] = set()
 
 
 def renamed(old: str, new: str) -> None:
-    """One line on stderr, once per process, when an old spelling is used."""
+    """One line on stderr, once per job (rank 0 of a launched job, or a lone
+    process), when an old spelling is used."""
+    from research.comm.env import env_rank
+
     if old not in _SAID:
         _SAID.add(old)
+        if env_rank() != 0:
+            return
         print(
             f"research: {old} is now {new} (the old name works for one release)",
             file=sys.stderr,
             flush=True,
         )
+
+
+def old_options(owner: str, renames: dict[str, str], old: dict[str, Any]) -> dict:
+    """A constructor's ``**old`` keywords under their current names.
+
+    Args:
+      owner: who takes them (for the messages), e.g. ``"solo"``.
+      renames: old name -> current name (the class's ``renamed_options``).
+      old: the keywords the constructor did not name.
+
+    Returns:
+      ``{current name: value}``; each old spelling noted once (:func:`renamed`).
+
+    Raises:
+      TypeError: a keyword that is neither an option nor an old name of one.
+    """
+    out = {}
+    for key, value in old.items():
+        if key not in renames:
+            raise TypeError(f"{owner}: unexpected keyword argument {key!r}")
+        renamed(f"{owner} option {key}", renames[key])
+        out[renames[key]] = value
+    return out

@@ -51,7 +51,7 @@ hands large leaves to its ring whole (no packing copy; the ring reads the leaf
 and writes the result, dividing the chunk it finishes) and orders its work (see
 :mod:`research.comm.chain`); the host path reuses its buckets and returns views
 of them (1 copy in, 0 out). And every rank keeps its freed heap
-(:mod:`research.malloc`): XLA's results (161 fresh leaves per call) otherwise
+(:mod:`research.comm.malloc`): XLA's results (161 fresh leaves per call) otherwise
 come from memory that glibc handed back after the previous call.
 
 Measured with ``python -m scripts.bench_allreduce`` (2 ranks, one XLA thread
@@ -80,7 +80,7 @@ from research.comm.chain import Chain
 from research.comm.fusion import DEFAULT_BUCKET_BYTES, FusionPlan, HostBuffers
 from research.comm.hierarchical import NodeComms, host_allreduce_all, jit_allreduce
 from research.comm.link import Link
-from research.comm.registry import register_averager
+from research.comm.registry import Range, register_averager
 from research.comm.world import as_world
 from research.trace import get_tracer
 
@@ -157,6 +157,11 @@ class FusedAllreduce(Averager):
 
     executor = "fused"
     name = "fused"
+    option_ranges = {
+        "bucket_bytes": Range(ge=1, le=2**40),
+        "alone_bytes": Range(ge=0, le=2**62),
+        "segment_bytes": Range(ge=1, le=2**30),  # ring.MAX_SEGMENT_BYTES
+    }
 
     def __init__(
         self,
@@ -321,6 +326,10 @@ class HostAllreduce(Averager):
 
     executor = "host-side"
     name = "host"
+    option_ranges = {
+        "bucket_bytes": Range(ge=1, le=2**40),
+        "alone_bytes": Range(ge=0, le=2**62),
+    }
 
     def __init__(
         self,

@@ -8,6 +8,12 @@ from __future__ import annotations
 
 import os
 
+#: Shared-memory files MPICH's ranks on one node talk through. MPICH removes them
+#: in MPI_Finalize; a job that aborts or is killed leaves them (2-4 MB each).
+#: (Here, below ``research.launch``, so ``world.abort`` can unlink its own.)
+SHM_DIR = "/dev/shm"
+SHM_PREFIXES = ("mpich_shm_",)
+
 # Environment variables that launchers set in every rank they start.
 _LAUNCHER_VARS = (
     "PMI_RANK",  # MPICH hydra, Intel MPI

@@ -5,7 +5,7 @@ in Deep Learning with Partial Collective Operations*, PPoPP'20.
 
 Usage::
 
-    with PartialAllreduce(world.comm, mode="solo", sync_every=32) as pa:
+    with PartialAllreduce(world.comm, mode="solo", full_every=32) as pa:
         for step in range(n):
             avg, info = pa.reduce(grads)      # avg: round result, sum / P
             ...
@@ -31,11 +31,12 @@ Semantics (exact)
   identically on all ranks (no messages). Only the initiator's arrival activates
   round r. An early non-initiator hands in g_r (which is then fresh) and waits for
   the round; a late one takes its result at once.
-* Bounded staleness. With ``sync_every=K`` every K-th round (r % K == 0) is fully
-  synchronous: every rank waits for its own call r, so everything carried is
-  delivered there and a gradient is never applied more than K-1 rounds late.
+* Bounded staleness. With ``full_every=K`` every K-th round (r % K == 0) is a
+  *full* round: every rank waits for its own call r, so everything carried is
+  delivered there and a gradient is never applied more than K-1 rounds late
+  (``info.extra["full"]`` marks such a round; "sync" names only the strategy).
   ``K=1`` or ``mode="sync"`` makes every round synchronous, i.e. a plain allreduce
-  of the gradients divided by P. ``sync_every=None`` never forces a round.
+  of the gradients divided by P. ``full_every=None`` never forces a round.
 * ``drain()`` counts as the next call: a synchronous round with no fresh
   gradient that delivers whatever any rank still carries, returning ``(tree,
   info)`` (zeros when nothing was carried). ``close()`` runs one more synchronous
@@ -45,13 +46,13 @@ Semantics (exact)
   ``close``; a mismatch is detected in the round and raised on every rank.
 * A fast rank may run ahead: rounds it activates run with the slow ranks' carried
   gradients or zeros, and the slow ranks' results wait in a queue (at most K
-  rounds with ``sync_every=K``) until their own calls take them.
+  rounds with ``full_every=K``) until their own calls take them.
 
 How it runs
 -----------
 The rounds run on the rank's shared progress thread (``research.comm.progress``)
 as a polled task: each poll advances a small state machine (await activation ->
-Iallreduce -> drain activation messages) without ever blocking in MPI; between
+Iallreduce -> collect the activation messages) without ever blocking in MPI; between
 polls the thread sleeps (woken at once by a local ``reduce``) and polls the
 other subsystems' tasks, such as asynchronous handles, alongside.
 
@@ -78,7 +79,6 @@ invariants would live in two places.
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import threading
 import time
 import warnings
@@ -88,56 +88,27 @@ from typing import Any, Literal
 import numpy as np
 from mpi4py import MPI
 
-from research.comm.base import Averager, CommInfo, renamed
+from research.comm.base import Averager, CommInfo, old_options, renamed
 from research.comm.fusion import FlatLayout
 from research.comm.link import Link
-from research.comm.progress import Poll, Task, get_progress
-from research.comm.registry import register_averager
-from research.trace import get_tracer
+from research.comm.partial_rounds import (
+    _DRAIN,
+    _REDUCE,
+    _STOP,
+    _WAIT,
+    Rounds,
+    RoundTask,
+    _Deposit,
+    _Round,
+)
+from research.comm.progress import get_progress
+from research.comm.registry import Range, register_averager
 
 Mode = Literal["solo", "majority", "sync"]
 MODES = ("solo", "majority", "sync")
 
-_REDUCE, _FLUSH, _STOP = "reduce", "flush", "stop"
-_WAIT, _REDUCING, _DRAIN, _DONE = "wait", "reducing", "drain", "done"
-# Metadata appended to the payload: fresh, flush, stop, carried, summed age of the
-# gradients (rounds late), then P activators.
-_FRESH, _FLUSHF, _STOPF, _CARRIED, _AGE, _NMETA = 0, 1, 2, 3, 4, 5
-_DTYPE_CODES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1}
-_REDUCE_SLEEP = 50e-6  # longest sleep between Tests of a running round
-_TAG_MOD = 30_000  # at most two rounds are ever in flight; MPI guarantees 32767 tags
 
-
-def _tag(r: int) -> int:
-    return 1 + r % _TAG_MOD
-
-
-@dataclasses.dataclass
-class _Deposit:
-    call: int
-    flat: np.ndarray | None
-    kind: str
-
-
-@dataclasses.dataclass
-class _Round:
-    """A completed round as this rank saw it (background -> compute thread)."""
-
-    round: int
-    total: np.ndarray  # sum over ranks of the payload
-    fresh: int  # ranks whose gradient of this round was in it
-    activators: int
-    carried_total: int  # late gradients delivered in it, over all ranks
-    age_total: int  # rounds late, summed over every gradient in it
-    my_calls: tuple[int, ...]  # which of this rank's gradients it carried
-    i_activated: bool
-    sync: bool
-    kind: str
-    seconds: float  # activation to completion, on this rank
-    emulated_s: float  # time the emulated link added after MPI had finished
-
-
-class PartialAllreduce:
+class PartialAllreduce(Rounds):
     """Solo / majority partial allreduce of a pytree (see module docstring).
 
     Args:
@@ -145,7 +116,9 @@ class PartialAllreduce:
         every rank must construct its instances in the same order.
       mode: ``"solo"``, ``"majority"`` or ``"sync"``.
       seed: seed of the majority initiator sequence (same on every rank).
-      sync_every: every ``sync_every``-th round is synchronous (None: never).
+      full_every: every ``full_every``-th round is full, every rank's own
+        gradient in it (None: never); ``sync_every``, its old name, works for
+        one release.
       max_sleep: longest sleep between tests while awaiting activation, seconds.
       link: an emulated link (a :class:`Link` or a spec such as ``"10gbps"``;
         ``"real"``: none).
@@ -156,20 +129,24 @@ class PartialAllreduce:
         comm: Any,
         mode: Mode = "solo",
         seed: int = 0,
-        sync_every: int | None = 32,
+        full_every: int | None = 32,
         *,
         max_sleep: float = 5e-4,
         link: Link | str | None = "real",
+        **old: Any,
     ) -> None:
+        full_every = old_options(
+            "PartialAllreduce", {"sync_every": "full_every"}, old
+        ).get("full_every", full_every)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-        if sync_every is not None and sync_every < 1:
-            raise ValueError(f"sync_every must be >= 1 or None, got {sync_every}")
+        if full_every is not None and full_every < 1:
+            raise ValueError(f"full_every must be >= 1 or None, got {full_every}")
         base = getattr(comm, "comm", comm)  # a World carries its communicator
         self._comm: MPI.Intracomm = base.Dup()
         self._comm.Set_name(f"research.partial.{mode}")
         self.rank, self.size = self._comm.Get_rank(), self._comm.Get_size()
-        self.mode, self.seed, self.sync_every = mode, int(seed), sync_every
+        self.mode, self.seed, self.full_every = mode, int(seed), full_every
         self._max_sleep = max_sleep
         self.link = Link.parse(link)
         # Shared between the compute thread and the background task.
@@ -190,7 +167,7 @@ class PartialAllreduce:
         self._rec_header = np.zeros(3, np.int64)
         self._consumed_from = -1
         self._i_activated = False
-        self._sync_round = False
+        self._full_round = False
         # Activation sends and drain receives, with the buffers they use.
         self._pending: list[tuple[MPI.Request, np.ndarray]] = []
         self._req: MPI.Request | None = None
@@ -202,17 +179,17 @@ class PartialAllreduce:
         self._emul_until = 0.0  # the emulated link's end of the running round
         self._real_done: float | None = None
         _OPEN.add(self)
-        get_progress().add(_RoundTask(self))
+        get_progress().add(RoundTask(self))
 
     # -- public -------------------------------------------------------------------
     def initiator(self, r: int) -> int:
         """Round ``r``'s majority initiator: identical on every rank, no messages."""
         return int(np.random.default_rng((self.seed, int(r))).integers(self.size))
 
-    def is_sync_round(self, r: int) -> bool:
-        """True when round ``r`` is synchronous by schedule (not counting drain)."""
+    def is_full_round(self, r: int) -> bool:
+        """True when round ``r`` is full by schedule (not counting drain)."""
         return self.mode == "sync" or (
-            self.sync_every is not None and r % self.sync_every == 0
+            self.full_every is not None and r % self.full_every == 0
         )
 
     @property
@@ -247,7 +224,7 @@ class PartialAllreduce:
         """
         if self._layout is None:
             raise RuntimeError("drain() before any reduce(): nothing to drain")
-        call, rec, waited = self._hand_in(_FLUSH, None)
+        call, rec, waited = self._hand_in(_DRAIN, None)
         return self._unpack(rec.total), self._info(call, rec, waited)
 
     def flush(self) -> tuple[Any, CommInfo]:
@@ -259,7 +236,7 @@ class PartialAllreduce:
         """Stop the background task after a final synchronous round. Collective.
 
         Idempotent. Gradients still carried are dropped with a warning: call
-        :meth:`flush` first to apply them.
+        :meth:`drain` first to apply them.
         """
         if self._closed:
             return
@@ -268,7 +245,7 @@ class PartialAllreduce:
             if rec.carried_total:
                 warnings.warn(
                     f"PartialAllreduce.close() dropped {rec.carried_total} "
-                    "carried gradients; call flush() first",
+                    "carried gradients; call drain() first",
                     stacklevel=2,
                 )
         elif self._n is None and self._error is None and not self._abandoned:
@@ -320,11 +297,11 @@ class PartialAllreduce:
             rec = self._done.pop(call)
             if rec.kind != kind:
                 # A peer's reduce() ran this round as a partial one before this
-                # rank's flush()/close() reached it.
+                # rank's drain()/close() reached it.
                 self._error = RuntimeError(
                     f"{kind}() met round {call} run as a partial round: every rank "
                     "must make the same number of reduce() calls before "
-                    "flush()/close()"
+                    "drain()/close()"
                 )
                 self._raise_if_failed()
         return call, rec, time.perf_counter() - t0
@@ -350,7 +327,7 @@ class PartialAllreduce:
             "mean_age": rec.age_total / max(1, rec.fresh + rec.carried_total),
             "activators": rec.activators,
             "activated": rec.i_activated,
-            "sync": rec.sync,
+            "full": rec.full,
             "kind": rec.kind,
             "round_s": rec.seconds,
             "emulated_s": rec.emulated_s,
@@ -363,207 +340,6 @@ class PartialAllreduce:
             round=rec.round,
             extra=extra,
         )
-
-    # -- background task (progress thread) -------------------------------------------
-    def _advance(self) -> bool:
-        if self._phase == _WAIT:
-            return self._await_activation()
-        if self._phase == _REDUCING:
-            if self._real_done is None:
-                if not self._req.Test():
-                    return False
-                self._real_done = time.perf_counter()
-            if time.perf_counter() < self._emul_until:
-                return False  # the emulated link still moves the bytes
-            self._begin_drain()
-            return True
-        if self._phase == _DRAIN:
-            reqs = [req for req, _ in self._pending]
-            if reqs and not MPI.Request.Testall(reqs):
-                return False
-            self._finish_round()
-            return True
-        return False
-
-    def _await_activation(self) -> bool:
-        r = self._round
-        with self._cond:
-            own = next((d for d in self._inbox if d.call == r), None)
-        if own is not None and (own.kind != _REDUCE or self.is_sync_round(r)):
-            return self._start_round(sync=True)
-        if self.is_sync_round(r):
-            return False  # a synchronous round waits for this rank's own call
-        status = MPI.Status()
-        msg = self._comm.Improbe(MPI.ANY_SOURCE, _tag(r), status)
-        if msg is not None:
-            msg.Recv(self._rec_header)  # arrived and matched: completes at once
-            self._consumed_from = status.Get_source()
-            rnd, n, code = (int(v) for v in self._rec_header)
-            if rnd != r:
-                raise RuntimeError(f"activation for round {rnd} arrived in round {r}")
-            self._check_peer_buffer(n, code)
-            return self._start_round(sync=False)
-        if own is not None and (self.mode == "solo" or self.initiator(r) == self.rank):
-            header = np.array([r, self._n, _DTYPE_CODES[self._dtype]], np.int64)
-            for dest in range(self.size):
-                if dest != self.rank:
-                    self._pending.append(
-                        (self._comm.Isend(header, dest, _tag(r)), header)
-                    )
-            self._i_activated = True
-            return self._start_round(sync=False)
-        return False
-
-    def _check_peer_buffer(self, n: int, code: int) -> None:
-        dtype = next(d for d, c in _DTYPE_CODES.items() if c == code)
-        with self._cond:
-            mine = (self._n, self._dtype)
-            if self._n is None:
-                # Joining before this rank's first reduce(): the activator's
-                # buffer size is the size of everyone's.
-                self._n, self._dtype = n, dtype
-        if mine[0] is not None and mine != (n, dtype):
-            raise ValueError(
-                f"ranks reduce different buffers: {n} x {dtype} from a "
-                f"peer, {mine[0]} x {mine[1]} here"
-            )
-
-    def _start_round(self, *, sync: bool) -> bool:
-        r = self._round
-        self._t_act = time.perf_counter()
-        with self._cond:
-            mine = [d for d in self._inbox if d.call <= r]
-            self._inbox = [d for d in self._inbox if d.call > r]
-            n, dtype = self._n, self._dtype
-        buf = np.zeros(n + _NMETA + self.size, dtype)
-        calls, kind = [], _REDUCE
-        for d in mine:
-            if d.kind != _REDUCE:
-                if d.call != r:
-                    raise RuntimeError(
-                        f"{d.kind}() of call {d.call} missed its round: ranks made "
-                        "different numbers of reduce() calls before flush()/close()"
-                    )
-                kind = d.kind
-                continue
-            buf[:n] += d.flat
-            calls.append(d.call)
-        buf[n + _FRESH] = float(r in calls)
-        buf[n + _FLUSHF] = float(kind == _FLUSH)
-        buf[n + _STOPF] = float(kind == _STOP)
-        buf[n + _CARRIED] = float(sum(c != r for c in calls))
-        buf[n + _AGE] = float(sum(r - c for c in calls))
-        buf[n + _NMETA + self.rank] = float(self._i_activated)
-        self._buf, self._recv = buf, np.empty_like(buf)
-        self._my_calls, self._kind, self._sync_round = tuple(calls), kind, sync
-        self._req = self._comm.Iallreduce(self._buf, self._recv, op=MPI.SUM)
-        model = self.link.allreduce(buf.nbytes, self.size)
-        self._emul_until = time.perf_counter() + model if model else 0.0
-        self._real_done = None
-        self._phase = _REDUCING
-        return True
-
-    def _begin_drain(self) -> None:
-        # Every activator sent to every other rank: receive exactly those messages
-        # not consumed while awaiting activation, so none is ever left behind.
-        r, n = self._round, self._n
-        for src in np.flatnonzero(self._recv[n + _NMETA :] > 0.5):
-            src = int(src)
-            if src in (self.rank, self._consumed_from):
-                continue
-            hdr = np.empty(3, np.int64)
-            self._pending.append((self._comm.Irecv(hdr, src, _tag(r)), hdr))
-        self._phase = _DRAIN
-
-    def _finish_round(self) -> None:
-        r, n, meta = self._round, self._n, self._recv[self._n :]
-        t_end = time.perf_counter()
-        flushes, stops = int(round(meta[_FLUSHF])), int(round(meta[_STOPF]))
-        if flushes not in (0, self.size) or stops not in (0, self.size):
-            raise RuntimeError(
-                f"round {r}: {flushes} ranks flushed and {stops} closed out of "
-                f"{self.size}: every rank must make the same number of reduce() "
-                "calls before flush()/close()"
-            )
-        rec = _Round(
-            round=r,
-            total=self._recv[:n],
-            fresh=int(round(meta[_FRESH])),
-            activators=int(round(meta[_NMETA:].sum())),
-            carried_total=int(round(meta[_CARRIED])),
-            age_total=int(round(meta[_AGE])),
-            my_calls=self._my_calls,
-            i_activated=self._i_activated,
-            sync=self._sync_round,
-            kind=self._kind,
-            seconds=t_end - self._t_act,
-            emulated_s=max(0.0, self._emul_until - self._real_done),
-        )
-        get_tracer().complete(
-            f"{self.mode} round",
-            "comm-bg",
-            self._t_act,
-            t_end,
-            round=r,
-            contributors=rec.fresh,
-            activated=rec.i_activated,
-            sync=rec.sync,
-            kind=rec.kind,
-        )
-        self._pending, self._buf, self._recv, self._req = [], None, None, None
-        self._i_activated, self._consumed_from = False, -1
-        self._round += 1
-        self._phase = _DONE if rec.kind == _STOP else _WAIT
-        if rec.kind == _STOP:
-            self._comm.Free()
-        with self._cond:
-            self._done[r] = rec
-            self._cond.notify_all()
-
-    def _abandon(self, timeout: float = 2.0) -> None:
-        """Stop the background task locally (no collective)."""
-        if self._phase != _DONE and not self._stopped.is_set():
-            self._abandoned = True
-            get_progress().wake()
-            if not get_progress().in_thread:
-                self._stopped.wait(timeout)
-
-
-class _RoundTask(Task):
-    """A :class:`PartialAllreduce`'s rounds as a task polled on the progress thread."""
-
-    def __init__(self, pa: PartialAllreduce) -> None:
-        self.pa = pa
-
-    @property
-    def max_sleep(self) -> float:
-        # Awaiting a peer's activation may take a whole step: back off to
-        # max_sleep. A running Iallreduce only progresses inside Test, and each of
-        # its steps needs every rank's Test: a 50 us cap measured 2.2 ms for 600 KB
-        # on 4 ranks against 3.7 ms with 250 us.
-        return self.pa._max_sleep if self.pa._phase == _WAIT else _REDUCE_SLEEP
-
-    def wake_at(self) -> float | None:
-        pa = self.pa
-        waiting = pa._phase == _REDUCING and pa._real_done is not None
-        return pa._emul_until if waiting else None
-
-    def poll(self) -> Poll:
-        pa = self.pa
-        if pa._abandoned:
-            pa._stopped.set()
-            return Poll.FINISHED
-        progressed = pa._advance()
-        if pa._phase == _DONE:
-            pa._stopped.set()
-            return Poll.FINISHED
-        return Poll.PROGRESSED if progressed else Poll.IDLE
-
-    def fail(self, exc: BaseException) -> None:
-        with self.pa._cond:
-            self.pa._error = exc
-            self.pa._cond.notify_all()
-        self.pa._stopped.set()
 
 
 # Instances still open at interpreter exit are stopped locally before mpi4py's
@@ -582,28 +358,39 @@ def _abandon_open() -> None:
 class PartialAverager(Averager):
     """Host-side :class:`Averager` over :class:`PartialAllreduce` (registered modes).
 
-    ``reduce`` returns the round result to apply; ``flush`` returns None when no
+    ``reduce`` returns the round result to apply; ``drain`` returns None when no
     rank carried anything (so the loop skips a zero update that momentum would
     still turn into a step).
     """
 
     executor = "host-side"
     mode: Mode = "solo"
+    option_ranges = {
+        "seed": Range(ge=0),
+        "full_every": Range(ge=1),
+        "max_sleep": Range(gt=0, le=1),
+    }
+    #: ``sync_every`` before 2026-11-26 ("sync" now names only the strategy).
+    renamed_options = {"sync_every": "full_every"}
 
     def __init__(
         self,
         world: Any,
         *,
         seed: int = 0,
-        sync_every: int | None = 32,
+        full_every: int | None = 32,
         max_sleep: float = 5e-4,
         link: str = "real",
+        **old: Any,
     ) -> None:
+        full_every = old_options(self.mode, self.renamed_options, old).get(
+            "full_every", full_every
+        )
         self.pa = PartialAllreduce(
             world,
             mode=self.mode,
             seed=seed,
-            sync_every=sync_every,
+            full_every=full_every,
             max_sleep=max_sleep,
             link=link,
         )

@@ -52,7 +52,7 @@ from research.comm.base import Averager, CommInfo
 from research.comm.fusion import FlatLayout
 from research.comm.link import Link
 from research.comm.progress import Poll, Task, get_progress, wait_all
-from research.comm.registry import register_averager
+from research.comm.registry import Range, register_averager
 from research.trace import get_tracer
 
 _TAG_PUSH, _TAG_PULL, _TAG_DONE = 11, 12, 13
@@ -381,6 +381,8 @@ class ParameterServerAverager(Averager):
 
     name = "ps"
     executor = "server"
+    # root < the world's size is checked when the world is known.
+    option_ranges = {"root": Range(ge=0), "max_sleep": Range(gt=0, le=1)}
     no_call_form = (
         "the parameter server exchanges gradients for parameters (push, pull); "
         "it returns no mean. Use the Trainer: experiments.train --strategy ps"

@@ -4,7 +4,7 @@ A strategy lives in one module: its class, registered with a decorator, and its
 options as the constructor's annotated keyword arguments (e.g. ``solo`` in
 ``research/comm/partial.py``)::
 
-    from research.comm.base import Averager
+    from research.comm.base import Averager, renamed
     from research.comm.registry import register_averager
 
     @register_averager("solo")
@@ -29,8 +29,18 @@ import importlib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from research.comm import declared
-from research.comm.base import Averager
+from research.comm import declared as declared_mod
+from research.comm.base import Averager, renamed
+from research.options import Range, check
+
+__all__ = [
+    "Range",
+    "add_strategy_module",
+    "check_options",
+    "get_averager",
+    "list_averagers",
+    "register_averager",
+]
 
 #: Modules outside ``research/comm`` whose import registers strategies
 #: (:func:`add_strategy_module`); the built-in ones are found by their source.
@@ -39,59 +49,62 @@ STRATEGY_MODULES: list[str] = []
 
 def builtin_modules() -> list[str]:
     """The modules under research/comm that register strategies."""
-    return sorted({s.module for s in declared.strategies().values()})
+    return sorted({s.module for s in declared_mod.strategies().values()})
 
 
-def declared_options(name: str) -> dict[str, declared.Option] | None:
-    """A strategy's options as its constructor declares them: a built-in one,
-    or one in a module added with :func:`add_strategy_module` (read from its
-    source, not imported)."""
-    strategy = declared.strategies().get(name)
+def declared(name: str) -> declared_mod.Strategy | None:
+    """A strategy's declaration: a built-in one, or one in a module added with
+    :func:`add_strategy_module` (read from its source, not imported)."""
+    strategy = declared_mod.strategies().get(name)
     for module in STRATEGY_MODULES:
         if strategy is None:
-            strategy = declared.strategies_in(module).get(name)
+            strategy = declared_mod.strategies_in(module).get(name)
+    return strategy
+
+
+def declared_options(name: str) -> dict[str, declared_mod.Option] | None:
+    """A strategy's options as its constructor declares them (see
+    :func:`declared`), or None for a name not declared."""
+    strategy = declared(name)
     return None if strategy is None else strategy.options
+
+
+def current_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with old option names (a strategy's ``renamed_options``)
+    replaced by the current ones, each noted once on stderr."""
+    strategy = declared(name)
+    renames = strategy.renamed if strategy else {}
+    out = {}
+    for key, value in options.items():
+        if key in renames:
+            renamed(f"strategy option {key}", renames[key])
+        out[renames.get(key, key)] = value
+    return out
 
 
 def check_options(name: str, options: dict[str, Any]) -> str | None:
     """A one-line problem with ``options`` for strategy ``name``, or None.
 
-    Built-in strategies are checked by name and type; a strategy registered
-    from outside is checked against its constructor's keyword arguments.
+    Checked against the declaration (:mod:`research.comm.declared`): every
+    key an option (or an old name of one), every value of its type, one of
+    its ``Literal`` values and within its ``option_ranges``. A strategy
+    registered from a module that was not added (only imported) is checked
+    against its constructor's keywords and its ``option_ranges``.
     """
-    known = declared_options(name)
-    if known is None:
-        if name not in _REGISTRY:
-            return None  # unknown strategy: reported by the name check
-        known = {k: declared.Option((object,)) for k in _keywords(_REGISTRY[name])}
-    for key, value in options.items():
-        if key not in known:
-            valid = ", ".join(sorted(known)) or "none"
-            return f"strategy {name!r} has no option {key!r}; its options: {valid}"
-        types, choices = known[key].types, known[key].choices
-        if not isinstance(value, types) or (
-            isinstance(value, bool) and bool not in types
-        ):
-            want = " or ".join("None" if t is type(None) else t.__name__ for t in types)
-            return f"strategy option {key}={value!r} must be {want}"
-        if choices is not None and not any(
-            value == c and type(value) is type(c) for c in choices
-        ):
-            valid = ", ".join(map(repr, choices))
-            return f"strategy option {key}={value!r} must be one of {valid}"
-        low, high = _RANGES.get(key, (None, None))
-        if isinstance(value, int) and low is not None and not low <= value <= high:
-            return f"strategy option {key}={value!r} must be in [{low}, {high}]"
-    return None
-
-
-#: Integer options whose value is checked before launch (the ring's C++ code
-#: would otherwise end in an uncaught exception or an MPI count overflow).
-_RANGES = {
-    "segment_bytes": (1, 2**30),  # research.comm.ring.MAX_SEGMENT_BYTES
-    "bucket_bytes": (1, 2**40),
-    "alone_bytes": (0, 2**62),
-}
+    strategy = declared(name)
+    if strategy is not None:
+        return check("strategy", name, options, strategy.options, strategy.renamed)
+    if name not in _REGISTRY:
+        return None  # unknown strategy: reported by the name check
+    factory = _REGISTRY[name]
+    ranges = getattr(factory, "option_ranges", {})
+    known = {
+        k: declared_mod.Option((object,), range=ranges.get(k))
+        for k in _keywords(factory)
+    }
+    return check(
+        "strategy", name, options, known, getattr(factory, "renamed_options", {})
+    )
 
 
 def check_link(name: str, spec: str) -> str | None:
@@ -104,7 +117,9 @@ def check_link(name: str, spec: str) -> str | None:
         return f"--link: {e}"
     options = declared_options(name)
     if link.emulated and options is not None and "link" not in options:
-        linked = [n for n, s in declared.strategies().items() if "link" in s.options]
+        linked = [
+            n for n, s in declared_mod.strategies().items() if "link" in s.options
+        ]
         return (
             f"--link: strategy {name!r} cannot run on an emulated link (its "
             "communication is not host-side collectives); use "
@@ -181,8 +196,8 @@ def known_averagers() -> list[str]:
     :func:`add_strategy_module` (read from their source), and any registered
     so far.
     """
-    added = {n for m in STRATEGY_MODULES for n in declared.strategies_in(m)}
-    return sorted(set(declared.strategies()) | added | set(_REGISTRY))
+    added = {n for m in STRATEGY_MODULES for n in declared_mod.strategies_in(m)}
+    return sorted(set(declared_mod.strategies()) | added | set(_REGISTRY))
 
 
 def averager_factory(name: str) -> Callable[..., Averager]:

@@ -98,22 +98,41 @@ def _cache_dir() -> Path:
 def _mpicxx() -> str:
     """The C++ compiler wrapper of the MPI that mpi4py is linked against.
 
-    mpi4py records the wrappers it was built with (``mpi4py.get_config()``);
-    their ``mpicxx`` (or the ``mpicxx`` beside their ``mpicc``) is the one whose
-    ``mpi.h`` matches the MPI that mpi4py loads. Only when mpi4py recorded none,
-    the ``mpicxx`` beside the interpreter, then on ``PATH``.
+    ``$RESEARCH_MPICXX`` if set; else the one ``scripts/install.sh --site-mpi``
+    recorded in the environment (``<venv>/research-mpi.json``: the ``MPICC``
+    it built mpi4py and mpi4jax with, and its C++ wrapper); else the wrappers
+    mpi4py recorded (``mpi4py.get_config()``, empty in mpi4py 4), their
+    ``mpicxx`` (or the one beside their ``mpicc``); else the ``mpicxx`` beside
+    the interpreter, then on ``PATH``.
     """
+    import json
+
     import mpi4py
 
+    if os.environ.get("RESEARCH_MPICXX"):
+        return os.environ["RESEARCH_MPICXX"]
+    try:
+        recorded = json.loads((Path(sys.prefix) / "research-mpi.json").read_text())
+        if recorded.get("mpicxx"):
+            return str(recorded["mpicxx"])
+    except (OSError, ValueError):
+        pass
     config = mpi4py.get_config()
     if config.get("mpicxx"):
         return config["mpicxx"]
     if config.get("mpicc"):
-        cxx = Path(config["mpicc"]).with_name("mpicxx")
-        if cxx.exists():
-            return str(cxx)
+        cc = Path(config["mpicc"])
+        # mpicc.openmpi -> mpicxx.openmpi (Debian's names), else plain mpicxx.
+        for name in (cc.name.replace("mpicc", "mpicxx"), "mpicxx"):
+            if cc.with_name(name).exists():
+                return str(cc.with_name(name))
     local = Path(sys.executable).parent / "mpicxx"
     return str(local) if local.exists() else "mpicxx"
+
+
+def compiler() -> str:
+    """The C++ MPI wrapper the handler is (or would be) compiled with."""
+    return _mpicxx()
 
 
 def _mpi_digest() -> str:

@@ -177,7 +177,7 @@ def get_world() -> World:
     """
     if not MPI.Is_initialized():  # pragma: no cover - mpi4py initialises on import
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
-    from research.malloc import keep_heap
+    from research.comm.malloc import keep_heap
 
     keep_heap()  # steps reuse their large buffers instead of faulting them in
     comm = MPI.COMM_WORLD.Dup()
@@ -263,7 +263,7 @@ def abort(code: int = 1) -> None:
 
 
 def _unlink_my_shm() -> None:
-    from research.launch import SHM_DIR, SHM_PREFIXES
+    from research.comm.env import SHM_DIR, SHM_PREFIXES
 
     try:
         with open("/proc/self/maps") as f:

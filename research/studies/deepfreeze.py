@@ -19,10 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from research.cli import check_private_dir
-from research.launch import bind_args, launch_command, mpiexec_path, thread_env
-from research.malloc import launch_env
+from research.comm.malloc import launch_env
+from research.launch import (
+    bind_args,
+    check_may_launch,
+    launch_command,
+    mpiexec_path,
+    thread_env,
+)
 
-SAVERS = ("rank0-blocking", "orbax-blocking", "orbax-async-rank0", "deepfreeze")
 #: Rounds of the extra jobs for the ranks figure (blocking times only).
 RANKS_JOB_ROUNDS = 2
 
@@ -38,6 +43,12 @@ def check_flags(cfg: Any) -> str | None:
         return f"--settle must be between 1 and --window - 1 ({cfg.window - 1})"
     if cfg.minor_rounds < 1:
         return "--minor-rounds must be >= 1"
+    from research.checkpoint.registry import check_saver_options
+
+    for saver in cfg.savers:
+        problem = check_saver_options(saver, {})
+        if problem:
+            return f"--savers: {problem}"
     if cfg.tiers != "persistent" and cfg.train.fast_dir != "auto":
         return check_private_dir(cfg.train.fast_dir, "--fast-dir")
     return None
@@ -83,8 +94,8 @@ def arms_and_configs(cfg: Any) -> tuple[dict, dict, dict]:
 def run_job(cfg: Any, root: Path) -> dict[str, Any]:
     """One MPI job: the interleaved run; rank 0 writes ``<root>/<job>-np<P>.json``
     (``cfg``: ``experiments.deepfreeze.Config``)."""
-    from research.checkpoint.bench import run_interleaved
     from research.comm.world import get_world, install_abort_on_error
+    from research.studies.checkpoint_bench import run_interleaved
 
     logging.getLogger("absl").setLevel(logging.ERROR)  # Orbax's per-save chatter
     world = get_world()
@@ -132,7 +143,7 @@ def run_job(cfg: Any, root: Path) -> dict[str, Any]:
 def _current(job: dict) -> dict:
     """A job file in today's words: files written before 2026-11-25 say
     "strategy"/"strategies" and "rank0-sync"/"orbax-sync" for the savers."""
-    from research.checkpoint.config import RENAMED_SAVERS
+    from research.checkpoint.registry import RENAMED_SAVERS
 
     def name(n: str) -> str:
         return RENAMED_SAVERS.get(n, n)
@@ -357,6 +368,7 @@ def launch_jobs(cfg: Any, argv: list[str], root: Path, module: str) -> int:
     """
     env = dict(launch_env(os.environ), **thread_env(cfg.train.threads))
     env["PYTHONUNBUFFERED"] = "1"
+    check_may_launch()
     mpiexec = mpiexec_path()
     bind: list[str] = []
     if cfg.bind == "core" and cfg.train.threads < 1:

@@ -19,18 +19,31 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from research.plots import save_figure
 from research.studies.deepfreeze import load_results
 from research.trace import read_trace_events
 
-COLORS = {
-    "rank0-blocking": "tab:red",
-    "orbax-blocking": "tab:orange",
-    "orbax-async-rank0": "tab:purple",
-    "deepfreeze": "tab:blue",
-    "deepfreeze-skip": "tab:cyan",
-}
+#: Colours of the savers, in the order ``list_savers()`` names them; a
+#: variant arm (``deepfreeze-skip``) takes its saver's colour, lighter.
+PALETTE = ("tab:blue", "tab:purple", "tab:orange", "tab:red", "tab:green", "tab:brown")
+
+
+def saver_color(arm: str) -> Any:
+    """The colour of a saver's arm (any registered saver, no list to update)."""
+    from matplotlib.colors import to_rgba
+
+    from research.checkpoint.registry import list_savers
+
+    savers = list_savers()
+    base = next((s for s in savers if arm == s or arm.startswith(s + "-")), None)
+    if base is None:
+        return "0.5"
+    color = to_rgba(PALETTE[savers.index(base) % len(PALETTE)])
+    return color if base == arm else (*color[:3], 0.5)
+
+
 LANES = ("compute", "comm", "update", "checkpoint", "checkpoint-bg")
 PHASES = {
     "fwd+bwd+allreduce+update": "tab:blue",
@@ -66,7 +79,7 @@ def plot_overhead(main: dict, out: Path) -> Path:
             [p[0] for p in pts],
             [100 * p[1] for p in pts],
             "o-",
-            color=COLORS.get(s),
+            color=saver_color(s),
             label=s,
         )
     ax.axhline(5, color="0.5", ls="--", lw=1)
@@ -104,7 +117,7 @@ def plot_blocking(jobs: list[dict], out: Path) -> Path | None:
             [x for x, _ in p],
             [1e3 * y for _, y in p],
             "o-",
-            color=COLORS.get(s),
+            color=saver_color(s),
             label=s,
         )
     ax.set_yscale("log")

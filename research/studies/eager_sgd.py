@@ -43,8 +43,8 @@ def check_flags(cfg: Any) -> str | None:
                              cfg.train.link)  # fmt: skip
         if problem:
             return f"arm {arm}: {problem}"
-    if cfg.sync_every < 0:
-        return f"--sync-every must be >= 0, got {cfg.sync_every}"
+    if cfg.full_every < 0:
+        return f"--full-every must be >= 0, got {cfg.full_every}"
     if not 0 < cfg.target_acc <= 1:
         return f"--target-acc must be in (0, 1], got {cfg.target_acc}"
     if "=auto" in cfg.imbalance and cfg.reference_steps <= 0:
@@ -69,7 +69,7 @@ def arm_config(
     run_dir: Path,
     *,
     allreduce_strategy: str,
-    sync_every: int,
+    full_every: int,
     reference_steps: int,
 ) -> TrainConfig:
     """The TrainConfig of one arm and seed (``balanced``: the short reference)."""
@@ -79,7 +79,7 @@ def arm_config(
     strategy = allreduce_strategy if synchronous else arm
     options: dict[str, Any] = {}
     if arm in ("solo", "majority"):
-        options = {"seed": seed, "sync_every": sync_every or None}
+        options = {"seed": seed, "full_every": full_every or None}
     cfg = dataclasses.replace(
         base,
         strategy=strategy,
@@ -167,7 +167,7 @@ def run_arms(cfg: Any, base: TrainConfig, root: Path, world) -> str:
                 seed,
                 root,
                 allreduce_strategy=cfg.allreduce_strategy,
-                sync_every=cfg.sync_every,
+                full_every=cfg.full_every,
                 reference_steps=cfg.reference_steps,
             )
             summary = run_arm(run, arm, spec, world)

@@ -20,8 +20,8 @@ from research.cli import nested
 from research.train.config import PARALLEL, TrainConfig, flag
 
 NP_HELP = (
-    "ranks to launch when started without mpiexec (0: run in this process "
-    "alone); ignored under mpiexec/srun; default %(default)s"
+    "ranks to launch when started without mpiexec, at least 1 (1: run in this "
+    "process alone, no mpiexec); ignored under mpiexec/srun; default %(default)s"
 )
 HOSTS_HELP = (
     "run the ranks on these hosts: n1,n2 (ranks in blocks, node by node) or "

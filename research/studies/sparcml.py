@@ -70,12 +70,8 @@ def bench_one(
 ) -> list[dict[str, Any]]:
     """Rows of the benchmark on ``comm`` (collective on it)."""
     from research.comm.sparse import ALGORITHMS, SparseVector, sparse_allreduce
-    from research.comm.sparse.cost import (
-        agreed_model,
-        choose,
-        ensure_calibrated,
-        predicted_bytes,
-    )
+    from research.comm.sparse.calibration import agreed_model, ensure_calibrated
+    from research.comm.sparse.cost import choose, predicted_bytes
     from research.comm.sparse.strategy import link_model
 
     P, rank = comm.Get_size(), comm.Get_rank()
@@ -402,7 +398,7 @@ def _calibrate_missing(world, sizes: list[int]) -> None:
     with the uncalibrated defaults on a fresh machine)."""
     from mpi4py import MPI
 
-    from research.comm.sparse.cost import ensure_calibrated
+    from research.comm.sparse.calibration import ensure_calibrated
 
     for P in (p for p in sizes if 2 <= p <= world.size):
         sub = world.comm.Split(0 if world.rank < P else MPI.UNDEFINED, world.rank)

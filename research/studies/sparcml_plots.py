@@ -41,7 +41,7 @@ def plot(root: Path, bench, results, link: Link) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from research.comm.sparse.cost import load_model
+    from research.comm.sparse.calibration import load_model
     from research.comm.sparse.strategy import link_model
 
     made = []

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from research.checkpoint.config import SAVERS, saver_name
+from research.checkpoint.registry import saver_name
 
 
 def flag(
@@ -186,10 +186,18 @@ class TrainConfig:
     # steps and after the last one; resume from the newest committed step.
     checkpoint: str = flag(
         "none",
-        "checkpoint saver (into RUN_DIR/checkpoints); default %(default)s",
+        "checkpoint saver (into RUN_DIR/checkpoints; see --list), or none; "
+        "default %(default)s",
         CKPT,
-        choices=SAVERS,
+        metavar="SAVER",
         type=saver_name,  # old names (rank0-sync, orbax-sync) for one release
+    )
+    checkpoint_options: dict[str, Any] = flag(
+        None,
+        "checkpoint saver option, repeatable (e.g. keep=5; see --list)",
+        CKPT,
+        name="--checkpoint-opt",
+        factory=dict,
     )
     checkpoint_every: int = flag(
         100,

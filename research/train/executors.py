@@ -20,7 +20,7 @@ Built in, chosen by the averager's ``executor`` attribute:
 * ``fused``: gradient, mpi4jax allreduce and update are one jitted program;
 * ``host-side``: jitted gradient, the averager's host-side ``reduce`` (which may
   return another round's result, as partial collectives do), jitted update;
-  ``drain`` runs the averager's ``flush`` (a synchronous round delivering what
+  ``drain`` runs the averager's ``drain`` (a full round delivering what
   it carries), so evaluation and checkpoints never miss a computed gradient;
 * ``server``: jitted gradient, push to and pull from a parameter server whose
   optimizer steps P times per synchronous step (lr / P on a P-times-longer

@@ -28,7 +28,7 @@ import numpy as np
 
 from research.comm.handles import Handle
 from research.comm.overlap import HandledAverager
-from research.comm.registry import register_averager
+from research.comm.registry import Range, register_averager
 from research.trace import get_tracer
 from research.train import step as steps
 from research.train.executors import StepOut, register_executor, step_phases
@@ -53,6 +53,7 @@ class LayerwiseAllreduce(HandledAverager):
 
     executor = "layerwise"
     name = "layerwise"
+    option_ranges = {"bucket_bytes": Range(ge=1, le=2**40)}
     no_call_form = (
         "its allreduces start during the backward pass, bucket by bucket, "
         "inside the Trainer's executor. Use experiments.train --strategy "

@@ -39,6 +39,7 @@ from research.comm.dense import HostAllreduce
 from research.comm.world import World
 from research.imbalance import Imbalance
 from research.launch import UsageError
+from research.periodic import itstime
 from research.rundir import MetricsWriter, write_json
 from research.trace import NullTracer, Tracer, get_tracer, set_tracer
 from research.train.callback import Callback  # re-exported: callbacks subclass it
@@ -46,7 +47,6 @@ from research.train.config import TrainConfig, load_data
 from research.train.evaluate import average_batch_stats, evaluate
 from research.train.executors import StepContext, make_executor
 from research.train.optim import make_optimizer_for
-from research.train.periodic import itstime
 from research.train.preemption import StopAgreement, Stopped, lag_for, save_at_stop
 from research.train.profiling import ProfileWindow, StepProfiler
 from research.train.report import (
@@ -103,7 +103,7 @@ class Trainer:
             r, p = failed[0]
             raise UsageError(p if len(failed) == world.size else f"rank {r}: {p}")
         if config.checkpoint != "none":
-            from research.checkpoint.callback import CheckpointCallback
+            from research.train.checkpointing import CheckpointCallback
 
             self.callbacks.append(CheckpointCallback.for_run(config))
         if world.rank == 0:

@@ -29,10 +29,10 @@ request whose result is set, s, makes every rank stop after step ``s + lag``,
 the same step everywhere, whether or not the ranks run in lock step. Waiting
 for a request ``lag`` steps old blocks only a rank more than ``lag`` steps
 ahead of the slowest, which lock-step strategies never are; for the partial
-collectives (solo, majority), which let a fast rank run up to ``sync_every``
+collectives (solo, majority), which let a fast rank run up to ``full_every``
 rounds ahead, the lag is that bound, so the agreement never slows them down
-(the cost: up to ``sync_every`` more steps before stopping); where nothing
-bounds the distance (a parameter server, ``sync_every=None``) it is
+(the cost: up to ``full_every`` more steps before stopping); where nothing
+bounds the distance (a parameter server, ``full_every=None``) it is
 :data:`UNBOUNDED_LAG` (see :func:`lag_for`). Orbax's preemption sync point
 and torchrun's SIGTERM handling work alike: a flag, then an agreement at a
 step boundary.
@@ -84,7 +84,7 @@ def lag_for(averager: Any) -> int:
     """Steps the agreement waits behind: how far apart the ranks may run.
 
     Partial collectives (``research.comm.partial``) let a rank run up to
-    ``sync_every`` rounds ahead; a parameter server's workers (executor
+    ``full_every`` rounds ahead; a parameter server's workers (executor
     ``server``) run apart without bound; everything else runs in lock step.
     """
     if getattr(averager, "executor", None) == "server":
@@ -92,7 +92,7 @@ def lag_for(averager: Any) -> int:
     pa = getattr(averager, "pa", None)
     if pa is None or getattr(pa, "mode", "sync") == "sync":
         return DEFAULT_LAG
-    every = getattr(pa, "sync_every", None)
+    every = getattr(pa, "full_every", None)
     return max(DEFAULT_LAG, int(every)) if every else UNBOUNDED_LAG
 
 

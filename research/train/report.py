@@ -131,6 +131,9 @@ def summary_record(t: Trainer) -> dict[str, Any]:
     }
     if t.contributors:
         summary["mean_contributors"] = float(np.mean(t.contributors))
+    own = getattr(t.averager, "summary", None)  # the strategy's own record
+    if own is not None:
+        summary.update(own())
     for cb in t.callbacks:
         summary.update(cb.summary())
     if t.stop.stopped is not None:  # told to stop (research.train.preemption)

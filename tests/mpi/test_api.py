@@ -77,7 +77,7 @@ def test_partial_strategies_apply_every_gradient_once(world, name):
     """Whatever the rounds did, the results plus the drain sum to every rank's
     every gradient over P: nothing lost, nothing applied twice."""
     steps = 6
-    with research.averaging(name, world, sync_every=None) as avg:
+    with research.averaging(name, world, full_every=None) as avg:
         applied = {k: np.zeros(s) for k, s in SHAPES.items()}
         sent = {k: np.zeros(s) for k, s in SHAPES.items()}
         for step in range(steps):

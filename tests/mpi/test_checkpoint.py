@@ -103,17 +103,8 @@ def test_donation_does_not_corrupt_a_snapshot(world, shared, mode):
     assert r.step == 3 and identical(r.state, expected)
 
 
-@pytest.mark.parametrize(
-    "saver", ["rank0-blocking", "orbax-blocking", "orbax-async-rank0"]
-)
-def test_baselines_roundtrip(world, shared, saver):
-    ckpt = CheckpointConfig(
-        saver=saver, directory=str(shared / saver), fsync=False
-    ).create(world)
-    _, saved = _train(ckpt, 4, 2)
-    r = ckpt.restore(state_at(0))
-    ckpt.close()
-    assert r.step == 4 and identical(r.state, saved[4])
+# Every saver's round trip (and crash, and resume at another world size):
+# tests/test_saver_contract.py, over list_savers().
 
 
 def test_wait_policy_blocks_and_records_the_wait(world, shared):
@@ -242,7 +233,7 @@ def test_a_resumed_run_continues_exactly_like_one_that_never_stopped(world, shar
     second run restores step 5 and trains to 8: both end bit for bit alike.
     (Stopping by kill -9 is covered with real processes in test_checkpoint_faults.)
     """
-    from research.checkpoint.callback import CheckpointCallback
+    from research.train.checkpointing import CheckpointCallback
     from research.train.config import TrainConfig
     from research.train.loop import Trainer
 
@@ -286,7 +277,7 @@ def test_a_solo_restart_applies_every_gradient_exactly_once(world, shared):
     """eager-SGD's carried gradients across a checkpoint and a restart.
 
     Solo rounds leave late gradients carried to a later round. The loop drains
-    (a synchronous flush round) before each checkpoint snapshot, so a
+    (a full drain round) before each checkpoint snapshot, so a
     checkpoint holds every gradient computed up to its step and nothing is
     carried past it. With plain SGD the parameters are the initial ones minus
     lr times every applied round result, and P times those results sum to every
@@ -294,9 +285,9 @@ def test_a_solo_restart_applies_every_gradient_exactly_once(world, shared):
     """
     import jax
 
-    from research.checkpoint.callback import CheckpointCallback
     from research.comm.partial import SoloAverager
     from research.imbalance import parse_imbalance
+    from research.train.checkpointing import CheckpointCallback
     from research.train.config import TrainConfig
     from research.train.loop import Trainer
 
@@ -348,7 +339,7 @@ def test_a_solo_restart_applies_every_gradient_exactly_once(world, shared):
             fast_dir=str(shared / "fast"),
             fsync=False,
         )
-        avg = Recording(world, seed=1, sync_every=None)
+        avg = Recording(world, seed=1, full_every=None)
         # One rank at a time sleeps 20 ms: solo rounds go without it.
         late = parse_imbalance("random:k=1:seconds=0.02", size=world.size, seed=3)
         callback = CheckpointCallback(ck)

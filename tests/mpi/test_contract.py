@@ -88,7 +88,7 @@ def _check_phases(name: str, run_dir: Path) -> None:
 @pytest.mark.parametrize("name", list_averagers())
 def test_every_strategy_keeps_the_contract(world, shared, name):
     from research.checkpoint import CheckpointConfig
-    from research.checkpoint.callback import CheckpointCallback
+    from research.train.checkpointing import CheckpointCallback
     from research.train.config import TrainConfig
     from research.train.loop import Trainer
 

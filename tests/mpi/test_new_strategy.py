@@ -2,9 +2,9 @@
 
 The module is written here into a temporary folder, outside the project: a
 strategy registered with ``@register_averager``, its option an annotated
-constructor keyword. ``add_strategy_module`` makes its name known; nothing in
-the project names it, yet the CLI's option check, the Trainer and
-``research.averaging`` all take it. It is ``host``'s mean scaled by
+constructor keyword with its range beside it. ``add_strategy_module`` makes
+its name known; nothing in the project names it, yet the CLI's option check,
+the Trainer and ``research.averaging`` all take it. It is ``host``'s mean scaled by
 ``factor``: with plain SGD, ``factor=0.5`` at learning rate 2L must train the
 same parameters as ``host`` at L, on every rank.
 """
@@ -20,12 +20,14 @@ import numpy as np
 MODULE = '''
 import jax
 from research.comm.dense import HostAllreduce
-from research.comm.registry import register_averager
+from research.comm.registry import Range, register_averager
 
 
 @register_averager("scaled_mean")
 class ScaledMean(HostAllreduce):
     """``host``'s mean times ``factor``."""
+
+    option_ranges = {"factor": Range(gt=0)}
 
     def __init__(self, world, *, factor: float = 1.0):
         super().__init__(world)
@@ -76,6 +78,8 @@ def test_a_strategy_from_one_outside_module(world, tmp_path_factory):
         add_strategy_module("scaled_mean_strategy")
         assert check_options("scaled_mean", {"factor": 0.5}) is None
         assert "no option 'fctor'" in check_options("scaled_mean", {"fctor": 0.5})
+        low = check_options("scaled_mean", {"factor": -1.0})
+        assert "factor=-1.0 must be > 0" in low
         tmp = Path(folder)
         scaled = _train(world, tmp, "scaled_mean", {"factor": 0.5}, lr=0.2)
         host = _train(world, tmp, "host", {}, lr=0.1)

@@ -59,11 +59,11 @@ def run_steps(pa, world, steps, delay_fn, seed=0):
 
 
 @pytest.mark.parametrize(
-    "mode,sync_every", [("sync", None), ("solo", 1), ("majority", 1)]
+    "mode,full_every", [("sync", None), ("solo", 1), ("majority", 1)]
 )
-def test_synchronous_rounds_equal_allreduce(world, mode, sync_every):
+def test_synchronous_rounds_equal_allreduce(world, mode, full_every):
     rng = np.random.default_rng(world.rank)
-    with PartialAllreduce(world.comm, mode=mode, sync_every=sync_every) as pa:
+    with PartialAllreduce(world.comm, mode=mode, full_every=full_every) as pa:
         for r in range(1, 11):
             tree = {
                 "x": rng.normal(size=(7, 3)).astype(np.float32),
@@ -81,7 +81,7 @@ def test_synchronous_rounds_equal_allreduce(world, mode, sync_every):
                 assert out[key].dtype == tree[key].dtype
             assert info.round == r
             assert info.contributors == world.size
-            assert info.staleness == 0 and info.extra["fresh"] and info.extra["sync"]
+            assert info.staleness == 0 and info.extra["fresh"] and info.extra["full"]
 
 
 def one_hot(rank: int, step: int, size: int, steps: int) -> np.ndarray:
@@ -92,10 +92,10 @@ def one_hot(rank: int, step: int, size: int, steps: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize(
-    "mode,sync_every",
+    "mode,full_every",
     [("solo", None), ("solo", 4), ("majority", None), ("majority", 3)],
 )
-def test_rounds_reconstructed_from_their_results(world, mode, sync_every):
+def test_rounds_reconstructed_from_their_results(world, mode, full_every):
     # Every (rank, step) gradient owns one slot, so each round's result says
     # exactly whose gradients of which step it applied. The code's own counts
     # (contributors, staleness, fresh, carried) are checked against that
@@ -105,7 +105,7 @@ def test_rounds_reconstructed_from_their_results(world, mode, sync_every):
     P, steps = world.size, 24
     rng = np.random.default_rng((17, world.rank))
     infos, rounds = [], []
-    with PartialAllreduce(world.comm, mode=mode, sync_every=sync_every, seed=7) as pa:
+    with PartialAllreduce(world.comm, mode=mode, full_every=full_every, seed=7) as pa:
         world.barrier()
         for s in range(steps):
             time.sleep(rng.uniform(0, 0.004) * world.rank)
@@ -118,7 +118,7 @@ def test_rounds_reconstructed_from_their_results(world, mode, sync_every):
     assert len(set(world.allgather(digest(rounds)))) == 1
     counts = [np.rint(r.astype(np.float64) * P).astype(int) for r in rounds]
     assert all(set(np.unique(c)) <= {0, 1} for c in counts)
-    # Applied exactly once: every slot in exactly one round (the flush included).
+    # Applied exactly once: every slot in exactly one round (the drain included).
     np.testing.assert_array_equal(np.sum(counts, axis=0), np.ones(P * steps, int))
     for b, (info, c) in enumerate(zip(infos, counts), start=1):
         slots = np.flatnonzero(c)
@@ -131,8 +131,8 @@ def test_rounds_reconstructed_from_their_results(world, mode, sync_every):
         assert info.extra["fresh"] == (world.rank in fresh)
         assert info.staleness == max(ages, default=0), (b, ages)
         assert info.extra["carried_total"] == len(applied) - len(fresh)
-        if sync_every is not None and b % sync_every == 0:
-            assert info.extra["sync"] and fresh == set(range(P))
+        if full_every is not None and b % full_every == 0:
+            assert info.extra["full"] and fresh == set(range(P))
             # Everything carried is delivered there: no step before b is left.
             delivered = np.sum(counts[:b], axis=0).reshape(P, steps)
             assert delivered[:, :b].all(), f"sync round {b} left gradients behind"
@@ -140,20 +140,20 @@ def test_rounds_reconstructed_from_their_results(world, mode, sync_every):
             assert initiators[b - 1] in fresh, (b, initiators[b - 1], fresh)
         else:
             assert fresh, f"solo round {b} ran with no fresh gradient"
-        if sync_every is not None:
-            assert max(ages, default=0) <= sync_every - 1
-    # The flush delivers whatever was still carried, and nothing fresh.
+        if full_every is not None:
+            assert max(ages, default=0) <= full_every - 1
+    # The drain delivers whatever was still carried, and nothing fresh.
     assert finfo.contributors == 0 and finfo.round == steps + 1
 
 
 @pytest.mark.parametrize(
-    "mode,sync_every",
+    "mode,full_every",
     [("solo", None), ("solo", 5), ("majority", None), ("majority", 4)],
 )
-def test_conservation_and_identical_results(world, mode, sync_every):
+def test_conservation_and_identical_results(world, mode, full_every):
     rng = np.random.default_rng((11, world.rank))
     delays = rng.exponential(0.004, size=60) * (rng.random(60) < 0.5)
-    with PartialAllreduce(world.comm, mode=mode, sync_every=sync_every) as pa:
+    with PartialAllreduce(world.comm, mode=mode, full_every=full_every) as pa:
         results, infos, own = run_steps(pa, world, 60, lambda s: delays[s], seed=3)
         rest, finfo = pa.drain()
     results.append(flat(rest))
@@ -166,11 +166,11 @@ def test_conservation_and_identical_results(world, mode, sync_every):
     # Every rank applied the identical sequence of round results.
     assert len(set(world.allgather(digest(results)))) == 1
     assert [i.round for i in infos] == list(range(1, 61))
-    assert finfo.round == 61 and finfo.contributors == 0 and finfo.extra["sync"]
-    if sync_every is not None:
-        assert max(i.staleness for i in infos) <= sync_every - 1
+    assert finfo.round == 61 and finfo.contributors == 0 and finfo.extra["full"]
+    if full_every is not None:
+        assert max(i.staleness for i in infos) <= full_every - 1
         assert all(
-            i.contributors == world.size for i in infos if i.round % sync_every == 0
+            i.contributors == world.size for i in infos if i.round % full_every == 0
         )
     assert min(i.contributors for i in infos) >= 1
 
@@ -180,7 +180,7 @@ def test_identical_parameters_after_many_steps(world):
     # bit for bit after the same number of steps.
     rng = np.random.default_rng((5, world.rank))
     params = {"w": np.ones((4, 4), np.float32), "b": np.zeros(4, np.float32)}
-    with PartialAllreduce(world.comm, mode="solo", sync_every=8) as pa:
+    with PartialAllreduce(world.comm, mode="solo", full_every=8) as pa:
         for _ in range(80):
             time.sleep(rng.uniform(0, 0.003))
             grads = {
@@ -201,13 +201,13 @@ def test_majority_initiator_sequence_is_shared(world):
     assert set(seq) == set(range(world.size))  # every rank gets to initiate
 
 
-@pytest.mark.parametrize("mode,sync_every", [("solo", None), ("majority", 32)])
-def test_thousand_rounds_random_delays(world, mode, sync_every):
+@pytest.mark.parametrize("mode,full_every", [("solo", None), ("majority", 32)])
+def test_thousand_rounds_random_delays(world, mode, full_every):
     rng = np.random.default_rng((99, world.rank))
     own = np.zeros(3)
     total = np.zeros(3)
     t0 = time.perf_counter()
-    with PartialAllreduce(world.comm, mode=mode, sync_every=sync_every) as pa:
+    with PartialAllreduce(world.comm, mode=mode, full_every=full_every) as pa:
         world.barrier()
         for _ in range(1000):
             if rng.random() < 0.3:
@@ -239,12 +239,12 @@ def test_background_sleeps_while_idle(world):
     assert rounds < wall / 100e-6, f"idle task polled {rounds} times in {wall:.3f} s"
 
 
-def test_flush_then_no_message_left(world):
-    pa = PartialAllreduce(world.comm, mode="solo", sync_every=None)
+def test_drain_then_no_message_left(world):
+    pa = PartialAllreduce(world.comm, mode="solo", full_every=None)
     side = world.comm.Dup()
     # Rank 0 makes all its calls before any other rank makes one (a message
     # orders them, not a sleep): it activates every round alone, and the others
-    # carry all five of their gradients into the flush.
+    # carry all five of their gradients into the drain.
     if world.rank > 0:
         side.recv(source=0, tag=3)
     total = np.zeros(2)
@@ -273,7 +273,7 @@ def test_mismatched_calls_are_detected(world):
         pytest.skip("needs two ranks")
     pa = PartialAllreduce(world.comm, mode="solo")
     pa.reduce(np.zeros(2, np.float32))
-    # Rank 0 flushes while the others reduce: the round sees both (every rank
+    # Rank 0 drains while the others reduce: the round sees both (every rank
     # raises) or a peer ran it as a partial round first (rank 0 raises).
     try:
         if world.rank == 0:
@@ -289,13 +289,14 @@ def test_mismatched_calls_are_detected(world):
 
 
 def test_averager_adapter(world):
-    av = PartialAverager(world, sync_every=2)
+    av = PartialAverager(world, sync_every=2)  # the old name, one release
+    assert av.pa.full_every == 2
     tree = {"a": np.full(3, float(world.rank), np.float32)}
     out, info = av.reduce(tree)
     assert info.round == 1
-    out, info = av.reduce(tree)  # round 2 is synchronous
+    out, info = av.reduce(tree)  # round 2 is full
     np.testing.assert_array_equal(out["a"], np.mean(range(world.size)))
-    assert av.drain() is None  # nothing carried after a synchronous round
+    assert av.drain() is None  # nothing carried after a full round
     av.close()
 
 

@@ -187,7 +187,7 @@ def test_ensure_calibrated_measures_once_where_none_exists(
     import json
     from pathlib import Path
 
-    from research.comm.sparse.cost import ensure_calibrated, load_model
+    from research.comm.sparse.calibration import ensure_calibrated, load_model
 
     folder = comm.bcast(str(tmp_path_factory.mktemp("cost")) if comm.rank == 0 else 0)
     path = Path(folder) / f"cost-{comm.Get_size()}.json"
@@ -201,3 +201,48 @@ def test_ensure_calibrated_measures_once_where_none_exists(
     stamp = path.stat().st_mtime_ns
     ensure_calibrated(comm, say=said.append)
     assert path.stat().st_mtime_ns == stamp and len(said) == (comm.rank == 0)
+
+
+def test_auto_measures_briefly_on_first_use_and_caches_per_machine_and_mpi(
+    comm, tmp_path_factory, monkeypatch, recwarn
+):
+    """No calibration anywhere: the first ``auto`` call measures one (every
+    rank, silently), rank 0 caches it under this machine's and MPI's key, and
+    the next communicator loads it; a cache file measured for another MPI is
+    not used but measured over."""
+    import json
+    from pathlib import Path
+
+    from research.comm.sparse import calibration
+
+    folder = comm.bcast(str(tmp_path_factory.mktemp("xdg")) if comm.rank == 0 else 0)
+    monkeypatch.delenv("RESEARCH_SPARSE_COST", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", folder)
+    vec = SparseVector(np.array([comm.rank]), np.ones(1, np.float32), 64)
+    first = comm.Dup()
+    out = sparse_allreduce(first, vec, "auto")
+    want = np.zeros(64, np.float32)
+    want[: comm.size] = 1
+    np.testing.assert_array_equal(out.to_dense(), want)
+    model = calibration.cached_model(first)
+    saved = sorted((Path(folder) / "research").glob("sparse_cost_*.json"))
+    assert len(saved) == 1 and model.source == str(saved[0])
+    record = json.loads(saved[0].read_text())
+    assert record["key"]["size"] == comm.size and record["key"]["mpi"]
+    assert not [w for w in recwarn if "calibrat" in str(w.message)]
+    stamp = saved[0].stat().st_mtime_ns
+    second = comm.Dup()
+    assert calibration.agreed_model(second).alpha == model.alpha  # loaded
+    assert saved[0].stat().st_mtime_ns == stamp
+    comm.Barrier()
+    if comm.rank == 0:  # as if measured under another MPI library
+        saved[0].write_text(
+            json.dumps({**record, "key": {**record["key"], "mpi": "x"}})
+        )
+    comm.Barrier()
+    third = comm.Dup()
+    again = calibration.agreed_model(third)
+    assert again.source == str(saved[0])
+    assert json.loads(saved[0].read_text())["key"] == record["key"]  # measured anew
+    for c in (first, second, third):
+        c.Free()

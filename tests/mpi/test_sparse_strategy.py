@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from jax.flatten_util import ravel_pytree
 
-from research.checkpoint.callback import CheckpointCallback
 from research.checkpoint.config import CheckpointConfig
 from research.train import step as steps
+from research.train.checkpointing import CheckpointCallback
 from research.train.config import TrainConfig
 from research.train.loop import Trainer
 

@@ -95,10 +95,10 @@ def test_solo_restart_applies_every_gradient_exactly_once(world, tmp_path_factor
     is held up each step, so solo rounds run without it and it carries
     gradients: the checkpoint must be taken after a drain, or they are lost.
     """
-    from research.checkpoint.callback import CheckpointCallback
     from research.checkpoint.config import CheckpointConfig
     from research.imbalance import parse_imbalance
     from research.train import step as steps
+    from research.train.checkpointing import CheckpointCallback
 
     if world.size < 2:
         pytest.skip("needs two ranks")
@@ -122,7 +122,7 @@ def test_solo_restart_applies_every_gradient_exactly_once(world, tmp_path_factor
             steps=total,
             eval_every=0,
             strategy="solo",
-            strategy_options={"sync_every": None},
+            strategy_options={"full_every": None},
             schedule="constant",
             warmup_steps=0,
             momentum=0.0,

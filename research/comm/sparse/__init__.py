@@ -38,8 +38,9 @@ element, c = ib + vb bytes per pair, k entries per rank, d = dim, P ranks):
 * ``auto`` allgathers every rank's nnz (it does so anyway to check that all ranks
   agree on dim, dtype, bits and algorithm), walks each algorithm through the cost
   model with expected union sizes (``cost``) and takes the cheapest; the model's
-  parameters are measured by ``calibrate`` and broadcast from rank 0, so every
-  rank picks the same algorithm.
+  parameters are measured on first use (``calibrate``: briefly, cached per
+  machine, MPI and rank count) and broadcast from rank 0, so every rank picks
+  the same algorithm.
 
 Quantization (``bits=2|4|8``, see ``quant``): each rank stochastically quantizes
 its own values once (buckets of 512, QSGD-style, unbiased); the result is the sum
@@ -74,12 +75,11 @@ from research.comm.sparse.algorithms import (
     isparse_allreduce,
     sparse_allreduce,
 )
+from research.comm.sparse.calibration import calibrate, load_model
 from research.comm.sparse.cost import (
     DEFAULTS,
     CostModel,
-    calibrate,
     choose,
-    load_model,
     predicted_bytes,
     predicted_time,
 )

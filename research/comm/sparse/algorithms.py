@@ -19,7 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 from research.comm.progress import get_progress, wait_all
-from research.comm.sparse import cost, wire
+from research.comm.sparse import calibration, cost, wire
 from research.comm.sparse.quant import QuantizedValues, dequantize, quantize
 from research.comm.sparse.vector import (
     SparseVector,
@@ -301,7 +301,7 @@ def _run(c: _Call, vec, q, algorithm: str, bits) -> tuple[SparseVector, SparseSt
     start = time.perf_counter()
     counts = _agree(c, vec, algorithm, bits)
     if algorithm == "auto":
-        model = cost.agreed_model(c.comm)
+        model = calibration.agreed_model(c.comm)
         algorithm = cost.choose(
             model, counts.tolist(), vec.dim, vec.index_bytes, vec.values.itemsize, bits
         )

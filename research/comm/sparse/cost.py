@@ -18,24 +18,16 @@ the code. ``predicted_bytes`` gives the mean bytes sent per rank, counted the wa
 ``SparseStats.bytes_sent`` counts them, and ``predicted_time`` the slowest rank's
 time. Inputs that are not uniform (clustered indices) fill less than predicted.
 
-Calibration: ``python -m scripts.calibrate_sparse`` under mpiexec (a few seconds)
-writes ``$RESEARCH_SPARSE_COST`` or ``~/.cache/research/sparse_cost_<P>.json``.
-Without such a file ``auto`` uses ``DEFAULTS`` (a 10 Gb/s-class network link
-and a slow CPU, which lean towards the sparse algorithms) and warns once. Rank 0
-loads the file and broadcasts it, so every rank decides with the same numbers.
+Calibration (:mod:`research.comm.sparse.calibration`): measured on first use,
+cached per machine, MPI library and rank count, and broadcast from rank 0, so
+every rank decides with the same numbers; ``DEFAULTS`` where it cannot be.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
-import threading
-import time
-import warnings
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
@@ -55,18 +47,23 @@ class CostModel:
     delta: float
     ar_alpha: float
     ar_beta: float
-    copy: float = 2e-10  # 5 GB/s; calibration files older than this field lack it
+    copy: float = 5.8e-11  # DEFAULTS'; calibration files older than this field lack it
     source: str = "defaults"
 
 
+#: Used where no calibration can be had (see ``calibration.py``): measured
+#: 2026-11-26 on this project's 2-core machine, 4 ranks of the mpich wheel over
+#: shared memory (``scripts.calibrate_sparse``, 9 repetitions, nothing else
+#: running), rounded.
 DEFAULTS = CostModel(
-    alpha=5e-6,
-    beta=8e-10,
-    gamma=2e-8,
-    delta=2e-9,
-    ar_alpha=2e-5,
-    ar_beta=2e-9,
-    copy=2e-10,
+    alpha=1.4e-5,
+    beta=2.5e-10,
+    gamma=2.7e-8,
+    delta=1.6e-8,
+    ar_alpha=2.2e-5,
+    ar_beta=1.1e-9,
+    copy=5.8e-11,
+    source="defaults (measured 2026-11-26, 4 ranks, shared memory)",
 )
 
 
@@ -278,169 +275,3 @@ def choose(
         for a in ALGORITHMS
     ]
     return ALGORITHMS[int(np.argmin(times))]
-
-
-_ENV = "RESEARCH_SPARSE_COST"
-
-
-def default_path(size: int) -> Path:
-    """``$RESEARCH_SPARSE_COST``, else ``~/.cache/research/sparse_cost_<size>.json``."""
-    env = os.environ.get(_ENV)
-    if env:
-        return Path(env)
-    return Path.home() / ".cache" / "research" / f"sparse_cost_{size}.json"
-
-
-_warned = False
-
-
-def load_model(size: int, path: str | os.PathLike | None = None) -> CostModel:
-    """The calibrated model for ``size`` ranks, or ``DEFAULTS`` (warns once)."""
-    global _warned
-    p = Path(path) if path is not None else default_path(size)
-    if p.exists():
-        data = json.loads(p.read_text())
-        fields = {f.name for f in dataclasses.fields(CostModel)} - {"source"}
-        known = {k: float(data[k]) for k in fields if k in data}
-        return CostModel(**known, source=str(p))
-    if not _warned:
-        _warned = True
-        warnings.warn(
-            f"sparse_allreduce(auto): no calibration at {p}; using conservative "
-            "defaults (run `mpiexec -n P python -m scripts.calibrate_sparse`)",
-            stacklevel=3,
-        )
-    return DEFAULTS
-
-
-def ensure_calibrated(comm, say=None) -> Path:
-    """Calibrate for ``comm``'s size unless a calibration exists (collective).
-
-    Rank 0 looks for :func:`default_path`; where there is none, every rank of
-    ``comm`` calibrates (a few seconds) and rank 0 saves it, saying so through
-    ``say`` (a print-like function, None: silent). Returns the path.
-    """
-    path = default_path(comm.Get_size())
-    missing = comm.bcast(not path.exists() if comm.Get_rank() == 0 else None)
-    if missing:
-        if say is not None and comm.Get_rank() == 0:
-            say(
-                f"sparse cost model: no calibration for {comm.Get_size()} ranks at "
-                f"{path}; calibrating now (a few seconds)"
-            )
-        calibrate(comm, path)
-    return path
-
-
-_agreed: dict[tuple[int, int], CostModel] = {}
-_agreed_lock = threading.Lock()
-
-
-def agreed_model(comm) -> CostModel:
-    """Rank 0's model, broadcast once per communicator (collective on first use)."""
-    key = (comm.py2f(), comm.Get_size())
-    with _agreed_lock:
-        if key not in _agreed:
-            model = load_model(comm.Get_size()) if comm.Get_rank() == 0 else None
-            _agreed[key] = comm.bcast(model, root=0)
-        return _agreed[key]
-
-
-def _fit(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, float]:
-    # Latency from the smallest message; per-byte cost from a least-squares
-    # slope through it (an unconstrained intercept is mostly noise).
-    alpha = max(float(times[0]), 1e-7)
-    x = np.asarray(sizes, float) - sizes[0]
-    y = np.asarray(times, float) - times[0]
-    return alpha, max(float(x @ y / (x @ x)), 1e-13)
-
-
-def _best_time(fn, reps: int, sync=None) -> float:
-    """The fastest of ``reps`` timed calls. Not the median: on a shared machine
-    noise only ever adds time (a partner not yet scheduled made a 64-byte
-    exchange's median 1.3 ms here under load, 29 us in a calmer calibration), and
-    the model must rank algorithms by what the link and the CPU can do."""
-    fn()  # warm-up: first-touch pages, connections
-    ts = []
-    for _ in range(reps):
-        if sync is not None:
-            sync()  # start together, outside the timed region
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return float(np.min(ts))
-
-
-def calibrate(
-    comm, path: str | os.PathLike | None = None, *, reps: int = 9, save: bool = True
-) -> CostModel:
-    """Measure the model's parameters on ``comm`` (collective, a few seconds).
-
-    Every rank measures; the slowest rank's figure of each parameter is kept
-    (bulk-synchronous collectives wait for it), so all ranks return the same
-    model. Rank 0 writes it to ``path`` (default ``default_path(size)``).
-    """
-    from mpi4py import MPI
-
-    from research.comm.sparse.vector import SparseVector, merge
-
-    rank, size = comm.Get_rank(), comm.Get_size()
-    rng = np.random.default_rng(rank)
-    partner = rank ^ 1
-    sizes = [64, 2**14, 2**18, 2**21, 2**23]
-    p2p = []
-    for nbytes in sizes:
-        buf, out = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
-
-        def exchange(buf=buf, out=out):
-            if partner < size:
-                comm.Sendrecv(buf, partner, 7, out, partner, 7)
-
-        p2p.append(_best_time(exchange, reps, comm.Barrier) if size > 1 else 0.0)
-    # Up to 64 MB: per byte, large allreduces cost more than small ones here
-    # (a 102 MB one took 3x what a line through 16 MB predicted).
-    ar_sizes = [2, 2**16, 2**20, 2**22, 2**24]
-    ar = []
-    for n in ar_sizes:
-        x = np.ones(n, np.float32)
-
-        def allreduce(x=x):
-            comm.Allreduce(MPI.IN_PLACE, x, MPI.SUM)
-
-        ar.append(_best_time(allreduce, reps, comm.Barrier))
-    # Float32 and sorted indices, as gradients arrive; the scatter at 1/8
-    # density, where the choice between dense and split algorithms is made
-    # (sparser scatters touch a cache line per element and cost more each).
-    dim, n = 2**22, 2**17
-
-    def sparse(k: int) -> SparseVector:
-        idx = np.sort(rng.choice(dim, k, replace=False))
-        return SparseVector(idx, rng.random(k, dtype=np.float32), dim)
-
-    a, b = sparse(n), sparse(n)
-    gamma = _best_time(lambda: merge(a, b), reps) / (2 * n)
-    acc, c = np.zeros(dim, np.float32), sparse(dim // 8)
-
-    def scatter_add():
-        acc[c._indices] += c.values
-
-    delta = _best_time(scatter_add, reps) / c.nnz
-    big = np.ones(2**23, np.uint8)
-    copy = _best_time(lambda: np.concatenate([big, big]), reps) / (2 * big.nbytes)
-    alpha, beta = _fit(sizes, p2p) if size > 1 else (DEFAULTS.alpha, DEFAULTS.beta)
-    ar_alpha, ar_beta = _fit([4 * n for n in ar_sizes], ar)
-    mine = np.array([alpha, beta, gamma, delta, ar_alpha, ar_beta, copy])
-    comm.Allreduce(MPI.IN_PLACE, mine, MPI.MAX)
-    p = Path(path) if path is not None else default_path(size)
-    model = CostModel(*(float(v) for v in mine), source=str(p))
-    if save and rank == 0:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        record = dataclasses.asdict(model) | {
-            "size": size,
-            "measured": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        }
-        tmp = p.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, indent=2))
-        tmp.replace(p)
-    comm.Barrier()
-    return model

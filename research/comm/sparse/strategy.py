@@ -45,15 +45,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from research.comm.base import Averager, CommInfo
 from research.comm.link import Link
-from research.comm.registry import register_averager
+from research.comm.registry import Range, register_averager
 from research.comm.sparse.algorithms import ALGORITHMS, sparse_allreduce
-from research.comm.sparse.cost import CostModel, agreed_model, choose
+from research.comm.sparse.calibration import agreed_model
+from research.comm.sparse.cost import CostModel, choose
 from research.comm.sparse.vector import SparseVector
 from research.comm.world import as_world
 from research.trace import get_tracer
@@ -102,13 +103,18 @@ class SparseAverager(Averager):
 
     executor = "sparse"
     name = "sparse"
+    option_ranges = {
+        "density": Range(gt=0, le=1),
+        "warmup_steps": Range(ge=0),
+        "seed": Range(ge=0),
+    }
 
     @classmethod
     def averaging(cls, world: Any, **options: Any) -> Any:
         """``research.averaging("sparse", ...)``: one-pass top-k with error
         feedback from the first call (:class:`~research.comm.sparse.topk.
         TopKAllreduce`), the residual kept inside."""
-        from research.api import TopK
+        from research.comm.calling import TopK
         from research.comm.sparse.topk import TopKAllreduce
 
         if options.pop("warmup_steps", 0) or options.pop("select", "threshold") != (
@@ -128,12 +134,12 @@ class SparseAverager(Averager):
         world: Any,
         *,
         density: float = 0.01,
-        scope: str = "global",
-        bits: int = 0,
+        scope: Literal["global", "per-layer", "layer"] = "global",
+        bits: Literal[0, 2, 4, 8] = 0,
         warmup_steps: int = 0,
         error_feedback: bool = True,
-        algorithm: str = "auto",
-        select: str = "threshold",
+        algorithm: Literal["auto", "ssar_rd", "ssar_sag", "dsar_sag", "dense"] = "auto",
+        select: Literal["threshold", "exact"] = "threshold",
         seed: int = 0,
         link: str = "real",
     ) -> None:
@@ -165,6 +171,14 @@ class SparseAverager(Averager):
         self.seed = int(seed)
         self.link = Link.parse(link)
         self._picked: dict[tuple[int, int], str] = {}
+
+    def summary(self) -> dict[str, Any]:
+        """The cost model ``auto`` chose with, and where it came from (None:
+        no algorithm was chosen by the model)."""
+        from research.comm.sparse.calibration import cached_model, record
+
+        model = cached_model(self.comm)
+        return {"sparse_cost_model": None if model is None else record(model)}
 
     def k_for(self, n: int) -> int:
         """Entries sent out of ``n`` (at least 1, at most ``n``)."""

@@ -1,7 +1,7 @@
 """The training-loop hook: resume at start, checkpoint every N steps, finish at end.
 
     from research.checkpoint import CheckpointConfig
-    from research.checkpoint.callback import CheckpointCallback
+    from research.train.checkpointing import CheckpointCallback
 
     cb = CheckpointCallback(CheckpointConfig(saver="deepfreeze", every=10))
     Trainer(cfg, world, callbacks=[cb]).run()
@@ -14,12 +14,15 @@ run continues exactly like one that never stopped.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from research.checkpoint.base import Checkpointer
 from research.checkpoint.config import CheckpointConfig
-from research.train.loop import Callback, Trainer
-from research.train.periodic import itstime
+from research.periodic import itstime
+from research.train.callback import Callback
+
+if TYPE_CHECKING:
+    from research.train.loop import Trainer
 
 
 class CheckpointCallback(Callback):
@@ -58,6 +61,7 @@ class CheckpointCallback(Callback):
                 resume=config.resume,
                 final=True,
                 fast_dir=None if fast == "none" else fast,
+                options=dict(getattr(config, "checkpoint_options", {})),
             )
         )
 

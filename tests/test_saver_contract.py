@@ -1,0 +1,87 @@
+"""Every registered checkpoint saver through the same contract, under MPI.
+
+For each name ``list_savers()`` knows (a new saver is checked without being
+named here), with real processes (``tests/saver_contract_driver.py``): at 2
+and at 3 ranks, save steps 2 and 4 and restore step 4 bit for bit; start
+saving step 6 and SIGKILL every rank once the step's data is on disk but not
+committed; then, at the other world size (3 and 2), restore step 4 bit for bit,
+save step 6 over the crash's leftovers and restore it. All savers share each
+job, so the contract costs four launches whatever their number.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.test_mpi import run_under_mpiexec
+
+pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
+
+
+def results(proc) -> list[dict]:
+    """The driver's ``RESULT`` objects (mpiexec may join two ranks' lines)."""
+    dec, out, text = json.JSONDecoder(), [], proc.stdout
+    for m in re.finditer(r" \| RESULT ", text):
+        out.append(dec.raw_decode(text, m.end())[0])
+    return out
+
+
+def _output(proc) -> str:
+    return f"\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
+
+
+def run_contract(
+    root: Path, savers: list[str], np_: int, other: int, module: tuple = ()
+) -> None:
+    """Crash at ``np_`` ranks, resume at ``other``; fails with what went wrong.
+
+    ``module``: ``(name, folder)`` of an outside module that registers savers.
+    """
+    extra = ["--module", module[0], "--path", str(module[1])] if module else []
+    drive = ["-m", "tests.saver_contract_driver"]
+
+    crash = run_under_mpiexec(np_, [*drive, "crash", str(root), *savers, *extra])
+    got = results(crash)
+    where = _output(crash)
+    trips = [r for r in got if r["case"] == "roundtrip"]
+    assert len(trips) == np_ * len(savers), where
+    for r in trips:
+        assert r["step"] == 4 and r["identical"], (r, where)
+        assert r["extra"] == {"at": 4}, (r, where)
+    crashed = [r for r in got if r["case"] == "crash"]
+    assert len(crashed) == np_ and all(r["ready"] for r in crashed), where
+    for saver in savers:  # some rank wrote each saver's step 6 before the kill
+        assert any(r["written"][saver] for r in crashed), (saver, where)
+    # Killed by its own SIGKILL: mpiexec reports the signal, never success.
+    assert crash.returncode != 0, where
+    assert -crash.returncode == signal.SIGKILL or crash.returncode > 0, where
+    for saver in savers:  # step 6 is on disk and committed nowhere
+        assert any(p.is_dir() for p in (root / saver).rglob("6")), saver
+        for manifest in (root / saver).rglob("manifest.json"):
+            steps = sorted(map(int, json.loads(manifest.read_text())["steps"]))
+            assert 6 not in steps and 4 in steps, (saver, manifest, steps)
+
+    resume = run_under_mpiexec(other, [*drive, "resume", str(root), *savers, *extra])
+    where = (
+        f"\n--- stdout\n{resume.stdout[-3000:]}\n--- stderr\n{resume.stderr[-3000:]}"
+    )
+    assert resume.returncode == 0, where
+    done = [r for r in results(resume) if r["case"] == "resume"]
+    assert len(done) == other * len(savers), where
+    for r in done:
+        assert r["step"] == 4 and r["identical"], (r, where)
+        assert r["after"] == 6 and r["after_identical"], (r, where)
+
+
+@pytest.mark.parametrize(("np_", "other"), [(2, 3), (3, 2)])
+def test_every_saver_keeps_the_contract(tmp_path, np_, other):
+    from research.checkpoint.registry import list_savers
+
+    savers = list_savers()
+    assert "deepfreeze" in savers and len(savers) >= 4
+    run_contract(tmp_path, savers, np_, other)
