@@ -71,7 +71,7 @@ import jax.numpy as jnp
 import numpy as np
 from mpi4py import MPI
 
-from research.comm import choose, ring
+from research.comm import choose, ring, watchdog
 from research.comm.base import Averager, CommInfo
 from research.comm.chain import Chain
 from research.comm.fusion import DEFAULT_BUCKET_BYTES, FusionPlan, HostBuffers
@@ -213,6 +213,10 @@ class FusedAllreduce(Averager):
         """True when the sums go through :mod:`research.comm.ring`."""
         return self.allreduce_choice["ring"]
 
+    def path(self) -> str:
+        """Which allreduce runs inside the step, in words (for the watchdog)."""
+        return _path(self.allreduce_choice, "mpi4jax MPI_Allreduce") + " in jit"
+
     def adopt_allreduce(self, recorded: dict[str, Any] | None) -> None:
         """Take the path an interrupted run recorded (see
         :func:`research.comm.choose.adopt`); the same on every rank."""
@@ -243,18 +247,25 @@ class FusedAllreduce(Averager):
         return summed_mpi4jax, False
 
 
+def _path(choice: dict[str, Any], mpi: str) -> str:
+    if choice.get("pending"):
+        return "native=auto: timing ring and MPI"
+    return "ring allreduce" if choice.get("ring") else mpi
+
+
 def _settled(
     averager: Any, paths: dict[str, Any], plan: FusionPlan, name: str
 ) -> dict[str, Any]:
     """``native=auto``'s choice from timing ``paths`` (collective); rank 0 says
     the outcome in one line."""
-    choice = choose.settle(
-        averager.comm,
-        averager.allreduce_choice,
-        paths,
-        nbytes=plan.nbytes,
-        buffers=len(plan.buckets),
-    )
+    with watchdog.watch(f"{name}: native=auto timing"):
+        choice = choose.settle(
+            averager.comm,
+            averager.allreduce_choice,
+            paths,
+            nbytes=plan.nbytes,
+            buffers=len(plan.buckets),
+        )
     if averager.comm.Get_rank() == 0:
         print(f"research.comm: {name}: {choice['reason']}", file=sys.stderr, flush=True)
     return choice
@@ -344,7 +355,8 @@ class HostAllreduce(Averager):
             round=self._round,
         ) as span:
             t0 = time.perf_counter()
-            buffers, t1 = self._sum(grads, host, self._uses_ring())
+            with watchdog.watch("allreduce-host", detail=self.path()):
+                buffers, t1 = self._sum(grads, host, self._uses_ring())
             emulated = 0.0
             if self.link.emulated:
                 model = sum(self.link.allreduce(b.nbytes, self.size) for b in buffers)
@@ -375,6 +387,10 @@ class HostAllreduce(Averager):
 
     def _uses_ring(self) -> bool:
         return self.allreduce_choice["ring"]
+
+    def path(self) -> str:
+        """Which allreduce runs, in words (for the watchdog's messages)."""
+        return _path(self.allreduce_choice, "mpi4py Allreduce")
 
     def adopt_allreduce(self, recorded: dict[str, Any] | None) -> None:
         """As :meth:`FusedAllreduce.adopt_allreduce`."""
