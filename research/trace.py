@@ -53,6 +53,7 @@ TRACKS = {
     "checkpoint": 8,
     "checkpoint-bg": 9,
     "log": 10,
+    "restart": 11,  # a run relaunched after a failure (research.restart)
 }
 
 
