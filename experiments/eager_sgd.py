@@ -337,7 +337,7 @@ def sweep_driver(argv: list[str], cfg: Config) -> None:
     for size in cfg.sweep_ranks:
         job = [*argv, "--sweep-ranks", str(size), "--run-dir", str(root)]
         code = relaunch("experiments.eager_sgd", [*job, "--sweep-child"], size,
-                        cfg.train.threads)  # fmt: skip
+                        cfg.train.threads, cfg.hosts)  # fmt: skip
         if code != 0:
             raise SystemExit(code)
     summarise_sweep(root, cfg)
@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     if cfg.sweep and not launched_by_mpi():
         sweep_driver(argv, cfg)
         return None
-    maybe_relaunch("experiments.eager_sgd", argv, cfg.np, cfg.train.threads)
+    maybe_relaunch("experiments.eager_sgd", argv, cfg.np, cfg.train.threads, cfg.hosts)
     world, root = start_job(cfg.train.threads, cfg.train.run_dir, "eager_sgd")
     plot = _plot if cfg.plots else None
     try:

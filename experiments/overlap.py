@@ -93,6 +93,7 @@ from research.studies.overlap import (
     report,
     run_point,
 )
+from research.studies.presets import HOSTS_HELP
 from research.train.config import OUTPUT, flag
 
 PROG = "python -m experiments.overlap"
@@ -121,6 +122,7 @@ class Config:
     ranks: list[int] = flag(
         None, "default %(default)s", RUNS, factory=lambda: [1, 2, 4]
     )
+    hosts: str = flag("", HOSTS_HELP, RUNS, metavar="HOSTS")
     links: list[str] = flag(
         None,
         "real, auto (comm = host's compute) or a spec like 10gbps:2us; "
@@ -241,7 +243,7 @@ def main(argv: list[str] | None = None) -> str | None:
         return text
     for n in cfg.ranks:
         rest = [*argv, "--run-dir", str(root), "--point"]
-        code = relaunch("experiments.overlap", rest, n, cfg.threads)
+        code = relaunch("experiments.overlap", rest, n, cfg.threads, cfg.hosts)
         if code:
             raise SystemExit(code)
     text = report(root, cfg.models)

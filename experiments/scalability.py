@@ -86,6 +86,7 @@ from typing import Any
 
 from research.cli import override, parse_config
 from research.launch import relaunch
+from research.studies.presets import HOSTS_HELP
 from research.studies.scalability import MODELS, STRATEGIES, SWEEPS, jobs, plan
 from research.train.config import OUTPUT, flag
 
@@ -125,6 +126,7 @@ class Config:
     ranks: list[int] = flag(
         None, "default %(default)s", SC19, factory=lambda: [1, 2, 4]
     )
+    hosts: str = flag("", HOSTS_HELP, SC19, metavar="HOSTS")
     steps: int = flag(5, "steps per configuration; default %(default)s", SC19)
     warmup: int = flag(2, "first steps left out; default %(default)s", SC19)
     long_steps: int = flag(
@@ -266,7 +268,7 @@ def main(argv: list[str] | None = None) -> str | None:
             flush=True,
         )
         rest = [*argv, "--run-dir", str(root), "--threads", str(t), "--points", *ids]
-        code = relaunch("experiments.scalability", rest, n, t)
+        code = relaunch("experiments.scalability", rest, n, t, cfg.hosts)
         if code:
             raise SystemExit(code)
     text = report([root], root, cfg.plots)

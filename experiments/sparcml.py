@@ -198,7 +198,7 @@ def parse(argv: list[str]) -> Config:
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     argv = sys.argv[1:] if argv is None else argv
     cfg = parse(argv)  # bad flags end here, before paying for MPI start-up
-    maybe_relaunch("experiments.sparcml", argv, cfg.np, cfg.train.threads)
+    maybe_relaunch("experiments.sparcml", argv, cfg.np, cfg.train.threads, cfg.hosts)
     world, root = start_job(cfg.train.threads, cfg.train.run_dir, "sparcml")
     try:
         return run_experiment(cfg, root, world)

@@ -79,6 +79,7 @@ def with_restarts(cfg: Config, argv: list[str]) -> int:
         batch_size=train.batch_size,
         lr=train.lr,
         scale_lr=train.scale_lr,
+        hosts=cfg.hosts,
     )
 
 
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     cfg = parse(argv)
     if cfg.max_restarts and not launched_by_mpi() and cfg.np > 0:
         raise SystemExit(with_restarts(cfg, argv))
-    maybe_relaunch("experiments.train", argv, cfg.np, cfg.train.threads)
+    maybe_relaunch("experiments.train", argv, cfg.np, cfg.train.threads, cfg.hosts)
     set_threads(cfg.train.threads)
     from research.runner import run_training
 

@@ -234,11 +234,31 @@ def parse_config(
             train = dataclasses.replace(cfg.train, model=preset.train.model)
             cfg = dataclasses.replace(cfg, train=train_config(train))
         problem = cfg.problem() if hasattr(cfg, "problem") else None
+        problem = problem or hosts_problem(cfg)
     except ValueError as e:
         fail_usage(prog, str(e))
     if problem:
         fail_usage(prog, problem)
     return cfg
+
+
+def hosts_problem(cfg: Any) -> str | None:
+    """A one-line problem with ``--hosts`` for the rank counts ``cfg`` launches
+    (``np``, or each of ``ranks``), or None."""
+    hosts = getattr(cfg, "hosts", "")
+    if not hosts:
+        return None
+    from research.launch import UsageError, placement
+
+    counts = getattr(cfg, "ranks", None) or [getattr(cfg, "np", 1)]
+    for n in counts:
+        if n < 1:
+            return f"--hosts needs at least one rank, got {n}"
+        try:
+            placement(hosts, n)
+        except UsageError as e:
+            return str(e)
+    return None
 
 
 def override(cfg: Any, **values: Any) -> Any:

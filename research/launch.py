@@ -227,18 +227,80 @@ REAP_GRACE_S = 5.0
 told_to_stop: int | None = None
 
 
+def is_hydra(mpiexec: str) -> bool:
+    """Whether ``mpiexec`` is MPICH's Hydra (else Open MPI's mpirun is assumed)."""
+    try:
+        out = subprocess.run(
+            [mpiexec, "--version"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "HYDRA" in out.stdout + out.stderr
+
+
+def placement(hosts: str, np_: int) -> list[tuple[str, int]]:
+    """``--hosts`` as ``[(host, ranks)]`` (see :func:`research.localnet.parse_hosts`);
+    with fewer ranks than hosts, the first ``np_`` hosts (a scaling sweep's 1
+    and 2 ranks on 4 nodes). Raises UsageError on a bad list."""
+    from research.localnet import parse_hosts
+
+    names = [h for h in hosts.split(",") if h.strip()]
+    if names and ":" not in hosts and np_ < len(names):
+        hosts = ",".join(names[:np_])
+    try:
+        return parse_hosts(hosts, np_)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def launch_command(np_: int, hosts: str = "") -> tuple[list[str], dict[str, str]]:
+    """The launcher's command (up to the program) and extra environment.
+
+    Without ``hosts``: ``mpiexec -n np_`` on this machine. With ``hosts``
+    (``n1,n2`` or ``n1:2,n2:1``): the ranks in blocks over those hosts; where
+    they are nodes of a local cluster (``research/localnet.py``), mpiexec runs
+    on its first node with the nodes' launcher, else the MPI's own host list
+    (Hydra's ``-hosts``, Open MPI's ``--host``) over ssh.
+    """
+    mpiexec = mpiexec_path()
+    if not hosts:
+        return [mpiexec, "-n", str(np_)], {}
+    where = placement(hosts, np_)
+    from research.localnet import LocalnetError, find_cluster
+
+    try:
+        cluster = find_cluster([h for h, _ in where])
+    except LocalnetError as e:
+        raise UsageError(str(e)) from None
+    if cluster is not None:
+        try:
+            enter = cluster.enter(where[0][0])
+        except LocalnetError as e:
+            raise UsageError(str(e)) from None
+        if is_hydra(mpiexec):
+            args = cluster.mpiexec_args(where)
+        else:  # Open MPI's mpirun
+            args = cluster.openmpi_args(where)
+        return [*enter, mpiexec, *args, "-n", str(np_)], cluster.env()
+    spec = ",".join(f"{h}:{n}" for h, n in where)
+    if is_hydra(mpiexec):
+        return [mpiexec, "-hosts", spec, "-n", str(np_)], {}
+    return [mpiexec, "--host", spec, "-n", str(np_)], {}
+
+
 def relaunch(
     module: str,
     argv: list[str],
     np_: int,
     threads: int = 1,
+    hosts: str = "",
     *,
     env_extra: dict[str, str] | None = None,
-    mpiexec_args: list[str] | None = None,
     run_dir: str | os.PathLike | None = None,
 ) -> int:
     """Run ``python -m module argv`` under ``mpiexec -n np_`` and return its exit code.
 
+    ``hosts``: run the ranks on those hosts (:func:`launch_command`).
     Rank output streams straight through. Ctrl-C stops the whole job. SIGTERM
     and SIGUSR1 are forwarded to mpiexec (the ranks stop cleanly and exit
     ``128 + signal``, which is returned); a signal sent to the whole process
@@ -251,16 +313,17 @@ def relaunch(
     (``research.comm.failures``) bounds the wait: an mpiexec that has not
     returned :data:`ABORTED_JOB_S` seconds after it (its own node frozen, a
     proxy that cannot be reached) is killed. ``env_extra`` is added to the
-    job's environment; ``mpiexec_args`` go before ``-n`` (hosts, a launcher).
+    job's environment.
     """
     global told_to_stop
     env = launch_env(dict(os.environ))  # huge pages for malloc (research.malloc)
     env.update(thread_env(threads))
     env.setdefault("PYTHONUNBUFFERED", "1")
+    launcher, extra_env = launch_command(np_, hosts)
+    env.update(extra_env)
     env.update(env_extra or {})
     env[JOB_ENV] = tag = uuid.uuid4().hex
-    cmd = [mpiexec_path(), *(mpiexec_args or []), "-n", str(np_)]
-    cmd += [sys.executable, "-m", module, *argv]
+    cmd = [*launcher, sys.executable, "-m", module, *argv]
     remove_orphaned_shm()  # a killed earlier job's MPICH segments
     proc = subprocess.Popen(cmd, env=env, preexec_fn=lifeline.lifeline_preexec())
     previous = {}
@@ -361,12 +424,14 @@ def reap_job(tag: str, grace: float = REAP_GRACE_S) -> list[tuple[int, str]]:
     return left
 
 
-def maybe_relaunch(module: str, argv: list[str], np_: int, threads: int = 1) -> None:
+def maybe_relaunch(
+    module: str, argv: list[str], np_: int, threads: int = 1, hosts: str = ""
+) -> None:
     """Relaunch under mpiexec unless already launched by MPI; exits when it does."""
     if launched_by_mpi() or np_ <= 0:
         return
     try:
-        code = relaunch(module, argv, np_, threads)
+        code = relaunch(module, argv, np_, threads, hosts)
     except UsageError as e:
         print(f"{module}: error: {e}", file=sys.stderr)
         code = USAGE_EXIT

@@ -42,7 +42,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,27 +95,66 @@ def resized(
     }
 
 
-def answering(
-    hosts: Sequence[str], probe: Callable[[str], list[str]], timeout: float
-) -> list[str]:
-    """The hosts that run ``probe(host)`` (a command) with exit 0 in time."""
+def answering(hosts: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> list[str]:
+    """The hosts that mpiexec still reaches: from the first host that can run
+    mpiexec, a one-rank job on each other host (its proxy connects back over
+    the network, as a job's would) that must end within ``timeout``. A host
+    whose own mpiexec cannot start (a local node that is gone) is not one."""
+    from research.launch import launch_command
+
+    for base in hosts:
+        alone = _probe([f"{base}:1"], timeout)
+        if alone:
+            break
+    else:
+        return []
     procs = {}
     for host in hosts:
-        procs[host] = subprocess.Popen(
-            probe(host), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-    end = time.monotonic() + timeout
-    alive = []
-    for host, proc in procs.items():
-        try:
-            code = proc.wait(max(0.1, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if host == base:
             continue
-        if code == 0:
+        try:
+            cmd, env = launch_command(2, f"{base}:1,{host}:1")
+        except Exception:  # noqa: BLE001 - a host that cannot be named is gone
+            continue
+        procs[host] = subprocess.Popen(
+            [*cmd, "true"],
+            env={**os.environ, **env},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    alive = [base]
+    end = time.monotonic() + timeout
+    for host, proc in procs.items():
+        if _ended_well(proc, end):
             alive.append(host)
-    return alive
+    return [h for h in hosts if h in alive]
+
+
+def _probe(spec: list[str], timeout: float) -> bool:
+    from research.launch import launch_command
+
+    try:
+        cmd, env = launch_command(len(spec), ",".join(spec))
+    except Exception:  # noqa: BLE001 - a node that is gone
+        return False
+    proc = subprocess.Popen(
+        [*cmd, "true"],
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    return _ended_well(proc, time.monotonic() + timeout)
+
+
+def _ended_well(proc: subprocess.Popen, end: float) -> bool:
+    try:
+        return proc.wait(max(0.1, end - time.monotonic())) == 0
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)  # its own session: mpiexec and what it started
+        proc.wait()
+        return False
 
 
 def cause_of(run_dir: str | os.PathLike, attempt: int, code: int) -> dict[str, Any]:
@@ -150,39 +189,27 @@ def run(
     batch_size: int,
     lr: float,
     scale_lr: bool = False,
-    hosts: Sequence[str] | None = None,
-    mpiexec_args: Callable[[list[str]], list[str]] | None = None,
-    probe: Callable[[str], list[str]] | None = None,
+    hosts: str = "",
 ) -> int:
     """Run the job, restarting it up to ``max_restarts`` times (module
     docstring); returns the exit code of the last attempt.
 
     Args:
-      module, argv, np_, threads: as for :func:`research.launch.relaunch`.
+      module, argv, np_, threads, hosts: as for :func:`research.launch.relaunch`.
       run_dir: the run folder every attempt uses (absolute).
       batch_size, lr, scale_lr: the first attempt's, for rule 3.
-      hosts: the nodes (None: this machine alone).
-      mpiexec_args: the mpiexec arguments that place the job on some hosts.
-      probe: the command that runs ``true`` on a host.
     """
     from research import launch
 
-    hosts = list(hosts or [])
-    per_node = np_ // len(hosts) if hosts else np_
+    where = launch.placement(hosts, np_) if hosts else []
     argv = [*argv, "--run-dir", run_dir]
     extra: list[str] = []
     attempt = 0
     while True:
+        spec = ",".join(f"{h}:{n}" for h, n in where)
         env = {failures.ATTEMPT_ENV: str(attempt)}
-        margs = mpiexec_args(hosts) if hosts and mpiexec_args else None
         code = relaunch(
-            module,
-            argv + extra,
-            np_,
-            threads,
-            env_extra=env,
-            mpiexec_args=margs,
-            run_dir=run_dir,
+            module, argv + extra, np_, threads, spec, env_extra=env, run_dir=run_dir
         )
         ended_at = time.time()
         if code in NORMAL_EXITS or launch.told_to_stop is not None:
@@ -191,14 +218,15 @@ def run(
             if max_restarts:
                 _say(f"the job failed again (exit {code}); no restarts left")
             return code
-        new_np, lost = np_, []
-        if hosts:
-            alive = answering(hosts, probe, PROBE_TIMEOUT_S) if probe else hosts
-            lost = [h for h in hosts if h not in alive]
-            if not alive:
+        lost: list[str] = []
+        if where:
+            alive = answering([h for h, _ in where])
+            lost = [h for h, _ in where if h not in alive]
+            where = [(h, n) for h, n in where if h in alive]
+            if not where:
                 _say("no host answers; giving up")
                 return code
-            hosts, new_np = alive, per_node * len(alive)
+        new_np = sum(n for _, n in where) if where else np_
         extra = (
             after_failure(
                 run_dir,
@@ -221,7 +249,7 @@ def run(
         _say(
             f"attempt {attempt} ended ({message}); lost nodes: "
             f"{', '.join(lost) or 'none'}; restarting on {new_np} ranks"
-            + (f" ({', '.join(hosts)})" if hosts else "")
+            + (f" ({', '.join(h for h, _ in where)})" if where else "")
             + f" ({attempt + 1} of {max_restarts})"
         )
         np_ = new_np

@@ -6,15 +6,19 @@ interleaved repetitions (median of the slowest rank per repetition):
 * ``mpi4py-flat`` (the baseline): one ``Allreduce(IN_PLACE)`` of a flat numpy
   buffer as large as the whole gradient (25.6M float32, 102 MB);
 * ``fused``: ``FusedAllreduce.average_in_jit`` inside ``jit`` as a user gets
-  it (``native=auto``: the ring or MPI's own, whichever its first call timed
-  faster, ``research/comm/choose.py``);
-* ``fused-ring``: the same forced onto the ring allreduce (``native=True``,
+  it (``allreduce=auto``: the ring, MPI's own or, across nodes, the
+  hierarchical one, whichever its first call timed fastest,
+  ``research/comm/choose.py``);
+* ``fused-ring``: the same forced onto the ring allreduce (``allreduce=ring``,
   ``research/comm/ring.py``);
-* ``fused-mpi4jax``: the same with mpi4jax's allreduce (``native=False``: the
+* ``fused-mpi4jax``: the same with mpi4jax's allreduce (``allreduce=mpi``: the
   copy MPICH makes of every input, the divide as a pass of its own);
-* ``host``, ``host-ring``, ``host-mpi``: ``HostAllreduce.reduce`` (numpy
-  buckets) with ``native=auto``, the ring, and mpi4py's ``Allreduce``;
-* ``fused-again``, ``host-again``: a second ``native=auto`` averager of each:
+* ``fused-hierarchical`` (ranks on several nodes only): reduce in the node,
+  allreduce among node leaders, broadcast (``research/comm/hierarchical.py``);
+* ``host``, ``host-ring``, ``host-mpi``, ``host-hierarchical``:
+  ``HostAllreduce.reduce`` (numpy buckets) with ``allreduce=auto``, the ring,
+  mpi4py's ``Allreduce`` and the hierarchical one;
+* ``fused-again``, ``host-again``: a second ``allreduce=auto`` averager of each:
   how far two identical ones differ is the noise ``auto`` is judged against;
 * ``mpi4py-per-leaf-sum``: one ``Allreduce(IN_PLACE)`` per leaf on warm numpy
   buffers, a sum without the mean (a second reference: MPICH's own algorithm
@@ -36,8 +40,10 @@ without sequencing. ``--unpinned`` leaves XLA's thread pools at their defaults;
 that every rank of ours keeps (``research/malloc.py``).
 
 Run ``python -m scripts.bench_allreduce`` (it starts itself under mpiexec with 2,
-then 4 ranks) or ``mpiexec -n 2 python -m scripts.bench_allreduce``. XLA is
-pinned to one thread per rank.
+then 4 ranks) or ``mpiexec -n 2 python -m scripts.bench_allreduce``; with
+``--hosts n1,n2`` the ranks run on those hosts in blocks (e.g. the nodes of
+``scripts/cluster/localnet.sh up 2``: 4 ranks are 2 nodes x 2). XLA is pinned
+to one thread per rank.
 """
 
 from __future__ import annotations
@@ -112,6 +118,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--synthetic",
         action="store_true",
         help="use the built-in ResNet-50 shapes even if models/ exists",
+    )
+    p.add_argument(
+        "--hosts",
+        default="",
+        help="run the ranks on these hosts in blocks (n1,n2 or n1:2,n2:2), e.g. "
+        "the nodes of scripts/cluster/localnet.sh",
     )
     p.add_argument("--json", metavar="PATH", help="save all numbers as JSON here")
     return p.parse_args(argv)
@@ -208,11 +220,11 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
 
     flat = np.ones(n, np.float32)
     fused = FusedAllreduce(world, **opts)
-    fused_ring = jax.jit(FusedAllreduce(world, native=True, **opts).average_in_jit)
-    fused_copy = jax.jit(FusedAllreduce(world, native=False, **opts).average_in_jit)
+    fused_ring = jax.jit(FusedAllreduce(world, allreduce="ring", **opts).average_in_jit)
+    fused_copy = jax.jit(FusedAllreduce(world, allreduce="mpi", **opts).average_in_jit)
     host = HostAllreduce(world, **opts)
-    host_ring = HostAllreduce(world, native=True, **opts)
-    host_mpi = HostAllreduce(world, native=False, **opts)
+    host_ring = HostAllreduce(world, allreduce="ring", **opts)
+    host_mpi = HostAllreduce(world, allreduce="mpi", **opts)
     fused_again = jax.jit(FusedAllreduce(world, **opts).average_in_jit)
     host_again = HostAllreduce(world, **opts)
     leaf_comm = world.dup("bench-per-leaf")
@@ -242,6 +254,13 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
         "host-again": lambda: host_again.reduce(tree),
         "mpi4jax-per-leaf": lambda: jax.block_until_ready(per_leaf_jit(tree)),
     }
+    if world.nodes > 1:  # one node: the hierarchical path is MPI's reduce + bcast
+        fused_hier = jax.jit(
+            FusedAllreduce(world, allreduce="hierarchical", **opts).average_in_jit
+        )
+        host_hier = HostAllreduce(world, allreduce="hierarchical", **opts)
+        variants["fused-hierarchical"] = lambda: jax.block_until_ready(fused_hier(tree))
+        variants["host-hierarchical"] = lambda: host_hier.reduce(tree)
     if args.diagnose:
         x = jnp.ones(n, jnp.float32)
         one_jit = jax.jit(lambda v: mpi4jax.allreduce(v, op=MPI.SUM, comm=leaf_comm))
@@ -309,6 +328,7 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
         row["ratio"] = row["median_s"] / base
     return {
         "ranks": size,
+        "nodes": world.topology.record(),
         "params": int(n),
         "bytes": int(n * 4),
         "tree": source,
@@ -320,7 +340,7 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
         "malloc": malloc_state(),
         "loadavg_1min": os.getloadavg()[0],
-        # what native=auto measured on its first call and kept
+        # what allreduce=auto measured on its first call and kept
         "auto": {
             "fused": fused.allreduce_choice,
             "host": host.allreduce_choice,
@@ -331,8 +351,14 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
 
 
 def format_table(result: dict) -> str:
+    nodes = result.get("nodes") or {}
+    where = (
+        f" on {nodes['nodes']} nodes ({'+'.join(map(str, nodes['ranks_per_node']))})"
+        if nodes.get("nodes", 1) > 1
+        else ""
+    )
     lines = [
-        f"ranks={result['ranks']}  {result['params']:,} float32 params "
+        f"ranks={result['ranks']}{where}  {result['params']:,} float32 params "
         f"({result['bytes'] / 1e6:.1f} MB, {result['leaves']} leaves, "
         f"{result['tree']}); "
         f"fused {result['fused_buckets']} buckets, host {result['host_buckets']}; "
@@ -353,17 +379,26 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-#: native=auto's forced alternatives in the table, per strategy.
-AUTO_PAIRS = {
-    "fused": ("fused-ring", "fused-mpi4jax"),
-    "host": ("host-ring", "host-mpi"),
+#: allreduce=auto's forced alternatives in the table, per strategy and path.
+AUTO_PATHS = {
+    "fused": {
+        "ring": "fused-ring",
+        "mpi": "fused-mpi4jax",
+        "hierarchical": "fused-hierarchical",
+    },
+    "host": {
+        "ring": "host-ring",
+        "mpi": "host-mpi",
+        "hierarchical": "host-hierarchical",
+    },
 }
 
 
 def auto_lines(result: dict) -> list[str]:
-    """What ``native=auto`` chose, and its time against the faster forced path.
+    """What ``allreduce=auto`` chose, and its time against the fastest forced
+    path.
 
-    Within noise: auto's median exceeds the faster forced path's by no more
+    Within noise: auto's median exceeds the fastest forced path's by no more
     than the noise measured in the same run: how far the second, identical
     auto averager (``NAME-again``) differs from the first, or the rows'
     spreads (interquartile range over repetitions, relative to the median),
@@ -371,21 +406,24 @@ def auto_lines(result: dict) -> list[str]:
     """
     out = []
     rows = result["variants"]
-    for name, (ring_row, mpi_row) in AUTO_PAIRS.items():
+    for name, forced in AUTO_PATHS.items():
         choice = result.get("auto", {}).get(name) or {}
-        if name not in rows or ring_row not in rows or mpi_row not in rows:
+        forced_rows = [r for r in forced.values() if r in rows]
+        if name not in rows or len(forced_rows) < 2:
             continue
-        best_name = min((ring_row, mpi_row), key=lambda r: rows[r]["median_s"])
+        best_name = min(forced_rows, key=lambda r: rows[r]["median_s"])
         best = rows[best_name]
         ratio = rows[name]["median_s"] / best["median_s"]
         again = rows.get(f"{name}-again", rows[name])["median_s"]
         twins = abs(again - rows[name]["median_s"]) / min(again, rows[name]["median_s"])
         noise = max(0.02, twins, rows[name].get("iqr_rel", 0), best.get("iqr_rel", 0))
         m = choice.get("measured")
-        chose = "ring" if choice.get("ring") else "MPI"
+        chose = choice.get("path") or ("ring" if choice.get("ring") else "mpi")
         first = (
-            f"first call: ring {m['ring_s'] * 1e3:.1f} ms, MPI "
-            f"{m['mpi_s'] * 1e3:.1f} ms"
+            "first call: "
+            + ", ".join(
+                f"{p} {m[f'{p}_s'] * 1e3:.1f} ms" for p in forced if f"{p}_s" in m
+            )
             if m
             else choice.get("reason", "not measured")
         )
@@ -440,15 +478,20 @@ def relaunch(args: argparse.Namespace, argv: list[str]) -> list[dict]:
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(ROOT), env.get("PYTHONPATH")])
     )
-    forward = _drop_values(argv, ("--json", "--ranks"))
+    forward = _drop_values(argv, ("--json", "--ranks", "--hosts"))
     results = []
+    from research.launch import launch_command
+
     with tempfile.TemporaryDirectory() as tmp:
         for np_ in (int(r) for r in args.ranks.split(",")):
             out = Path(tmp) / f"np{np_}.json"
+            launcher, extra = (
+                launch_command(np_, args.hosts)
+                if args.hosts
+                else ([mpiexec, "-n", str(np_)], {})
+            )
             cmd = [
-                mpiexec,
-                "-n",
-                str(np_),
+                *launcher,
                 sys.executable,
                 "-m",
                 "scripts.bench_allreduce",
@@ -456,7 +499,7 @@ def relaunch(args: argparse.Namespace, argv: list[str]) -> list[dict]:
                 "--json",
                 str(out),
             ]
-            proc = subprocess.run(cmd, cwd=ROOT, env=env)
+            proc = subprocess.run(cmd, cwd=ROOT, env={**env, **extra})
             if proc.returncode != 0:
                 raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}")
             results.append(json.loads(out.read_text()))

@@ -33,7 +33,9 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
-collect_ignore_glob = [] if os.environ.get("RESEARCH_UNDER_MPI") else ["mpi/*"]
+collect_ignore_glob = (
+    [] if os.environ.get("RESEARCH_UNDER_MPI") else ["mpi/*", "multinode/*"]
+)
 if not os.environ.get("RESEARCH_CLUSTER_TESTS"):  # `make test-cluster` runs them
     collect_ignore_glob.append("cluster/*")
 if not os.environ.get("RESEARCH_FAULT_TESTS"):  # `make test-faults` runs them

@@ -51,10 +51,11 @@ def test_one_quick_run(tmp_path, malloc):
     names = set(run["variants"])
     assert {"mpi4py-flat", "fused", "host", "fused-mpi4jax"} <= names
     assert {"fused-ring", "host-ring", "host-mpi", "fused-again", "host-again"} <= names
-    for name in ("fused", "host"):  # native=auto measured and chose
+    for name in ("fused", "host"):  # allreduce=auto measured and chose
         m = run["auto"][name]["measured"]
         assert m["ring_s"] > 0 and m["mpi_s"] > 0
         assert run["auto"][name]["ring"] == (m["ring_s"] <= m["mpi_s"])
+        assert "hierarchical_s" not in m  # one node: no candidate of its own
         assert f"auto: {name} chose " in proc.stdout
     assert all(v["median_s"] > 0 for v in run["variants"].values())
     assert run["variants"]["mpi4py-flat"]["ratio"] == 1.0

@@ -270,11 +270,15 @@ def test_options_parse_literals_and_lowercase_booleans():
         parse_options(["novalue"], "--x")
 
 
-def test_native_takes_true_false_or_auto():
+def test_allreduce_takes_a_path_or_auto_and_native_its_old_values():
     from research.comm.registry import check_options
 
-    for ok in (True, False, "auto"):
-        assert check_options("fused", {"native": ok}) is None
-        assert check_options("host", {"native": ok}) is None
+    for name in ("fused", "host"):
+        for ok in ("auto", "ring", "mpi", "hierarchical"):
+            assert check_options(name, {"allreduce": ok}) is None
+        for ok in (True, False, "auto"):  # the old spelling, one release
+            assert check_options(name, {"native": ok}) is None
+    problem = check_options("fused", {"allreduce": "fast"})
+    assert "allreduce='fast'" in problem and "'hierarchical'" in problem
     problem = check_options("fused", {"native": "fast"})
     assert "native='fast'" in problem and "'auto'" in problem

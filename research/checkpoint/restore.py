@@ -4,7 +4,9 @@ Collective. Rank 0 reads the manifests of every tier and broadcasts the
 candidate steps, newest first. For a candidate, shard ``i`` is read by rank
 ``i % size`` (its writer when the world size is unchanged, so a node reads
 its own fast tier), from the fast tier if there and sound, else from the
-persistent tier. A shard is sound when every file has its recorded size and
+persistent tier. The fast tier is node-local: a shard written on another node
+(the ranks now sit on other nodes, or its node was lost) is not there, and the
+persistent tier serves it. A shard is sound when every file has its recorded size and
 CRC-32, Orbax reads it, and every leaf has its recorded CRC-32. The ranks then
 agree (allgather): if any shard of the step failed everywhere, all ranks move
 on to the previous committed step, each problem reported with the file it
@@ -127,6 +129,10 @@ def _read_mine(
             if tier.name not in by_tier:
                 continue
             tshard = by_tier[tier.name]["shards"][i]
+            if tier.private and not (tier.root / tshard["path"]).exists():
+                # Node-local: the shard was written on another node (another
+                # layout of ranks on nodes, or a node since lost), not broken.
+                continue
             crcs = tshard.get("local_crc32") or {}
             local = [
                 {**u, "crc32": crcs.get(u["name"])}

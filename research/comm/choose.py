@@ -1,28 +1,38 @@
-"""Which allreduce a dense averager runs: the ring, MPI's own, or the faster one.
+"""Which allreduce a dense averager runs: the ring, MPI's own, hierarchical, or
+the fastest of them.
 
-The ``native`` option of the ``fused`` and ``host`` strategies:
+The ``allreduce`` option of the ``fused`` and ``host`` strategies:
 
-* ``"auto"`` (the default): where every rank can load the ring
-  (:func:`research.comm.ring.decide`), the first call times a whole average
-  of the real buckets both ways, as the averager would run it (inside ``jit``
-  for ``fused``: both programs compiled and run on zeros of the gradient's
-  shapes while the step is traced; on the gradient itself for ``host``). Each
-  runs twice untimed (compilation, page faults, and the second sizes the
-  count), then at least ``MIN_REPS`` times interleaved, more for small
-  gradients up to ``MAX_REPS`` or ``BUDGET_S``; the fastest call is kept per
-  rank. The ranks agree on the slowest rank's figures (one
-  ``MPI_Allreduce(MAX)``), and the faster path is kept for the rest of the
-  run. Both figures and the choice are recorded in the averager's
-  ``allreduce_choice`` (``config.json``, ``summary.json``);
-* ``True``: the ring wherever every rank can load it (else MPI's, with the
-  reason);
-* ``False``: MPI's own allreduce (``MPI_Allreduce`` through mpi4jax inside
-  ``jit``, mpi4py on the host path).
+* ``"auto"`` (the default): the candidates are MPI's own allreduce, the ring
+  (where every rank can load it, :func:`research.comm.ring.decide`) and the
+  hierarchical allreduce (where the ranks span more than one node and some node
+  holds more than one rank: elsewhere it is one of the other two). With more
+  than one candidate the first call times a whole average of the real buckets
+  each way, as the averager would run it (inside ``jit`` for ``fused``: each
+  program compiled and run on zeros of the gradient's shapes while the step is
+  traced; on the gradient itself for ``host``). Each runs once untimed
+  (compilation, page faults), once more to size the count, then at least
+  ``MIN_REPS`` times interleaved, more for small gradients up to ``MAX_REPS`` or
+  ``BUDGET_S``; the fastest call is kept per rank. The ranks agree on the
+  slowest rank's figures (one ``MPI_Allreduce(MAX)``) and the fastest path is
+  kept for the rest of the run. The figures and the choice are recorded in the
+  averager's ``allreduce_choice`` (``config.json``, ``summary.json``);
+* ``"ring"``: this project's segmented ring (:mod:`research.comm.ring`)
+  wherever every rank can load it (else MPI's, with the reason);
+* ``"mpi"``: MPI's own allreduce (``MPI_Allreduce`` through mpi4jax inside
+  ``jit``, mpi4py on the host path);
+* ``"hierarchical"``: reduce within each node (shared memory), allreduce among
+  one leader per node (the network), broadcast within the node
+  (:mod:`research.comm.hierarchical`).
+
+The spellings before ``allreduce`` (``native=true|false|auto``: the ring, MPI's,
+or the faster of the two) are accepted for one release, with a note.
 
 Why measure: on one machine the ring avoids MPICH's page-faulting temporaries
-and wins; on a cluster a flat ring of blocking ``Sendrecv`` usually loses to a
-vendor MPI's tuned or hierarchical allreduce. Which one wins depends on the MPI,
-the network, the rank count and the bucket sizes, all known only at run time.
+and wins; across nodes a flat ring sends every byte over the network 2(P-1)/P
+times while the hierarchical one sends the node's sum once; a vendor MPI's tuned
+allreduce may beat both. Which wins depends on the MPI, the network, the layout
+of ranks on nodes and the bucket sizes, all known only at run time.
 
 Every rank must take the same path, or one waits in ``MPI_Allreduce`` while
 another waits in the ring's ``Sendrecv``: the decision is collective (over the
@@ -40,50 +50,117 @@ import numpy as np
 
 from research.comm import ring
 
-#: Accepted values of ``native``.
-NATIVE_VALUES = (True, False, "auto")
+#: The allreduce paths a dense averager can take.
+PATHS = ("ring", "mpi", "hierarchical")
+#: Accepted values of ``allreduce``.
+ALLREDUCE_VALUES = ("auto", *PATHS)
+#: The former option's values and what they mean now.
+_NATIVE = {True: "ring", False: "mpi", "auto": "auto"}
 #: Timed calls per path (after one warm-up call each; the fastest is kept):
 #: at least MIN_REPS, and for fast calls as many as fit in BUDGET_S, at most
 #: MAX_REPS (a 0.3 ms allreduce varies by tens of percent from call to call).
 MIN_REPS, MAX_REPS, BUDGET_S = 3, 30, 0.05
+_LABEL = {"ring": "ring", "mpi": "MPI_Allreduce", "hierarchical": "hierarchical"}
 
 
-def check_native(native: Any) -> bool | str:
-    """``native`` if it is one of :data:`NATIVE_VALUES`, else a ValueError."""
+def check_allreduce(value: Any) -> str:
+    """``value`` as one of :data:`ALLREDUCE_VALUES`, else a ValueError."""
+    if isinstance(value, str) and value.lower() in ALLREDUCE_VALUES:
+        return value.lower()
+    raise ValueError(
+        f"allreduce must be one of {', '.join(ALLREDUCE_VALUES)}, got {value!r}"
+    )
+
+
+def from_native(native: Any) -> str:
+    """The ``allreduce`` value the former ``native`` option meant."""
+    if native in ("true", "false"):
+        native = native == "true"
     if native is True or native is False or native == "auto":
-        return native
+        return _NATIVE[native]
     raise ValueError(f"native must be true, false or 'auto', got {native!r}")
 
 
-def agree(comm: Any, native: bool | str) -> dict[str, Any]:
+def resolve(allreduce: Any, native: Any, owner: str) -> str:
+    """The ``allreduce`` value from the two spellings (``native`` is the old
+    one: accepted with a one-line note; both given is an error)."""
+    from research.comm.base import renamed
+
+    if native is None:
+        return check_allreduce(allreduce)
+    if allreduce != "auto":
+        raise ValueError(f"{owner}: give allreduce= only (native= is its old spelling)")
+    value = from_native(native)
+    renamed(f"{owner} native={native}", f"allreduce={value}")
+    return value
+
+
+def hierarchical_differs(topology: Any) -> bool:
+    """Whether the hierarchical allreduce is a path of its own for ``topology``:
+    more than one node, and some node with more than one rank."""
+    if topology is None:
+        return False
+    return topology.nodes > 1 and max(topology.node_sizes) > 1
+
+
+def agree(comm: Any, allreduce: str, topology: Any = None) -> dict[str, Any]:
     """The path every rank of ``comm`` takes, or ``pending`` for :func:`settle`.
 
-    Collective over ``comm`` when there is more than one rank and ``native``
-    is not False (every rank builds its averagers in the same order).
+    Collective over ``comm`` when there is more than one rank and the ring may
+    be used (every rank builds its averagers in the same order).
+
+    Args:
+      comm: the averager's communicator (None: one rank).
+      allreduce: one of :data:`ALLREDUCE_VALUES`.
+      topology: the world's :class:`~research.comm.world.Topology` (None:
+        unknown, the hierarchical path is not a candidate of ``auto``).
 
     Returns:
-      ``{"ring": bool, "native": native, "reason": str | None, ...}``, the same
-      on every rank; with ``"pending": True`` when ``native="auto"`` and the
-      ring is usable, until :func:`settle` has timed both paths.
+      ``{"path": ..., "ring": bool, "allreduce": allreduce, "reason": str |
+      None, "candidates": [...], ...}``, the same on every rank; with
+      ``"pending": True`` when ``auto`` has several candidates, until
+      :func:`settle` has timed them.
     """
-    native = check_native(native)
+    allreduce = check_allreduce(allreduce)
+    base = {"allreduce": allreduce, "native": _native_of(allreduce)}
     if comm is None:
-        return {"ring": False, "native": native, "reason": "one rank: no communication"}
-    if native is False:
-        return {
-            "ring": False,
-            "native": False,
-            "reason": "native=false: MPI_Allreduce forced",
-        }
-    decision = dict(ring.decide(comm), native=native)
-    if not decision["ring"]:
-        return decision
-    if native is True:
-        decision["reason"] = "native=true: the ring forced"
-        return decision
-    decision["pending"] = True
-    decision["reason"] = "native=auto: both timed on the first call"
-    return decision
+        return _path("mpi", base, "one rank: no communication", ["mpi"])
+    if allreduce == "mpi":
+        return _path("mpi", base, "allreduce=mpi: MPI_Allreduce forced", ["mpi"])
+    if allreduce == "hierarchical":
+        why = "allreduce=hierarchical: forced"
+        return _path("hierarchical", base, why, ["hierarchical"])
+    decision = ring.decide(comm)
+    base["notes"] = decision.get("notes", [])
+    if allreduce == "ring":
+        if decision["ring"]:
+            return _path("ring", base, "allreduce=ring: the ring forced", ["ring"])
+        return _path("mpi", base, decision["reason"], ["mpi"])
+    candidates = ["ring"] if decision["ring"] else []
+    candidates.append("mpi")
+    if hierarchical_differs(topology):
+        candidates.append("hierarchical")
+    if len(candidates) == 1:
+        return _path("mpi", base, decision["reason"], candidates)
+    out = _path(candidates[0], base, None, candidates)
+    out["pending"] = True
+    out["reason"] = f"allreduce=auto: {', '.join(candidates)} timed on the first call"
+    return out
+
+
+def _native_of(allreduce: str) -> Any:
+    """The former ``native`` value, kept in the record for older readers."""
+    return {"ring": True, "mpi": False}.get(allreduce, allreduce)
+
+
+def _path(path: str, base: dict, reason: str | None, candidates: list) -> dict:
+    return {
+        **base,
+        "path": path,
+        "ring": path == "ring",
+        "reason": reason,
+        "candidates": list(candidates),
+    }
 
 
 def settle(
@@ -94,25 +171,27 @@ def settle(
     nbytes: int,
     buffers: int,
 ) -> dict[str, Any]:
-    """Time both paths and keep the faster (collective over ``comm``).
+    """Time the candidate paths and keep the fastest (collective over ``comm``).
 
     Args:
       comm: the averager's communicator (every rank calls this together).
       decision: what :func:`agree` returned; returned unchanged unless pending.
-      paths: ``{"ring": fn, "mpi": fn}``: each runs one whole average of the
-        real buckets the averager's way (its packing, its dividing, its
+      paths: ``{path: fn}`` for every candidate: each runs one whole average of
+        the real buckets the averager's way (its packing, its dividing, its
         allreduce), and returns when it is done. Each is called once untimed
         first (compilation, first-touch page faults).
       nbytes, buffers: the size of what one call sums, for the record.
 
     Returns:
-      The settled decision: ``ring`` chosen, ``pending`` removed, and
-      ``measured`` holding ``ring_s``, ``mpi_s`` (the slowest rank's fastest
-      call of each), ``bytes``, ``buckets`` and ``reps``.
+      The settled decision: ``path`` chosen, ``pending`` removed, and
+      ``measured`` holding ``<path>_s`` for each candidate (the slowest rank's
+      fastest call), ``bytes``, ``buckets`` and ``reps``.
     """
     if not decision.get("pending"):
         return decision
     from mpi4py import MPI
+
+    names = [p for p in decision["candidates"] if p in paths]
 
     def timed(fn: Callable[[], Any]) -> float:
         comm.Barrier()
@@ -120,32 +199,34 @@ def settle(
         fn()
         return time.perf_counter() - t0
 
-    for fn in paths.values():
-        fn()  # compiled, warm
+    for name in names:
+        paths[name]()  # compiled, warm
     # As many calls as the budget allows, the same count on every rank (the
     # calls are collective): sized from the slowest rank's second call.
-    warm = comm.allreduce(max(timed(fn) for fn in paths.values()), op=MPI.MAX)
-    reps = int(min(MAX_REPS, max(MIN_REPS, BUDGET_S // max(2 * warm, 1e-9))))
-    best = {name: np.inf for name in paths}
-    for _ in range(reps):  # interleaved: a load spike hits both alike
-        for name, fn in paths.items():
-            best[name] = min(best[name], timed(fn))
-    mine = np.array([best["ring"], best["mpi"]])
+    warm = comm.allreduce(max(timed(paths[n]) for n in names), op=MPI.MAX)
+    budget = BUDGET_S // max(len(names) * warm, 1e-9)
+    reps = int(min(MAX_REPS, max(MIN_REPS, budget)))
+    best = {name: np.inf for name in names}
+    for _ in range(reps):  # interleaved: a load spike hits all alike
+        for name in names:
+            best[name] = min(best[name], timed(paths[name]))
+    mine = np.array([best[n] for n in names])
     slowest = np.empty_like(mine)
     comm.Allreduce(mine, slowest, op=MPI.MAX)
-    ring_s, mpi_s = float(slowest[0]), float(slowest[1])
-    use_ring = ring_s <= mpi_s
+    times = {n: float(t) for n, t in zip(names, slowest)}
+    # Ties go to the earlier candidate (ring, mpi, hierarchical).
+    chosen = min(names, key=lambda n: (times[n], names.index(n)))
     out = {k: v for k, v in decision.items() if k != "pending"}
-    out["ring"] = use_ring
+    out["path"] = chosen
+    out["ring"] = chosen == "ring"
+    others = ", ".join(f"{_LABEL[n]} {times[n] * 1e3:.2f} ms" for n in names)
     out["reason"] = (
-        f"native=auto: {'ring' if use_ring else 'MPI_Allreduce'} kept, "
-        f"ring {ring_s * 1e3:.2f} ms vs MPI_Allreduce {mpi_s * 1e3:.2f} ms "
-        f"for {nbytes / 1e6:.1f} MB in {buffers} buffers (slowest rank, "
-        f"fastest of {reps})"
+        f"allreduce=auto: {_LABEL[chosen]} kept ({others}) for "
+        f"{nbytes / 1e6:.1f} MB in {buffers} buffers (slowest rank, fastest of "
+        f"{reps})"
     )
     out["measured"] = {
-        "ring_s": ring_s,
-        "mpi_s": mpi_s,
+        **{f"{n}_s": times[n] for n in names},
         "bytes": int(nbytes),
         "buckets": int(buffers),
         "reps": reps,
@@ -153,25 +234,34 @@ def settle(
     return out
 
 
+def path_of(recorded: dict[str, Any]) -> str | None:
+    """The path a settled record names (records before ``path`` say ``ring``)."""
+    if "path" in recorded:
+        return recorded["path"]
+    if "ring" in recorded:
+        return "ring" if recorded["ring"] else "mpi"
+    return None
+
+
 def adopt(decision: dict[str, Any], recorded: dict[str, Any] | None) -> dict[str, Any]:
-    """``decision`` settled as ``recorded`` says, where ``native=auto`` has not
-    measured yet: a resumed run takes the path the interrupted one took, so it
-    continues bit for bit (the two paths sum in different orders, which differ
-    in the last bit at rank counts that are not powers of two).
+    """``decision`` settled as ``recorded`` says, where ``auto`` has not measured
+    yet: a resumed run takes the path the interrupted one took, so it continues
+    bit for bit (the paths sum in different orders, which differ in the last bit
+    at rank counts that are not powers of two).
 
     ``recorded`` is a settled decision of an earlier run with the same
     configuration (from a checkpoint: the same on every rank). Unchanged when
-    nothing is pending, nothing usable is recorded, or the ring was recorded
-    but cannot be used here.
+    nothing is pending, nothing usable is recorded, or the recorded path is not
+    a candidate here (the ring unusable, or another layout of nodes).
     """
-    if not decision.get("pending") or not recorded or "ring" not in recorded:
+    if not decision.get("pending") or not recorded or recorded.get("pending"):
         return decision
-    if recorded.get("pending"):
+    path = path_of(recorded)
+    if path not in decision["candidates"]:
         return decision
-    use_ring = bool(recorded["ring"]) and bool(decision["ring"])
     out = {k: v for k, v in decision.items() if k != "pending"}
-    out["ring"] = use_ring
+    out["path"] = path
+    out["ring"] = path == "ring"
     out["measured"] = recorded.get("measured")
-    path = "ring" if use_ring else "MPI_Allreduce"
-    out["reason"] = f"native=auto: {path}, as the run this one resumes took"
+    out["reason"] = f"allreduce=auto: {_LABEL[path]}, as the run this one resumes took"
     return out

@@ -5,11 +5,13 @@ Two strategies, same values (to the last bit or so):
 * :class:`FusedAllreduce` (``"fused"``): inside the jitted step. Leaves of
   256 KiB or more are summed one by one, as they are; smaller ones are packed
   into buckets (:mod:`research.comm.fusion`); the ring allreduce of
-  :mod:`research.comm.ring` sums each, the mean folded into its last step, or
-  mpi4jax's ``MPI_Allreduce``, whichever the first call measured faster on
-  every rank (``native``, :mod:`research.comm.choose`).
+  :mod:`research.comm.ring` sums each, the mean folded into its last step,
+  mpi4jax's ``MPI_Allreduce``, or the hierarchical allreduce of
+  :mod:`research.comm.hierarchical` (across nodes), whichever the first call
+  measured fastest on every rank (``allreduce``, :mod:`research.comm.choose`).
 * :class:`HostAllreduce` (``"host"``): on the host, the same ring (or mpi4py's
-  ``Allreduce``, chosen the same way) on numpy buckets below 32 MiB
+  ``Allreduce``, or the hierarchical one, chosen the same way) on numpy buckets
+  below 32 MiB
   (recycled): large leaves are read where they lie, small ones packed first;
   the result is views into the buckets.
 
@@ -62,6 +64,7 @@ its copy of every input, and the divide as a pass of its own); host 45.7 ms
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from typing import Any, Literal
@@ -75,6 +78,7 @@ from research.comm import choose, ring, watchdog
 from research.comm.base import Averager, CommInfo
 from research.comm.chain import Chain
 from research.comm.fusion import DEFAULT_BUCKET_BYTES, FusionPlan, HostBuffers
+from research.comm.hierarchical import NodeComms, host_allreduce_all, jit_allreduce
 from research.comm.link import Link
 from research.comm.registry import register_averager
 from research.comm.world import as_world
@@ -132,16 +136,19 @@ class FusedAllreduce(Averager):
         done (see :mod:`research.comm.chain`; False only to measure the
         difference).
       prescale: the mean costs no pass of its own: folded into the ring's last
-        reduction step (``native``), or floats divided on the way into the
-        buffer (mpi4jax). False: divided in a pass after the sum (only to
-        measure the difference).
-      native: ``"auto"`` (default): time the ring allreduce of
+        reduction step, or floats divided on the way into the buffer (mpi4jax's
+        and the hierarchical path). False: divided in a pass after the sum
+        (only to measure the difference).
+      allreduce: ``"auto"`` (default): time the ring allreduce of
         :mod:`research.comm.ring` (no copy of the input, the mean folded in, no
-        large temporaries) against mpi4jax's ``MPI_Allreduce`` on the first
-        trace's buckets and keep the faster, the same on every rank
-        (:mod:`research.comm.choose`); True: the ring; False: mpi4jax's. Any
-        rank that cannot load the ring (or a backend other than CPU) means
-        mpi4jax's for all.
+        large temporaries), mpi4jax's ``MPI_Allreduce`` and, across nodes, the
+        hierarchical allreduce on the first trace's buckets and keep the
+        fastest, the same on every rank (:mod:`research.comm.choose`);
+        ``"ring"``, ``"mpi"``, ``"hierarchical"``: that one. Any rank that
+        cannot load the ring (or a backend other than CPU) rules the ring out
+        for all.
+      native: the former spelling of ``allreduce`` (True: ring, False: mpi,
+        "auto"), accepted for one release with a note.
       in_place: sum each buffer in place (the ring's result aliases its
         operand): saves one gradient-sized buffer where XLA may overwrite the
         gradient, and costs a copy where it may not (the caller keeps it).
@@ -159,14 +166,15 @@ class FusedAllreduce(Averager):
         alone_bytes: int | None = DEFAULT_ALONE_BYTES,
         sequential: bool = True,
         prescale: bool = True,
-        native: Literal[True, False, "auto"] = "auto",
+        allreduce: Literal["auto", "ring", "mpi", "hierarchical"] = "auto",
+        native: Literal[True, False, "auto", None] = None,
         in_place: bool = False,
         segment_bytes: int | None = None,
     ) -> None:
         self.world = world = as_world(world)
         self.sequential = sequential
         self.prescale = prescale
-        self.native = native
+        self.allreduce = choose.resolve(allreduce, native, "fused")
         self.in_place = in_place
         if segment_bytes is not None:
             segment_bytes = ring.check_segment_bytes(segment_bytes)
@@ -175,7 +183,10 @@ class FusedAllreduce(Averager):
         self._plans = _PlanCache(bucket_bytes, alone_bytes)
         # Size 1 never touches MPI, not even to Dup a communicator.
         self.comm = world.dup("dense-fused") if world.size > 1 else None
-        self.allreduce_choice = choose.agree(self.comm, native)
+        self.allreduce_choice = choose.agree(
+            self.comm, self.allreduce, getattr(world, "topology", None)
+        )
+        self._nodes = _node_comms(self.comm, self.allreduce_choice)
 
     def plan(self, grads: Any) -> FusionPlan:
         """The bucket plan used for trees shaped like ``grads``."""
@@ -188,30 +199,30 @@ class FusedAllreduce(Averager):
         plan = self.plan(grads)
         if self.allreduce_choice.get("pending"):
             self.allreduce_choice = self._measure(grads, plan)
-        return self._average(grads, plan, self.uses_ring())
+        return self._average(grads, plan, self.allreduce_choice["path"])
 
-    def _average(self, grads: Any, plan: FusionPlan, use_ring: bool) -> Any:
-        allreduce, fold = self._allreduce(use_ring)
+    def _average(self, grads: Any, plan: FusionPlan, path: str) -> Any:
+        allreduce, fold = self._allreduce(path)
         chain = Chain(plan, self.size, self.prescale, self.sequential, fold)
         return chain.run(plan.flatten(grads), allreduce)
 
     def _measure(self, grads: Any, plan: FusionPlan) -> dict[str, Any]:
-        """``native=auto``: both programs compiled and timed on zeros shaped
-        like ``grads``, while the step is being traced (collective: every rank
-        traces the same step together)."""
+        """``allreduce=auto``: each candidate's program compiled and timed on
+        zeros shaped like ``grads``, while the step is being traced
+        (collective: every rank traces the same step together)."""
         with jax.ensure_compile_time_eval():
             zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), grads)
 
-            def program(use_ring: bool) -> Any:
-                run = jax.jit(lambda t: self._average(t, plan, use_ring))
+            def program(path: str) -> Any:
+                run = jax.jit(lambda t: self._average(t, plan, path))
                 return lambda: jax.block_until_ready(run(zeros))
 
-            paths = {"ring": program(True), "mpi": program(False)}
+            paths = {p: program(p) for p in self.allreduce_choice["candidates"]}
             return _settled(self, paths, plan, "fused")
 
     def uses_ring(self) -> bool:
         """True when the sums go through :mod:`research.comm.ring`."""
-        return self.allreduce_choice["ring"]
+        return self.allreduce_choice["path"] == "ring"
 
     def path(self) -> str:
         """Which allreduce runs inside the step, in words (for the watchdog)."""
@@ -222,10 +233,18 @@ class FusedAllreduce(Averager):
         :func:`research.comm.choose.adopt`); the same on every rank."""
         self.allreduce_choice = choose.adopt(self.allreduce_choice, recorded)
 
-    def _allreduce(self, use_ring: bool) -> tuple[Any, bool]:
+    def _allreduce(self, path: str) -> tuple[Any, bool]:
         """``(allreduce(x, divisor), fold)``: the ring (it divides, ``fold``),
-        or mpi4jax's (the chain divides)."""
-        if use_ring:
+        mpi4jax's or the hierarchical one (the chain divides)."""
+        if path == "hierarchical":
+            nodes = self._nodes
+
+            def summed_hierarchical(x: Any, divisor: int) -> Any:
+                assert divisor == 1, "the chain divides on the hierarchical path"
+                return jit_allreduce(x, nodes)
+
+            return summed_hierarchical, False
+        if path == "ring":
             from research.comm import ring
 
             opts = {"in_place": self.in_place}
@@ -248,17 +267,27 @@ class FusedAllreduce(Averager):
 
 
 def _path(choice: dict[str, Any], mpi: str) -> str:
+    """The path of ``choice`` in words, for the watchdog's messages."""
     if choice.get("pending"):
-        return "native=auto: timing ring and MPI"
-    return "ring allreduce" if choice.get("ring") else mpi
+        return "allreduce=auto: timing " + ", ".join(choice.get("candidates", []))
+    path = choice.get("path")
+    return {"ring": "ring allreduce", "mpi": mpi}.get(path, f"{path} allreduce")
+
+
+def _node_comms(comm: Any, choice: dict[str, Any]) -> NodeComms | None:
+    """The node and leader communicators, where the hierarchical path may run
+    (collective over ``comm``: every rank's choice is the same)."""
+    if comm is None or "hierarchical" not in choice["candidates"]:
+        return None
+    return NodeComms.split(comm)
 
 
 def _settled(
     averager: Any, paths: dict[str, Any], plan: FusionPlan, name: str
 ) -> dict[str, Any]:
-    """``native=auto``'s choice from timing ``paths`` (collective); rank 0 says
-    the outcome in one line."""
-    with watchdog.watch(f"{name}: native=auto timing"):
+    """``allreduce=auto``'s choice from timing ``paths`` (collective); rank 0
+    says the outcome in one line."""
+    with watchdog.watch(f"{name}: allreduce=auto timing"):
         choice = choose.settle(
             averager.comm,
             averager.allreduce_choice,
@@ -297,8 +326,10 @@ class HostAllreduce(Averager):
         (the calling thread sleeps, leaving the CPU free as a NIC would).
       alone_bytes: leaves at least this large are buckets of their own (None:
         pack every leaf).
-      native: ``"auto"`` (default), True or False: as for
-        :class:`FusedAllreduce`, with mpi4py's ``Allreduce`` as MPI's own.
+      allreduce: ``"auto"`` (default), ``"ring"``, ``"mpi"`` or
+        ``"hierarchical"``: as for :class:`FusedAllreduce`, with mpi4py's
+        ``Allreduce`` as MPI's own.
+      native: the former spelling of ``allreduce``, accepted for one release.
     """
 
     executor = "host-side"
@@ -312,17 +343,21 @@ class HostAllreduce(Averager):
         as_jax: bool = False,
         link: str = "real",
         alone_bytes: int | None = DEFAULT_ALONE_BYTES,
-        native: Literal[True, False, "auto"] = "auto",
+        allreduce: Literal["auto", "ring", "mpi", "hierarchical"] = "auto",
+        native: Literal[True, False, "auto", None] = None,
     ) -> None:
         self.world = world = as_world(world)
         self.size = world.size
         self.as_jax = as_jax
         self.link = Link.parse(link)
-        self.native = native
+        self.allreduce = choose.resolve(allreduce, native, "host")
         # Whole leaves per bucket, so that results are views into the buckets.
         self._buffers = _PlanCache(bucket_bytes, alone_bytes, split_leaves=False)
         self.comm = world.dup("dense-host") if world.size > 1 else None
-        self.allreduce_choice = choose.agree(self.comm, native)
+        self.allreduce_choice = choose.agree(
+            self.comm, self.allreduce, getattr(world, "topology", None)
+        )
+        self._nodes = _node_comms(self.comm, self.allreduce_choice)
         self._round = 0
 
     def plan(self, grads: Any) -> FusionPlan:
@@ -340,11 +375,11 @@ class HostAllreduce(Averager):
         host: HostBuffers = self._buffers.get(grads, HostBuffers)
         nbytes = host.plan.nbytes
         if self.allreduce_choice.get("pending"):
-            # Collective (the ranks reduce in lock step): both paths timed on
-            # this very gradient, the results thrown away.
+            # Collective (the ranks reduce in lock step): every candidate
+            # timed on this very gradient, the results thrown away.
             paths = {
-                "ring": lambda: self._sum(grads, host, True),
-                "mpi": lambda: self._sum(grads, host, False),
+                p: functools.partial(self._sum, grads, host, p)
+                for p in self.allreduce_choice["candidates"]
             }
             self.allreduce_choice = _settled(self, paths, host.plan, "host")
         with get_tracer().span(
@@ -356,7 +391,8 @@ class HostAllreduce(Averager):
         ) as span:
             t0 = time.perf_counter()
             with watchdog.watch("allreduce-host", detail=self.path()):
-                buffers, t1 = self._sum(grads, host, self._uses_ring())
+                path = self.allreduce_choice["path"]
+                buffers, t1 = self._sum(grads, host, path)
             emulated = 0.0
             if self.link.emulated:
                 model = sum(self.link.allreduce(b.nbytes, self.size) for b in buffers)
@@ -385,9 +421,6 @@ class HostAllreduce(Averager):
         )
         return out, info
 
-    def _uses_ring(self) -> bool:
-        return self.allreduce_choice["ring"]
-
     def path(self) -> str:
         """Which allreduce runs, in words (for the watchdog's messages)."""
         return _path(self.allreduce_choice, "mpi4py Allreduce")
@@ -397,10 +430,11 @@ class HostAllreduce(Averager):
         self.allreduce_choice = choose.adopt(self.allreduce_choice, recorded)
 
     def _sum(
-        self, grads: Any, host: HostBuffers, use_ring: bool
+        self, grads: Any, host: HostBuffers, path: str
     ) -> tuple[list[np.ndarray], float]:
-        """Pack ``grads`` and average the buckets in place; returns them and
-        the time packing ended."""
+        """Pack ``grads`` and average the buckets in place along ``path``;
+        returns them and the time packing ended."""
+        use_ring = path == "ring"
         if use_ring:
             buffers, direct = self._ring(grads, host)
         else:
@@ -408,6 +442,8 @@ class HostAllreduce(Averager):
             # the result is the buckets themselves.
             buffers, direct = host.pack(grads, scale=self.size), {}
         packed = time.perf_counter()
+        if path == "hierarchical":  # every bucket at once, pipelined
+            host_allreduce_all(buffers, self._nodes)
         for i, buf in enumerate(buffers):
             if use_ring:
                 floats = not np.issubdtype(buf.dtype, np.integer)
@@ -417,7 +453,7 @@ class HostAllreduce(Averager):
                     comm=self.comm,
                     divisor=self.size if floats else 1,
                 )
-            else:
+            elif path == "mpi":
                 self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
             if np.issubdtype(buf.dtype, np.integer):
                 np.floor_divide(buf, self.size, out=buf)

@@ -36,17 +36,108 @@ ABORT_FALLBACK_S = 10.0
 
 
 @dataclass(frozen=True)
+class Topology:
+    """Where a world's ranks run: which ranks share a node (memory).
+
+    A node is what ``MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`` groups: the
+    ranks that can share memory. Nodes are numbered in the order of their
+    lowest rank; ``hostnames`` is ``MPI_Get_processor_name`` of every rank.
+    """
+
+    node_of: tuple[int, ...]  # node index of every rank
+    hostnames: tuple[str, ...]  # every rank's host name
+
+    @property
+    def nodes(self) -> int:
+        return max(self.node_of) + 1 if self.node_of else 1
+
+    @property
+    def node_sizes(self) -> tuple[int, ...]:
+        return tuple(self.node_of.count(n) for n in range(self.nodes))
+
+    def ranks_of(self, node: int) -> tuple[int, ...]:
+        return tuple(r for r, n in enumerate(self.node_of) if n == node)
+
+    def record(self) -> dict:
+        """For ``config.json`` and ``summary.json``."""
+        return {
+            "nodes": self.nodes,
+            "ranks_per_node": list(self.node_sizes),
+            "hosts": [self.hostnames[self.ranks_of(n)[0]] for n in range(self.nodes)],
+            "node_of_rank": list(self.node_of),
+        }
+
+    @classmethod
+    def single(cls, size: int = 1) -> Topology:
+        return cls(node_of=(0,) * size, hostnames=(MPI.Get_processor_name(),) * size)
+
+
+def topology_of(comm: MPI.Intracomm) -> tuple[Topology, MPI.Intracomm]:
+    """The topology of ``comm`` and this rank's node communicator (collective).
+
+    The node communicator is a ``Split_type(SHARED)`` of ``comm``: ranks of one
+    node, ordered as in ``comm``.
+    """
+    node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    lowest = node_comm.allreduce(comm.Get_rank(), op=MPI.MIN)
+    rows = comm.allgather((lowest, MPI.Get_processor_name()))
+    order = sorted({low for low, _ in rows})
+    node_of = tuple(order.index(low) for low, _ in rows)
+    return Topology(node_of=node_of, hostnames=tuple(h for _, h in rows)), node_comm
+
+
+@dataclass(frozen=True)
 class World:
-    """The processes of one job: ``comm`` (a private dup of COMM_WORLD), rank, size."""
+    """The processes of one job: ``comm`` (a private dup of COMM_WORLD), rank, size.
+
+    ``topology`` says which ranks share a node; ``node_comm`` holds this rank's
+    node (a ``Split_type(SHARED)`` of ``comm``). Both are None for a world made
+    by hand from a communicator alone.
+    """
 
     comm: MPI.Intracomm
     rank: int
     size: int
+    topology: Topology | None = None
+    node_comm: MPI.Intracomm | None = field(default=None, compare=False, repr=False)
     _dups: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def of(cls, comm: MPI.Intracomm) -> World:
+        """A World around ``comm`` (already private to it), topology included
+        (collective over ``comm``)."""
+        topology, node_comm = topology_of(comm)
+        return cls(
+            comm=comm,
+            rank=comm.Get_rank(),
+            size=comm.Get_size(),
+            topology=topology,
+            node_comm=node_comm,
+        )
 
     @property
     def is_root(self) -> bool:
         return self.rank == 0
+
+    @property
+    def nodes(self) -> int:
+        """How many nodes the ranks run on (1 when unknown)."""
+        return self.topology.nodes if self.topology else 1
+
+    @property
+    def node(self) -> int:
+        """This rank's node index (0 when unknown)."""
+        return self.topology.node_of[self.rank] if self.topology else 0
+
+    @property
+    def local_rank(self) -> int:
+        """This rank's index among the ranks of its node."""
+        return self.node_comm.Get_rank() if self.node_comm is not None else self.rank
+
+    @property
+    def local_size(self) -> int:
+        """Ranks on this rank's node."""
+        return self.node_comm.Get_size() if self.node_comm is not None else self.size
 
     def dup(self, name: str) -> MPI.Intracomm:
         """A communicator dedicated to one subsystem, created once per name.
@@ -123,7 +214,7 @@ def _the_world() -> World:
             flush=True,
         )
         os._exit(2)
-    world = World(comm=comm, rank=comm.Get_rank(), size=comm.Get_size())
+    world = World.of(comm)
     if world.size > 1 and os.environ.get(ABORT_ENV, "1") != "0":
         install_abort_on_error()
     _start_watchdog(world)
@@ -172,7 +263,7 @@ def as_world(where: World | MPI.Comm) -> World:
     if key not in _WRAPPED:
         comm = where.Dup()
         comm.Set_name("research.world")
-        _WRAPPED[key] = World(comm=comm, rank=comm.Get_rank(), size=comm.Get_size())
+        _WRAPPED[key] = World.of(comm)
         if comm.Get_size() > 1 and os.environ.get(ABORT_ENV, "1") != "0":
             install_abort_on_error()
         _start_watchdog(_WRAPPED[key])

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from research.cli import check_private_dir
-from research.launch import bind_args, mpiexec_path, thread_env
+from research.launch import bind_args, launch_command, mpiexec_path, thread_env
 from research.malloc import launch_env
 
 SAVERS = ("rank0-blocking", "orbax-blocking", "orbax-async-rank0", "deepfreeze")
@@ -376,7 +376,6 @@ def launch_jobs(cfg: Any, argv: list[str], root: Path, module: str) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-    base = [mpiexec, *bind, "-n"]
     rest = [
         sys.executable,
         "-m",
@@ -387,7 +386,9 @@ def launch_jobs(cfg: Any, argv: list[str], root: Path, module: str) -> int:
     ]
     jobs = [(cfg.np, "main")] + [(n, "ranks") for n in cfg.sweep_ranks if n != cfg.np]
     for n, job in jobs:
-        code = subprocess.call(base + [str(n)] + rest + ["--job", job], env=env)
+        launcher, extra = launch_command(n, cfg.hosts)
+        cmd = [*launcher, *bind, *rest, "--job", job]
+        code = subprocess.call(cmd, env={**env, **extra})
         if code != 0:
             return code
     return 0

@@ -23,6 +23,11 @@ NP_HELP = (
     "ranks to launch when started without mpiexec (0: run in this process "
     "alone); ignored under mpiexec/srun; default %(default)s"
 )
+HOSTS_HELP = (
+    "run the ranks on these hosts: n1,n2 (ranks in blocks, node by node) or "
+    "n1:2,n2:1; nodes of a local cluster (scripts/cluster/localnet.sh up N) or a "
+    "cluster's own hosts (over ssh); ignored under mpiexec/srun"
+)
 
 
 @dataclasses.dataclass
@@ -31,6 +36,7 @@ class ExperimentConfig:
 
     train: TrainConfig = nested(TrainConfig)
     np: int = flag(4, NP_HELP, PARALLEL)
+    hosts: str = flag("", HOSTS_HELP, PARALLEL, metavar="HOSTS")
 
 
 def with_model(cfg: Any, model: str | None, presets: Mapping[str, Mapping]) -> Any:

@@ -144,7 +144,7 @@ class Trainer:
         self.metrics = MetricsWriter(self.run_dir, enabled=world.rank == 0)
         # BatchNorm statistics: the ring where every rank can load it, not a
         # timed choice, so a resumed run averages them exactly as before.
-        self._stats_mean = HostAllreduce(world, native=True)
+        self._stats_mean = HostAllreduce(world, allreduce="ring")
         self.step_times: list[float] = []
         self.delays: list[float] = []  # injected into each step (imbalance)
         self.contributors: list[int] = []

@@ -19,11 +19,33 @@ from research.rundir import versions
 from research.train.state import param_count, tree_bytes, tree_digest
 
 
-def link_label(spec: str) -> str:
-    """What tables print about the link: emulated with its figures, or real."""
+def link_label(spec: str, world: Any = None) -> str:
+    """What tables print about the link: emulated with its figures, or real
+    (shared memory on one node; the network across nodes, with their count and,
+    on a local cluster of ``research/localnet.py``, its links' rate)."""
     from research.comm.link import Link
 
-    return Link.parse(spec).describe(node_local=_one_node())
+    link = Link.parse(spec)
+    topology = getattr(world, "topology", None)
+    one_node = topology.nodes == 1 if topology is not None else _one_node()
+    label = link.describe(node_local=one_node)
+    if link.emulated or one_node or topology is None:
+        return label
+    return f"{label}, {topology.nodes} nodes{_local_rate()}"
+
+
+def _local_rate() -> str:
+    """`` at <rate> per node (local cluster)`` when the ranks run on the nodes of
+    ``research/localnet.py`` (its state names the rate at start), else ``""``."""
+    from research.localnet import DIR_ENV, Cluster, LocalnetError
+
+    if not os.environ.get(DIR_ENV):
+        return ""
+    try:
+        rate = Cluster.load().rates()
+    except (LocalnetError, OSError, ValueError, TypeError):
+        return ""
+    return f" at {rate} per node (local cluster, TCP)"
 
 
 def _one_node() -> bool | None:
@@ -40,15 +62,24 @@ if TYPE_CHECKING:
     from research.train.loop import Trainer
 
 
+def nodes_record(world: Any) -> dict[str, Any] | None:
+    """The world's nodes (count, ranks per node, host names), or None when the
+    world was made without its topology."""
+    topology = getattr(world, "topology", None)
+    return topology.record() if topology is not None else None
+
+
 def config_record(t: Trainer) -> dict[str, Any]:
     """The resolved configuration, world, model and versions (rank 0 writes it)."""
     return {
         "config": t.config,
         "world_size": t.world.size,
+        # Which ranks share a node, and the nodes' host names (research.comm.world).
+        "nodes": nodes_record(t.world),
         "strategy": {"name": t.averager.name, "executor": t.averager.executor},
         # Which allreduce ran and why (research.comm.dense: agreed by all ranks).
         "allreduce": getattr(t.averager, "allreduce_choice", None),
-        "link": link_label(t.config.link),
+        "link": link_label(t.config.link, t.world),
         "imbalance": getattr(t.imbalance, "describe", lambda: t.imbalance.name)(),
         "model_params": param_count(t.state.params),
         "param_bytes": tree_bytes(t.state.params),
@@ -80,11 +111,12 @@ def summary_record(t: Trainer) -> dict[str, Any]:
     summary = {
         "steps": t.step,
         "world_size": t.world.size,
+        "nodes": nodes_record(t.world),
         "strategy": t.averager.name,
         "allreduce": getattr(t.averager, "allreduce_choice", None),
         "model": t.config.model,
         "dataset": t.config.dataset,
-        "link": link_label(t.config.link),
+        "link": link_label(t.config.link, t.world),
         "global_batch": global_batch,
         "median_step_s": med,
         "median_step_s_per_rank": per_rank,

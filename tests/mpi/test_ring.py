@@ -132,11 +132,11 @@ def test_fused_ring_equals_mpi4jax(world, in_place):
     tree = _mixed_tree(world.rank, half=40, count=4)
     opts = dict(bucket_bytes=4096, alone_bytes=65536)
     fused = FusedAllreduce(
-        world, native=True, in_place=in_place, segment_bytes=8192, **opts
+        world, allreduce="ring", in_place=in_place, segment_bytes=8192, **opts
     )
     assert fused.uses_ring()
     a = jax.jit(fused.average_in_jit)(tree)
-    b = jax.jit(FusedAllreduce(world, native=False, **opts).average_in_jit)(tree)
+    b = jax.jit(FusedAllreduce(world, allreduce="mpi", **opts).average_in_jit)(tree)
     for k in tree:
         if world.size == 2:
             # (a/2 + b/2) and (a + b)/2 are the same bits.
@@ -186,7 +186,7 @@ def test_host_averager_ring_equals_mpi4py(world):
     tree = _mixed_tree(world.rank, half=40_000, count=70_000)
     opts = dict(bucket_bytes=4096, alone_bytes=65536)
     a, _ = HostAllreduce(world, **opts).reduce(tree)
-    b, _ = HostAllreduce(world, native=False, **opts).reduce(tree)
+    b, _ = HostAllreduce(world, allreduce="mpi", **opts).reduce(tree)
     for k in ("big", "small", "half"):
         # Both within a bfloat16 rounding of the float64 mean of the inputs
         # (at 3 ranks they divide at different points, so their bits differ).
@@ -247,19 +247,18 @@ def test_any_tree_averages_and_the_ring_ran(world, strategy):
         tree = _any_tree(world)
         if strategy == "fused":
             avg = FusedAllreduce(
-                world, native=True, bucket_bytes=65536, alone_bytes=262144
+                world, allreduce="ring", bucket_bytes=65536, alone_bytes=262144
             )
-            assert _agreed(world, avg) == {
-                "ring": True,
-                "native": True,
-                "reason": "native=true: the ring forced",
-                "notes": [],
-            }
+            choice = _agreed(world, avg)
+            assert choice["path"] == "ring" and choice["ring"] is True
+            assert choice["allreduce"] == "ring" and choice["candidates"] == ["ring"]
+            assert choice["reason"] == "allreduce=ring: the ring forced"
+            assert not choice.get("pending")
             before = ring.ring_calls()
             out = jax.jit(avg.average_in_jit)(jax.tree.map(jnp.asarray, tree))
         else:
             avg = HostAllreduce(
-                world, native=True, bucket_bytes=65536, alone_bytes=262144
+                world, allreduce="ring", bucket_bytes=65536, alone_bytes=262144
             )
             assert _agreed(world, avg)["ring"]
             before = ring.ring_calls()
@@ -281,8 +280,9 @@ def test_any_tree_averages_and_the_ring_ran(world, strategy):
 
 @pytest.mark.parametrize("strategy", ["fused", "host"])
 def test_auto_times_both_and_every_rank_keeps_the_same(world, strategy):
-    """native=auto (the default): pending until the first call, which times the
-    ring and MPI_Allreduce on the real buckets; every rank then holds the same
+    """allreduce=auto (the default): pending until the first call, which times
+    the ring and MPI_Allreduce on the real buckets (one node: the hierarchical
+    path is no candidate); every rank then holds the same
     figures and choice, the faster by the slowest rank's figures, and the next
     call takes that path (the ring's C counter moves only if the ring won)."""
     from research.comm.dense import HostAllreduce
@@ -304,8 +304,9 @@ def test_auto_times_both_and_every_rank_keeps_the_same(world, strategy):
         def call():
             return avg.reduce(tree)[0]
 
-    assert avg.allreduce_choice["native"] == "auto"
-    assert avg.allreduce_choice["pending"] and avg.allreduce_choice["ring"]
+    assert avg.allreduce_choice["allreduce"] == "auto"
+    assert avg.allreduce_choice["pending"]
+    assert avg.allreduce_choice["candidates"] == ["ring", "mpi"]
     call()  # the first: times both, then averages
     choice = _agreed(world, avg)
     assert "pending" not in choice
@@ -345,7 +346,7 @@ def test_auto_keeps_the_faster_by_the_slowest_ranks_figures(world, slowed):
         return run
 
     pending = choose.agree(comm, "auto")
-    assert pending["pending"] and pending["native"] == "auto"
+    assert pending["pending"] and pending["allreduce"] == "auto"
     paths = {"ring": path("ring"), "mpi": path("mpi")}
     settled = choose.settle(comm, pending, paths, nbytes=buf.nbytes, buffers=1)
     assert len({repr(c) for c in world.allgather(settled)}) == 1, "ranks agree"
@@ -354,10 +355,11 @@ def test_auto_keeps_the_faster_by_the_slowest_ranks_figures(world, slowed):
     assert m[f"{slowed}_s"] >= 0.03 > m[f"{'mpi' if slowed == 'ring' else 'ring'}_s"]
     assert choose.MIN_REPS <= m["reps"] <= choose.MAX_REPS
     assert choose.settle(comm, settled, paths, nbytes=0, buffers=0) is settled
-    forced = choose.agree(comm, True)
+    forced = choose.agree(comm, "ring")
     assert forced["ring"] and not forced.get("pending")
-    assert choose.agree(comm, False)["ring"] is False
-    with pytest.raises(ValueError, match="native must be"):
+    assert choose.agree(comm, "mpi")["ring"] is False
+    assert choose.agree(comm, "hierarchical")["path"] == "hierarchical"
+    with pytest.raises(ValueError, match="allreduce must be"):
         choose.agree(comm, "fast")
 
 
@@ -372,10 +374,10 @@ def test_host_float64_numpy_leaf_without_x64(world):
 
 
 def test_fallback_does_not_move_the_counter(world):
-    """native=False takes MPI_Allreduce: same mean, counter unchanged (the
+    """allreduce=mpi takes MPI_Allreduce: same mean, counter unchanged (the
     counter tells the two paths apart)."""
     x = jnp.asarray(np.full(100_000, world.rank, np.float32))
-    avg = FusedAllreduce(world, native=False)
+    avg = FusedAllreduce(world, allreduce="mpi")
     assert avg.allreduce_choice["ring"] is False
     before = ring.ring_calls()
     out = jax.jit(avg.average_in_jit)({"x": x})["x"]
@@ -422,9 +424,10 @@ def test_large_buffers_go_in_pieces(world, monkeypatch, n):
 
 
 def test_a_resumed_run_adopts_the_recorded_path(world):
-    """native=auto on resume: the recorded path, not a new measurement (the
-    two paths differ in the last bit at 3 ranks); a forced or settled choice,
-    or a ring recorded where none can load here, is left alone."""
+    """allreduce=auto on resume: the recorded path, not a new measurement (the
+    paths differ in the last bit at 3 ranks); records written before ``path``
+    (``ring`` only) read the same; a forced or settled choice, or a path that is
+    no candidate here (no ring, another layout of nodes), is left alone."""
     from research.comm import choose
 
     comm = world.dup("test-adopt")
@@ -435,7 +438,23 @@ def test_a_resumed_run_adopts_the_recorded_path(world):
         assert "as the run this one resumes took" in got["reason"]
     assert choose.adopt(pending, None) is pending
     assert choose.adopt(pending, {"ring": True, "pending": True}) is pending
-    forced = choose.agree(comm, False)
+    for path in ("ring", "mpi"):
+        got = choose.adopt(pending, {"path": path, "ring": path == "ring"})
+        assert got["path"] == path and "pending" not in got
+    forced = choose.agree(comm, "mpi")
     assert choose.adopt(forced, {"ring": True}) is forced
-    no_ring = dict(pending, ring=False)
-    assert choose.adopt(no_ring, {"ring": True})["ring"] is False
+    no_ring = dict(pending, candidates=["mpi"])
+    assert choose.adopt(no_ring, {"ring": True}) is no_ring
+    assert choose.adopt(pending, {"path": "hierarchical"}) is pending
+
+
+def test_the_old_native_spelling_still_works(world, capsys):
+    """native=true|false|auto (before allreduce=) for one release, with a note."""
+    from research.comm.dense import HostAllreduce
+
+    assert FusedAllreduce(world, native=True).allreduce == "ring"
+    assert HostAllreduce(world, native=False).allreduce == "mpi"
+    assert HostAllreduce(world, native="auto").allreduce == "auto"
+    assert "allreduce=ring" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="allreduce= only"):
+        HostAllreduce(world, native=True, allreduce="mpi")

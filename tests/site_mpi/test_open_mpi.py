@@ -118,3 +118,35 @@ def test_fused_and_host_agree_at_three_ranks(tmp_path):
     assert fused["final_test_loss"] == pytest.approx(
         host["final_test_loss"], rel=1e-3
     ), runs
+
+
+def test_train_across_local_nodes_under_open_mpi(tmp_path):
+    """``--hosts`` on the local cluster's nodes with Open MPI's mpirun: its rsh
+    launcher through node-ssh, TCP over the nodes' eth0 (research/localnet.py,
+    Cluster.openmpi_args); skipped with one line where nodes cannot be made."""
+    import os
+
+    from research.localnet import LocalnetError, check_can_run, down, up
+
+    try:
+        check_can_run()
+    except LocalnetError as e:
+        pytest.skip(f"local nodes: {e}")
+    name = f"to{os.getpid() % 10000}"
+    cluster = up(2, rate="10gbit", name=name)
+    try:
+        run_dir = tmp_path / "nodes"
+        args = [sys.executable, "-m", "experiments.train", *TINY, "--steps", "4"]
+        args += ["--hosts", "n1,n2", "--np", "3", "--run-dir", str(run_dir)]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PMI")}
+        env.update(cluster.env())
+        proc = subprocess.run(args, env=env, capture_output=True, text=True,
+                              timeout=400, cwd=Path(__file__).parents[2])  # fmt: skip
+        if proc.returncode != 0:
+            _fail("experiments.train --hosts n1,n2 --np 3 under Open MPI", proc)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["nodes"]["hosts"] == ["n1", "n2"]
+        assert summary["nodes"]["ranks_per_node"] == [2, 1]
+        assert summary["steps"] == 4 and summary["world_size"] == 3
+    finally:
+        down(name)
