@@ -104,7 +104,7 @@ def descendants(pid: int) -> list[int]:
 
 
 def _ranks(job: subprocess.Popen) -> list[int]:
-    """The ranks: python processes below the launcher other than writers."""
+    """The ranks: ``python -m experiments.train`` below the launcher."""
     found = []
     for pid in descendants(job.pid):
         try:
@@ -112,8 +112,8 @@ def _ranks(job: subprocess.Popen) -> list[int]:
                 cmd = f.read().split(b"\0")
         except OSError:
             continue
-        if b"experiments.train" in cmd and b"research.checkpoint.writer" not in cmd:
-            found.append(pid)
+        if b"python" in cmd[0] and cmd[1:3] == [b"-m", b"experiments.train"]:
+            found.append(pid)  # not mpiexec, whose command names it too
     return found
 
 

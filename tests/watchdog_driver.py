@@ -13,7 +13,7 @@ healthy rounds of the case's collective. Then the last rank stops taking part:
 * ``freeze-solo``: as above, the others wait in a synchronous solo round;
 * ``slow-fused``: it is slowed, not stopped: a child process stops and
   continues it in turns (0.5 s stopped, 0.01 s running) through a 64 MB fused
-  ring allreduce in 64 KiB pieces that takes longer than the timeout; it must
+  ring allreduce in 16 KiB pieces that takes longer than the timeout; it must
   finish (exit 0).
 
 Only the fault is injected; MPI, the collectives and the watchdog are the real
@@ -72,14 +72,14 @@ def main() -> None:
     if case == "hang-host":
         from research.comm.dense import HostAllreduce
 
-        avg = HostAllreduce(world, native=True)
+        avg = HostAllreduce(world, allreduce="ring")
 
         def once() -> float:
             return float(avg.reduce({"x": x})[0]["x"][0]) * world.size
     elif case in ("freeze-fused", "slow-fused"):
         from research.comm.dense import FusedAllreduce
 
-        avg = FusedAllreduce(world, native=True, segment_bytes=64 << 10)
+        avg = FusedAllreduce(world, allreduce="ring", segment_bytes=16 << 10)
         step = jax.jit(avg.average_in_jit)
         xj = jnp.asarray(x)
 

@@ -71,8 +71,11 @@ WARN_FRACTION = 1 / 3
 TICK_S = 1.0
 #: Exit code of a job the watchdog ended (as GNU ``timeout``'s).
 EXIT_CODE = 124
-#: Environment variable the launcher passes ``--comm-timeout`` through.
+#: Environment variable the timeout may also come from.
 ENV = "RESEARCH_COMM_TIMEOUT"
+#: A file to append every process's longest quiet wait and every warning to,
+#: one JSON line each (how the healthy waits of a test suite were measured).
+LOG_ENV = "RESEARCH_WATCHDOG_LOG"
 
 
 class _State:
@@ -341,6 +344,22 @@ class Watchdog:
 
     def _say(self, text: str) -> None:
         print(f"r{self.rank} | comm watchdog: {text}", file=sys.stderr, flush=True)
+        self.log(said=text)
+
+    def log(self, **fields: Any) -> None:
+        """Append one line to ``$RESEARCH_WATCHDOG_LOG``, where it is set."""
+        path = os.environ.get(LOG_ENV)
+        if not path:
+            return
+        import json
+
+        rec = {"pid": os.getpid(), "rank": self.rank, "size": self.size, **fields}
+        rec["argv"] = " ".join(sys.argv)[:200]
+        try:
+            with open(path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        except OSError:
+            pass
 
     def _peers(self, w: Watch) -> str:
         """Whom the wait is for, in words: the ranks that did not answer the
@@ -454,3 +473,4 @@ def stop() -> None:
     _state.on = False
     if dog is not None:
         dog.stop()
+        dog.log(longest_quiet_s=round(dog.longest[0], 2), longest_in=dog.longest[1])
