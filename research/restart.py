@@ -170,8 +170,21 @@ def cause_of(run_dir: str | os.PathLike, attempt: int, code: int) -> dict[str, A
             "failed_host": first.get("host"),
             "failed_at": first.get("time"),
         }
-    name = f"signal {code - 128}" if code > 128 else f"exit code {code}"
-    return {"cause": "exit", "message": f"mpiexec ended with {name}"}
+    return {"cause": "exit", "message": f"mpiexec ended with {_exit_words(code)}"}
+
+
+def _exit_words(code: int) -> str:
+    """An exit code in words: a signal's name where it is 128 + a signal."""
+    import signal
+
+    if code < 0 or 128 < code <= 128 + 64:
+        try:
+            return f"exit code {code} ({signal.Signals(abs(code) % 128).name})"
+        except ValueError:
+            pass
+    if code == 255:
+        return "exit code 255 (a rank or a node was lost)"
+    return f"exit code {code}"
 
 
 def _say(text: str) -> None:

@@ -19,6 +19,7 @@ import os
 
 import pytest
 
+from research.checkpoint.manifest import committed_steps, read_manifest
 from research.comm import watchdog
 from research.rundir import read_metrics
 from tests.node_faults import Outcome, make_cluster, remove_cluster, run_with_fault
@@ -74,6 +75,11 @@ def check_restart(got: Outcome, *, steps: int, lost: list[str]) -> dict:
     return rec
 
 
+def committed(run_dir) -> bool:
+    """A checkpoint is committed in the persistent tier (the restart's start)."""
+    return bool(committed_steps(read_manifest(run_dir / "checkpoints")))
+
+
 def test_link_down_ends_the_job(cluster, tmp_path):
     try:
         got = run_with_fault(
@@ -97,6 +103,7 @@ def test_node_killed_costs_a_restart(cluster, tmp_path):
             tmp_path / "run",
             lambda: cluster.kill("n2"),
             at_step=12,
+            when=committed,
             args=["--strategy", "host", "--steps", "30", "--max-restarts", "1"]
             + ["--checkpoint", "deepfreeze", "--checkpoint-every", "5"],
             comm_timeout=TIMEOUT_S,

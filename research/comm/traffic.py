@@ -95,3 +95,41 @@ def ring_peers() -> tuple[int, int] | None:
     if packed < 0:
         return None
     return packed >> 32, packed & 0xFFFFFFFF
+
+
+class NodeBoard:
+    """When each rank of this node last saw its bytes move, in memory the
+    node's ranks share (an MPI shared window over them).
+
+    A rank waiting in shared memory for its node's leader, which moves the
+    node's bytes over the network (MPICH's own allreduce across nodes, the
+    hierarchical allreduce), has no bytes of its own to show; it reads the
+    leader's here. Only this job's ranks write it: other traffic on the node
+    never counts.
+
+    Args:
+      comm: the world's communicator (collective over it: a ``Split_type``
+        and a shared window).
+    """
+
+    def __init__(self, comm) -> None:
+        import numpy as np
+        from mpi4py import MPI
+
+        self.node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        self.index, n = self.node.Get_rank(), self.node.Get_size()
+        self.win = MPI.Win.Allocate_shared(
+            8 * n if self.index == 0 else 0, 8, comm=self.node
+        )
+        buf, _ = self.win.Shared_query(0)
+        self.times = np.frombuffer(buf, dtype=np.float64, count=n)
+        self.times[self.index] = 0.0
+        self.node.Barrier()  # every slot written before anyone reads one
+
+    def moved(self, when: float) -> None:
+        """This rank's bytes moved at ``when`` (``time.monotonic()``)."""
+        self.times[self.index] = when
+
+    def latest(self) -> float:
+        """The latest time any rank of the node saw its bytes move."""
+        return float(self.times.max())

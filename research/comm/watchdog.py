@@ -21,8 +21,10 @@ watch is *quiet* for as long as none of the rank's communication has moved since
 the later of its start and the last progress. Progress is: any watch ending; a
 round of the progress thread (:mod:`research.comm.progress`) that advanced one of
 its tasks; a step of the sparse allreduce; a piece of the native ring allreduce
-(its byte counter, read inside ``jit`` too); and bytes moving on this process's
-TCP connections (:mod:`research.comm.traffic`). That is how a slow link is told
+(its byte counter, read inside ``jit`` too); bytes moving on this process's
+TCP connections, or on those of another rank of its node (its leader, which
+moves the node's bytes when MPI reduces within the node first;
+:mod:`research.comm.traffic`). That is how a slow link is told
 from a dead one: over a 1 Mbit/s link bytes still arrive every second, so no
 watch stays quiet however long the collective takes; a link that is down, a
 frozen node or a dead one moves nothing (a frozen peer's kernel may acknowledge
@@ -183,6 +185,7 @@ class Watchdog:
 
     def __init__(self, rank: int, size: int, rollcall: Any = None) -> None:
         self.rank, self.size, self.rollcall = rank, size, rollcall
+        self.board: Any = None  # research.comm.traffic.NodeBoard
         self.setting: float | str | None = parse_timeout(os.environ.get(ENV))
         self.slowest_step = 0.0
         self.longest: tuple[float, str] = (0.0, "")
@@ -280,12 +283,25 @@ class Watchdog:
         quiet for a tick (a look at this process's sockets)."""
         from research.comm import traffic
 
+        if self._own_bytes_moved(quiet, traffic):
+            now = time.monotonic()
+            _state.last = now
+            if self.board is not None:
+                self.board.moved(now)
+            return True
+        # A rank of this node moved the node's bytes for it (its leader).
+        latest = self.board.latest() if self.board is not None else 0.0
+        if latest > _state.last:
+            _state.last = latest
+            return True
+        return False
+
+    def _own_bytes_moved(self, quiet: float, traffic: Any) -> bool:
         ring = traffic.ring_bytes()
         if ring is not None and ring != self._ring_bytes:
             moved = self._ring_bytes is not None
             self._ring_bytes = ring
             if moved:
-                progress()
                 return True
         if quiet < TICK_S:
             return False
@@ -298,7 +314,6 @@ class Watchdog:
         (rx0, ack0), (rx, ack) = self._traffic_base, tcp
         if rx - rx0 >= traffic.MIN_RECEIVED or ack - ack0 >= traffic.MIN_ACKED:
             self._traffic_base = tcp
-            progress()
             return True
         return False
 
@@ -430,9 +445,11 @@ def start(comm: Any) -> Watchdog | None:
         if _dog is not None or comm.Get_size() < 2:
             return _dog
         from research.comm.rollcall import RollCall
+        from research.comm.traffic import NodeBoard
 
         dog = Watchdog(comm.Get_rank(), comm.Get_size())
         dog.rollcall = RollCall(comm, dog.status)
+        dog.board = NodeBoard(comm)
         dog.start()
         _dog = dog
         return dog

@@ -27,9 +27,8 @@ import time
 
 import pytest
 
-from research.checkpoint.manifest import committed_steps, read_manifest
 from tests.node_faults import make_cluster, remove_cluster, run_with_fault
-from tests.test_node_faults import TIMEOUT_S, check_restart, check_stall
+from tests.test_node_faults import TIMEOUT_S, check_restart, check_stall, committed
 
 NAME = f"f{os.getpid() % 100000}"
 STRATEGIES = ["fused", "host", "solo", "overlap", "sparse"]
@@ -88,6 +87,7 @@ def test_node_killed_restarts_on_the_other(cluster, strategy, tmp_path):
             tmp_path / "run",
             lambda: cluster.kill("n2"),
             at_step=12,
+            when=committed,
             args=["--strategy", strategy, "--steps", "40", "--max-restarts", "1"]
             + ["--checkpoint", "deepfreeze", "--checkpoint-every", "5"],
             comm_timeout=TIMEOUT_S,
@@ -127,17 +127,13 @@ def test_slow_link_is_not_a_dead_one(cluster, strategy, tmp_path):
 def test_deepfreeze_save_in_flight_when_the_link_goes_down(cluster, tmp_path):
     run = tmp_path / "run"
 
-    def saving(run_dir) -> bool:
-        # A step was just requested: its background persistence is in flight.
-        return bool(committed_steps(read_manifest(run_dir / "checkpoints")))
-
     try:
         got = run_with_fault(
             cluster,
             run,
             lambda: cluster.set_link("n2", False),
             at_step=10,
-            when=saving,
+            when=in_flight,
             args=["--strategy", "host", "--steps", "40", "--max-restarts", "1"]
             + ["--checkpoint", "deepfreeze", "--checkpoint-every", "5"],
             comm_timeout=TIMEOUT_S,
@@ -147,6 +143,16 @@ def test_deepfreeze_save_in_flight_when_the_link_goes_down(cluster, tmp_path):
     rec = check_restart(got, steps=40, lost=["n2"])
     assert rec["cause"] == "comm-timeout", rec
     assert "comm watchdog: no progress" in got.out
+
+
+def in_flight(run_dir) -> bool:
+    """A step is committed and a later one was requested (every 5 steps) but
+    is not committed yet: its DeepFreeze save is in flight."""
+    from research.checkpoint.manifest import committed_steps, read_manifest
+    from tests.node_faults import last_step
+
+    steps = committed_steps(read_manifest(run_dir / "checkpoints"))
+    return bool(steps) and max(steps) < last_step(run_dir) // 5 * 5
 
 
 def _rows(run_dir) -> list[dict]:
