@@ -129,6 +129,11 @@ def run_with_fault(
             job.wait()
     took = time.time() - t0
     left = {h: _job_pids(cluster, h) for h in cluster.hosts() if _up(cluster, h)}
+    if os.environ.get("RESEARCH_FAULT_LOG"):  # the journal's measured bounds
+        with open(os.environ["RESEARCH_FAULT_LOG"], "a") as f:
+            rec = {"args": args, "step": step, "code": job.returncode}
+            rec.update(after_fault_s=round(took, 2), left=left)
+            f.write(json.dumps(rec) + "\n")
     return Outcome(job.returncode, took, out, left, run_dir, step)
 
 

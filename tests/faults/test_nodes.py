@@ -11,7 +11,8 @@ started as a user starts it (``python -m experiments.train --hosts n1,n2 --np
   (2 ranks, the global batch kept), resumed from the newest committed step,
   its loss going on where it was; ``summary.json`` holds the restart;
 * the link slowed to 1 Mbit/s for 20 s mid-run, then back: steps take longer
-  than the timeout, bytes keep moving, the job finishes (exit 0).
+  than the timeout (not sparse's: top-k sends a few KB a step), bytes keep
+  moving, the job finishes (exit 0).
 
 And a DeepFreeze save in flight when the link goes down, with
 ``--max-restarts 1``: the restart finds n2 unreachable and finishes on n1 from
@@ -119,9 +120,10 @@ def test_slow_link_is_not_a_dead_one(cluster, strategy, tmp_path):
     assert got.code == 0 and "ending the job" not in got.out, got.out[-4000:]
     summary = got.summary()
     assert summary["comm_watchdog"]["longest_quiet_s"] < TIMEOUT_S / 2, summary
-    rows = [r for r in _rows(got.run_dir) if r["step"] > got.fault_step]
-    # Collectives outlasted the timeout while the link crawled: bytes moved.
-    assert max(r["step_time"] for r in rows) > TIMEOUT_S / 2, rows[:5]
+    if strategy != "sparse":  # top-k 1% sends a few KB a step: fast even so
+        rows = [r for r in _rows(got.run_dir) if r["step"] > got.fault_step]
+        # Collectives outlasted the timeout while the link crawled: bytes moved.
+        assert max(r["step_time"] for r in rows) > TIMEOUT_S / 2, rows[:5]
 
 
 def test_deepfreeze_save_in_flight_when_the_link_goes_down(cluster, tmp_path):
