@@ -25,10 +25,13 @@ times:
    from step 0 and says so.
 
 Each restart is a record in ``RUN_DIR/restarts.json`` (cause, message, exit
-code, lost nodes, world sizes, batch, when it failed), completed by the
-restarted run's rank 0 after its first step (step resumed, seconds from the
-failure to that first step), copied into ``summary.json`` (``restarts``) and
-marked on the timeline (an event ``restart N`` on track ``restart``).
+code, lost nodes, world sizes, batch, when it failed: ``failed_at``, the
+moment a rank declared it, and for a stall ``stalled_since``, the last
+progress), completed by the restarted run's rank 0 after its first step (step
+resumed, ``seconds_to_first_step`` from ``failed_at``, and
+``seconds_from_stall`` from ``stalled_since``), copied into ``summary.json``
+(``restarts``) and marked on the timeline (an event ``restart N`` on track
+``restart``).
 
 A node that comes back is not rejoined mid-run: the world only shrinks within
 one run (growing it would need every rank to agree on a new world while the
@@ -163,13 +166,16 @@ def cause_of(run_dir: str | os.PathLike, attempt: int, code: int) -> dict[str, A
     recs = failures.read(run_dir, attempt)
     if recs:
         first = recs[0]
-        return {
+        out = {
             "cause": first.get("cause"),
             "message": first.get("message"),
             "failed_rank": first.get("rank"),
             "failed_host": first.get("host"),
             "failed_at": first.get("time"),
         }
+        if first.get("quiet_s") is not None:  # the watchdog: stalled since then
+            out["stalled_since"] = first["time"] - first["quiet_s"]
+        return out
     return {"cause": "exit", "message": f"mpiexec ended with {_exit_words(code)}"}
 
 

@@ -86,8 +86,9 @@ class RollCall:
                     self._want.clear()
                     self._send_questions()
                 self._serve()
-            except MPI.Exception as e:  # the network may be gone: stay quiet
-                self._broken = str(e)
+            except Exception as e:  # noqa: BLE001 - the network may be gone:
+                # stay quiet; a roll call never ends a job by itself
+                self._broken = f"{type(e).__name__}: {e}"
                 return
 
     def _send_questions(self) -> None:

@@ -9,7 +9,8 @@ the restarted run this callback (added by the Trainer when N > 0)
 * marks the restart on the timeline (an event on track ``restart``);
 * after the first step, completes the record: ``step_resumed``,
   ``first_step_at`` and ``seconds_to_first_step`` (from the failure, as the
-  failing rank recorded it, or from mpiexec's end where no rank could);
+  failing rank recorded it, or from mpiexec's end where no rank could), and for
+  a stall ``seconds_from_stall`` (from its last progress);
 * puts every restart's record into ``summary.json`` (``restarts``).
 """
 
@@ -72,6 +73,8 @@ class RestartRecord(Callback):
             return
         rec["first_step_at"] = now = time.time()
         rec["seconds_to_first_step"] = round(now - rec["failed_at"], 3)
+        if rec.get("stalled_since"):
+            rec["seconds_from_stall"] = round(now - rec["stalled_since"], 3)
         if trainer.world.rank == 0:
             from research.restart import read_records, write_records
 
