@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast test-cluster test-site-mpi lint bench
+.PHONY: run test test-fast test-cluster test-faults test-site-mpi lint bench
 run: $(STAMP)
 	$(PY) -m experiments.eager_sgd --seeds 0 1 2
 
@@ -24,6 +24,12 @@ test-cluster: $(STAMP) test-site-mpi
 	command -v slurmctld >/dev/null || (apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge) || true
 	RESEARCH_CLUSTER_TESTS=1 $(PY) -m pytest tests/cluster -rs
+
+# The communication watchdog's fault matrix (tests/faults/): every stall case
+# on one machine, and on local nodes (network namespaces, scripts/cluster/
+# localnet.sh) where root can make them (skipped with the reason elsewhere).
+test-faults: $(STAMP)
+	RESEARCH_FAULT_TESTS=1 $(PY) -m pytest tests/faults -rs
 
 # A second MPI for real: Debian's Open MPI (installed here when missing) as the
 # site MPI, .venv-openmpi built the way the README tells a cluster user, the MPI

@@ -24,6 +24,7 @@ import dataclasses
 import sys
 
 from research.cli import parse_config
+from research.comm.env import launched_by_mpi
 from research.launch import UsageError, fail_usage, maybe_relaunch, set_threads
 from research.studies.presets import NP_HELP, ExperimentConfig
 from research.train.config import PARALLEL, TrainConfig, flag
@@ -36,6 +37,20 @@ class Config(ExperimentConfig):
     """One run: the training config (checkpoint flags included) and its ranks."""
 
     np: int = flag(2, NP_HELP, PARALLEL)
+    max_restarts: int = flag(
+        0,
+        "when the job fails (a lost node, a stalled collective, a rank's error), "
+        "relaunch it up to N times on the nodes that still answer and resume "
+        "from the newest committed checkpoint (research/restart.py); "
+        "default %(default)s",
+        PARALLEL,
+        metavar="N",
+    )
+
+    def problem(self) -> str | None:
+        if self.max_restarts < 0:
+            return f"--max-restarts must be >= 0, got {self.max_restarts}"
+        return None
 
 
 def get_config(model: str | None = None, paper_scale: bool = False) -> Config:
@@ -48,9 +63,31 @@ def parse(argv: list[str]) -> Config:
     return parse_config(argv, get_config, prog=PROG, doc=__doc__)
 
 
+def with_restarts(cfg: Config, argv: list[str]) -> int:
+    """Run the job under :func:`research.restart.run` (``--max-restarts``)."""
+    from research import restart
+    from research.rundir import default_run_dir
+
+    train = cfg.train
+    return restart.run(
+        "experiments.train",
+        argv,
+        np_=cfg.np,
+        threads=train.threads,
+        max_restarts=cfg.max_restarts,
+        run_dir=train.run_dir or default_run_dir("train"),
+        batch_size=train.batch_size,
+        lr=train.lr,
+        scale_lr=train.scale_lr,
+        hosts=cfg.hosts,
+    )
+
+
 def main(argv: list[str] | None = None) -> dict | None:
     argv = sys.argv[1:] if argv is None else argv
     cfg = parse(argv)
+    if cfg.max_restarts and not launched_by_mpi() and cfg.np > 0:
+        raise SystemExit(with_restarts(cfg, argv))
     maybe_relaunch("experiments.train", argv, cfg.np, cfg.train.threads, cfg.hosts)
     set_threads(cfg.train.threads)
     from research.runner import run_training

@@ -353,6 +353,12 @@ def validate(cfg: TrainConfig) -> str | None:
         return f"--lr must be positive, got {cfg.lr}"
     if cfg.data_dir is not None and not os.path.isdir(cfg.data_dir):
         return f"--data-dir {cfg.data_dir!r} is not a folder"
+    from research.comm.watchdog import parse_timeout
+
+    try:
+        parse_timeout(cfg.comm_timeout)
+    except ValueError as e:
+        return str(e)
     if cfg.threads < 0:
         return f"--threads must be >= 0 (0: XLA's default), got {cfg.threads}"
     from research.checkpoint.registry import check_saver_options

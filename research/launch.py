@@ -10,14 +10,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import threading
+import time
+import uuid
 from pathlib import Path
+from typing import Any
 
+from research.comm import lifeline
 from research.comm.env import SHM_DIR, SHM_PREFIXES, env_rank, launched_by_mpi
 from research.comm.malloc import launch_env
 from research.privdir import owned
@@ -216,6 +221,16 @@ def remove_orphaned_shm() -> list[str]:
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
+#: Every process of a job the launcher starts carries this variable (a fresh
+#: tag per launch), so what is left of it afterwards can be found and ended.
+JOB_ENV = "RESEARCH_JOB"
+#: Seconds the job's processes get to end by themselves after mpiexec returned.
+REAP_GRACE_S = 5.0
+#: Set when the launcher forwarded a stop signal (SIGTERM, SIGUSR1) or Ctrl-C:
+#: a job told to stop is not restarted.
+told_to_stop: int | None = None
+
+
 def is_hydra(mpiexec: str) -> bool:
     """Whether ``mpiexec`` is MPICH's Hydra (else Open MPI's mpirun is assumed)."""
     try:
@@ -278,7 +293,14 @@ def launch_command(np_: int, hosts: str = "") -> tuple[list[str], dict[str, str]
 
 
 def relaunch(
-    module: str, argv: list[str], np_: int, threads: int = 1, hosts: str = ""
+    module: str,
+    argv: list[str],
+    np_: int,
+    threads: int = 1,
+    hosts: str = "",
+    *,
+    env_extra: dict[str, str] | None = None,
+    run_dir: str | os.PathLike | None = None,
 ) -> int:
     """Run ``python -m module argv`` under ``mpiexec -n np_`` and return its exit code.
 
@@ -287,34 +309,124 @@ def relaunch(
     and SIGUSR1 are forwarded to mpiexec (the ranks stop cleanly and exit
     ``128 + signal``, which is returned); a signal sent to the whole process
     group reaches mpiexec twice, which is harmless (the ranks keep a flag).
+
+    Nothing is left behind (``research.comm.lifeline``): mpiexec dies with this
+    process, even by SIGKILL; once mpiexec returns, any process of the job
+    still running here (tagged ``RESEARCH_JOB``) gets :data:`REAP_GRACE_S`
+    seconds, then SIGKILL. With ``run_dir``, a rank's failure record there
+    (``research.comm.failures``) bounds the wait: an mpiexec that has not
+    returned :data:`ABORTED_JOB_S` seconds after it (its own node frozen, a
+    proxy that cannot be reached) is killed. ``env_extra`` is added to the
+    job's environment.
     """
+    global told_to_stop
     env = launch_env(dict(os.environ))  # huge pages for malloc (research.comm.malloc)
     env.update(thread_env(threads))
     env.setdefault("PYTHONUNBUFFERED", "1")
     check_may_launch()
     launcher, extra_env = launch_command(np_, hosts)
     env.update(extra_env)
+    env.update(env_extra or {})
+    env[JOB_ENV] = tag = uuid.uuid4().hex
     cmd = [*launcher, sys.executable, "-m", module, *argv]
     remove_orphaned_shm()  # a killed earlier job's MPICH segments
-    proc = subprocess.Popen(cmd, env=env)
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=lifeline.lifeline_preexec())
     previous = {}
+
+    def forward(signum: int, _frame: object) -> None:
+        global told_to_stop
+        told_to_stop = signum
+        proc.send_signal(signum)
+
     if threading.current_thread() is threading.main_thread():
         for sig in FORWARDED_SIGNALS:
-            previous[sig] = signal.signal(
-                sig, lambda signum, _frame: proc.send_signal(signum)
-            )
+            previous[sig] = signal.signal(sig, forward)
     try:
-        code = proc.wait()
+        code = _wait(proc, run_dir, env.get("RESEARCH_ATTEMPT", "0"), module)
     except KeyboardInterrupt:  # as subprocess.call did: mpiexec got SIGINT too
+        told_to_stop = signal.SIGINT
         proc.kill()
         proc.wait()
         code = 130
     finally:
         for sig, prev in previous.items():
             signal.signal(sig, prev)
+    left = reap_job(tag)
+    if left:
+        print(
+            f"{module}: ended {len(left)} processes the job left behind: "
+            + ", ".join(f"{pid} ({name})" for pid, name in left),
+            file=sys.stderr,
+            flush=True,
+        )
     if code != 0:
         remove_orphaned_shm()  # an aborted job's MPICH segments
     return code
+
+
+#: Seconds after a rank's failure record within which mpiexec must return (the
+#: aborting ranks' own bound, research.comm.world.ABORT_FALLBACK_S, and more).
+ABORTED_JOB_S = 30.0
+
+
+def _wait(proc: subprocess.Popen, run_dir: Any, attempt: str, module: str) -> int:
+    """``proc.wait()``, bounded by the failure records in ``run_dir``."""
+    if run_dir is None:
+        return proc.wait()
+    from research.comm import failures
+
+    while True:
+        try:
+            return proc.wait(1.0)
+        except subprocess.TimeoutExpired:
+            pass
+        recs = failures.read(run_dir, int(attempt))
+        if recs and time.time() - recs[0]["time"] > ABORTED_JOB_S:
+            print(
+                f"{module}: mpiexec still running {ABORTED_JOB_S:.0f} s after rank "
+                f"{recs[0].get('rank')} ended the job ({recs[0].get('cause')}): "
+                "killing it",
+                file=sys.stderr,
+                flush=True,
+            )
+            proc.kill()
+            proc.wait()
+            return 128 + signal.SIGKILL
+
+
+def job_processes(tag: str) -> list[tuple[int, str]]:
+    """``(pid, name)`` of this machine's processes whose environment holds
+    ``RESEARCH_JOB=tag`` (those we may read: ours, or all as root)."""
+    want = f"{JOB_ENV}={tag}".encode()
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if want not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:  # ended meanwhile, or not ours to read
+            continue
+        if stat.rpartition(")")[2].split()[0] == "Z":
+            continue  # a zombie: already ended, its parent will reap it
+        found.append((int(pid), stat[stat.find("(") + 1 : stat.rfind(")")]))
+    return found
+
+
+def reap_job(tag: str, grace: float = REAP_GRACE_S) -> list[tuple[int, str]]:
+    """End what is left of job ``tag`` here: wait up to ``grace`` seconds for
+    its processes to end by themselves, then SIGKILL them; returns those
+    killed."""
+    end = time.monotonic() + grace
+    while (left := job_processes(tag)) and time.monotonic() < end:
+        time.sleep(0.1)
+    for pid, _ in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return left
 
 
 def maybe_relaunch(

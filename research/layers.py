@@ -49,6 +49,8 @@ UNITS: dict[str, tuple[str, ...]] = {
         "research.privdir",
         "models",
     ),
+    # Relaunching a failed job on the nodes that still answer (--max-restarts).
+    "research.restart": ("research.comm", "research.launch"),
     # Checkpointing: a library below training.
     "research.checkpoint": (
         "research.comm",
@@ -67,6 +69,7 @@ UNITS: dict[str, tuple[str, ...]] = {
         "research.launch",
         "research.localnet",
         "research.periodic",
+        "research.restart",
         "research.rundir",
         "research.trace",
         "models",

@@ -42,6 +42,8 @@ collect_ignore_glob = (
 )
 if not os.environ.get("RESEARCH_CLUSTER_TESTS"):  # `make test-cluster` runs them
     collect_ignore_glob.append("cluster/*")
+if not os.environ.get("RESEARCH_FAULT_TESTS"):  # `make test-faults` runs them
+    collect_ignore_glob.append("faults/*")
 # The folder itself, not only its files: its conftest.py sets RESEARCH_MPIEXEC
 # (Open MPI's mpirun) for the whole session when it is imported.
 collect_ignore = [] if os.environ.get("RESEARCH_SITE_MPI_TESTS") else ["site_mpi"]

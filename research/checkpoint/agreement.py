@@ -36,12 +36,14 @@ def allgather_json(
     size = comm.Get_size()
     length = np.array([data.size], dtype=np.int64)
     lengths = np.empty(size, dtype=np.int64)
-    wait_all([comm.Iallgather(length, lengths)], timeout=timeout)
+    what = "checkpoint agreement"
+    wait_all([comm.Iallgather(length, lengths)], timeout=timeout, what=what)
     displs = np.zeros(size, dtype=np.int64)
     displs[1:] = np.cumsum(lengths)[:-1]
     recv = np.empty(int(lengths.sum()), dtype=np.uint8)
     wait_all(
         [comm.Iallgatherv(data, [recv, lengths.tolist(), displs.tolist(), MPI.BYTE])],
         timeout=timeout,
+        what=what,
     )
     return [json.loads(recv[d : d + n].tobytes()) for d, n in zip(displs, lengths)]

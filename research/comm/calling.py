@@ -30,6 +30,12 @@ model, per rank), and ``avg.close()``:
 * ``sparse``: top-k with error feedback (:class:`TopKAllreduce`), outside
   ``jit``; ``state`` is this rank's residual.
 
+Communication watchdog (:mod:`research.comm.watchdog`): ``comm_timeout=``
+(seconds, ``"auto"``, ``"off"``) sets this process's timeout; a call of
+``avg`` outside ``jit`` is watched by itself. A jitted step of your own that
+holds the ``fused`` mean runs where no Python does: call it inside
+``research.comm.watchdog.watch("my step")`` to have it watched too.
+
 Not offered in this form, each saying why (``Averager.no_call_form``): ``ps``
 (the parameter server exchanges gradients for parameters, it returns no mean),
 ``layerwise`` and ``overlap`` (their collectives run stage by stage inside the
@@ -48,13 +54,17 @@ import jax.numpy as jnp
 from research.comm.base import CommInfo
 
 
-def averaging(name: str, world: Any, **options: Any) -> Averaging:
+def averaging(
+    name: str, world: Any, *, comm_timeout: float | str | None = None, **options: Any
+) -> Averaging:
     """The strategy ``name`` behind one calling convention (see module doc).
 
     Args:
       name: a strategy that has the form (``experiments.train --list``).
       world: a :class:`research.comm.world.World` or an mpi4py
         intracommunicator (collective: every rank of it builds it alike).
+      comm_timeout: the communication watchdog's timeout for this process
+        (seconds, ``"auto"`` or ``"off"``; None: leave it as it is).
       **options: the strategy's options (``experiments.train --list``).
 
     Raises:
@@ -71,7 +81,12 @@ def averaging(name: str, world: Any, **options: Any) -> Averaging:
     if why:
         raise ValueError(f"strategy {name!r} has no avg(grads) form: {why}")
     make = getattr(factory, "averaging", None)
-    return make(world, **options) if make else wrap(factory(world, **options))
+    avg = make(world, **options) if make else wrap(factory(world, **options))
+    if comm_timeout is not None:
+        from research.comm import watchdog
+
+        watchdog.configure(comm_timeout)
+    return avg
 
 
 def offered() -> list[str]:
@@ -156,7 +171,10 @@ class _InJit(Averaging):
         info = CommInfo(bytes=nbytes, contributors=size, staleness=0)
         if any(isinstance(x, jax.core.Tracer) for x in leaves):
             return self.averager.average_in_jit(grads), info
-        return self._jitted(grads), info
+        from research.comm import watchdog
+
+        with watchdog.watch(f"{self.name} mean", detail=self.averager.path()):
+            return jax.block_until_ready(self._jitted(grads)), info
 
 
 class _HostSide(Averaging):

@@ -74,7 +74,7 @@ import jax.numpy as jnp
 import numpy as np
 from mpi4py import MPI
 
-from research.comm import choose, ring
+from research.comm import choose, ring, watchdog
 from research.comm.base import Averager, CommInfo
 from research.comm.chain import Chain
 from research.comm.fusion import DEFAULT_BUCKET_BYTES, FusionPlan, HostBuffers
@@ -229,6 +229,10 @@ class FusedAllreduce(Averager):
         """True when the sums go through :mod:`research.comm.ring`."""
         return self.allreduce_choice["path"] == "ring"
 
+    def path(self) -> str:
+        """Which allreduce runs inside the step, in words (for the watchdog)."""
+        return _path(self.allreduce_choice, "mpi4jax MPI_Allreduce") + " in jit"
+
     def adopt_allreduce(self, recorded: dict[str, Any] | None) -> None:
         """Take the path an interrupted run recorded (see
         :func:`research.comm.choose.adopt`); the same on every rank."""
@@ -267,6 +271,14 @@ class FusedAllreduce(Averager):
         return summed_mpi4jax, False
 
 
+def _path(choice: dict[str, Any], mpi: str) -> str:
+    """The path of ``choice`` in words, for the watchdog's messages."""
+    if choice.get("pending"):
+        return "allreduce=auto: timing " + ", ".join(choice.get("candidates", []))
+    path = choice.get("path")
+    return {"ring": "ring allreduce", "mpi": mpi}.get(path, f"{path} allreduce")
+
+
 def _node_comms(comm: Any, choice: dict[str, Any]) -> NodeComms | None:
     """The node and leader communicators, where the hierarchical path may run
     (collective over ``comm``: every rank's choice is the same)."""
@@ -280,13 +292,14 @@ def _settled(
 ) -> dict[str, Any]:
     """``allreduce=auto``'s choice from timing ``paths`` (collective); rank 0
     says the outcome in one line."""
-    choice = choose.settle(
-        averager.comm,
-        averager.allreduce_choice,
-        paths,
-        nbytes=plan.nbytes,
-        buffers=len(plan.buckets),
-    )
+    with watchdog.watch(f"{name}: allreduce=auto timing"):
+        choice = choose.settle(
+            averager.comm,
+            averager.allreduce_choice,
+            paths,
+            nbytes=plan.nbytes,
+            buffers=len(plan.buckets),
+        )
     if averager.comm.Get_rank() == 0:
         print(f"research.comm: {name}: {choice['reason']}", file=sys.stderr, flush=True)
     return choice
@@ -386,7 +399,9 @@ class HostAllreduce(Averager):
             round=self._round,
         ) as span:
             t0 = time.perf_counter()
-            buffers, t1 = self._sum(grads, host, self.allreduce_choice["path"])
+            with watchdog.watch("allreduce-host", detail=self.path()):
+                path = self.allreduce_choice["path"]
+                buffers, t1 = self._sum(grads, host, path)
             emulated = 0.0
             if self.link.emulated:
                 model = sum(self.link.allreduce(b.nbytes, self.size) for b in buffers)
@@ -414,6 +429,10 @@ class HostAllreduce(Averager):
             },
         )
         return out, info
+
+    def path(self) -> str:
+        """Which allreduce runs, in words (for the watchdog's messages)."""
+        return _path(self.allreduce_choice, "mpi4py Allreduce")
 
     def adopt_allreduce(self, recorded: dict[str, Any] | None) -> None:
         """As :meth:`FusedAllreduce.adopt_allreduce`."""

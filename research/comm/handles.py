@@ -65,6 +65,7 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util.dtlib import from_numpy_dtype
 
+from research.comm import watchdog
 from research.comm.link import Link
 from research.comm.progress import Poll, ProgressThread, Task, get_progress
 from research.trace import get_tracer
@@ -122,7 +123,8 @@ class Handle:
           TimeoutError: not done within ``timeout`` seconds (it stays in flight).
         """
         t0 = time.perf_counter()
-        finished = self._event.wait(timeout)
+        with watchdog.watch(self.name, detail=f"{self.nbytes} B"):
+            finished = self._event.wait(timeout)
         self.wait_s += time.perf_counter() - t0
         if not finished:
             raise TimeoutError(f"{self.kind} not complete after {timeout} s")

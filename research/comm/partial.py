@@ -88,6 +88,7 @@ from typing import Any, Literal
 import numpy as np
 from mpi4py import MPI
 
+from research.comm import watchdog
 from research.comm.base import Averager, CommInfo, old_options, renamed
 from research.comm.fusion import FlatLayout
 from research.comm.link import Link
@@ -291,9 +292,10 @@ class PartialAllreduce(Rounds):
             self._inbox.append(_Deposit(call, flat, kind))
             get_progress().wake()
             t0 = time.perf_counter()
-            while call not in self._done:
-                self._raise_if_failed()
-                self._cond.wait(0.5)
+            with watchdog.watch(f"{self.mode} round {call}", detail=kind):
+                while call not in self._done:
+                    self._raise_if_failed()
+                    self._cond.wait(0.5)
             rec = self._done.pop(call)
             if rec.kind != kind:
                 # A peer's reduce() ran this round as a partial one before this

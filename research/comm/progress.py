@@ -57,6 +57,8 @@ from typing import Any
 
 from mpi4py import MPI
 
+from research.comm import watchdog
+
 _STOP = object()
 #: Longest sleep between polls once a wait has grown long (see module docstring).
 LONG_SLEEP = 1e-3
@@ -70,6 +72,8 @@ def wait_all(
     min_sleep: float = 20e-6,
     max_sleep: float = 1e-3,
     timeout: float | None = None,
+    what: str = "wait_all",
+    peers: Sequence[int] | None = None,
 ) -> None:
     """Complete ``requests`` while sleeping between tests (no busy polling).
 
@@ -78,17 +82,19 @@ def wait_all(
       min_sleep: first sleep between tests, seconds; doubles up to ``max_sleep``.
       max_sleep: longest sleep between tests; bounds the added latency.
       timeout: raise ``TimeoutError`` after this many seconds (None: wait forever).
+      what, peers: what the communication watchdog names while it waits.
     """
     reqs = [r for r in requests if r != MPI.REQUEST_NULL]
     if not reqs:
         return
     start = time.perf_counter()
     sleep = min_sleep
-    while not MPI.Request.Testall(reqs):
-        if timeout is not None and time.perf_counter() - start > timeout:
-            raise TimeoutError(f"MPI requests not complete after {timeout:.1f} s")
-        time.sleep(sleep)
-        sleep = min(sleep * 2, max_sleep)
+    with watchdog.watch(what, peers):
+        while not MPI.Request.Testall(reqs):
+            if timeout is not None and time.perf_counter() - start > timeout:
+                raise TimeoutError(f"MPI requests not complete after {timeout:.1f} s")
+            time.sleep(sleep)
+            sleep = min(sleep * 2, max_sleep)
 
 
 class Poll(enum.Enum):
@@ -266,6 +272,7 @@ class ProgressThread:
                 progressed = progressed or outcome is not Poll.IDLE
             if progressed:
                 sleep, idle_since = self._min_sleep, time.perf_counter()
+                watchdog.progress()
             else:
                 sleep = min(2 * sleep, 1.0)
 

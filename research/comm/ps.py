@@ -48,6 +48,7 @@ import jax
 import numpy as np
 from mpi4py import MPI
 
+from research.comm import watchdog
 from research.comm.base import Averager, CommInfo
 from research.comm.fusion import FlatLayout
 from research.comm.link import Link
@@ -167,9 +168,10 @@ class ParameterServer:
             with self._cond:
                 self._inbox.append(("push", flat))
                 get_progress().wake()
-                while self._reply is None:
-                    self._raise_if_failed()
-                    self._cond.wait(0.5)
+                with watchdog.watch("ps push-pull (own server)"):
+                    while self._reply is None:
+                        self._raise_if_failed()
+                        self._cond.wait(0.5)
                 params, version, staleness = self._reply
                 self._reply = None
         else:
@@ -178,7 +180,7 @@ class ParameterServer:
                 self._comm.Isend(flat, self.root, _TAG_PUSH),
                 self._comm.Irecv(reply, self.root, _TAG_PULL),
             ]
-            wait_all(reqs)
+            wait_all(reqs, what="ps push-pull", peers=[self.root])
             params, version = reply[:-1], int(reply[-1])
             staleness = version - 1 - self._version
         waited = time.perf_counter() - t0
@@ -201,15 +203,21 @@ class ParameterServer:
             with self._cond:
                 self._inbox.append(("done", None))
                 get_progress().wake()
-                while self._final is None:
-                    self._raise_if_failed()
-                    self._cond.wait(0.5)
+                with watchdog.watch("ps finish", detail="every worker's done"):
+                    while self._final is None:
+                        self._raise_if_failed()
+                        self._cond.wait(0.5)
                 final = self._final
         else:
             final = np.empty(tmpl.n + 1, tmpl.wire)
             done = np.zeros(1, np.int64)
-            wait_all([self._comm.Isend(done, self.root, _TAG_DONE)])
-            wait_all([self._comm.Ibcast(final, root=self.root)])
+            peers = [self.root]
+            wait_all(
+                [self._comm.Isend(done, self.root, _TAG_DONE)],
+                what="ps done",
+                peers=peers,
+            )
+            wait_all([self._comm.Ibcast(final, root=self.root)], what="ps final bcast")
         self._finished = True
         self._version = int(final[-1])
         info = CommInfo(

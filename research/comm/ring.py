@@ -295,8 +295,13 @@ def _load() -> Any:
         )
         host.restype = ctypes.c_int
         lib.research_ring_calls.restype = ctypes.c_int64
+        lib.research_ring_bytes.restype = ctypes.c_int64
+        lib.research_ring_peers.restype = ctypes.c_int64
         _state["host"] = host
         _state["calls"] = lib.research_ring_calls
+        # Read by the communication watchdog (research.comm.traffic).
+        _state["bytes"] = lib.research_ring_bytes
+        _state["peers"] = lib.research_ring_peers
         jax.ffi.register_ffi_target(
             TARGET, jax.ffi.pycapsule(getattr(lib, TARGET)), platform="cpu"
         )

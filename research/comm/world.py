@@ -8,9 +8,11 @@ of different subsystems can then never match each other.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import os
+import signal
 import sys
 import threading
 import time
@@ -23,10 +25,14 @@ mpi4py.rc.thread_level = "multiple"
 mpi4py.rc.finalize = True
 from mpi4py import MPI  # noqa: E402
 
+from research.comm import watchdog  # noqa: E402
 from research.comm.env import env_rank, env_size, launched_by_mpi  # noqa: E402,F401
 
 #: Seconds an aborting rank waits after printing, so the launcher can forward it.
 ABORT_GRACE_S = 0.5
+#: Seconds ``MPI_Abort`` is given before the rank exits by itself: it may hang
+#: when the network is gone (it tells the launcher, which is unreachable).
+ABORT_FALLBACK_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -146,13 +152,16 @@ class World:
         return self._dups[name]
 
     def barrier(self) -> None:
-        self.comm.Barrier()
+        with watchdog.watch("world.barrier"):
+            self.comm.Barrier()
 
     def allgather(self, obj):
-        return self.comm.allgather(obj)
+        with watchdog.watch("world.allgather"):
+            return self.comm.allgather(obj)
 
     def bcast(self, obj, root: int = 0):
-        return self.comm.bcast(obj, root=root)
+        with watchdog.watch("world.bcast", peers=None if self.rank == root else [root]):
+            return self.comm.bcast(obj, root=root)
 
     def log(self, *msg: object, all_ranks: bool = False) -> None:
         """Print with a rank prefix (``r0 | ...``); by default only rank 0 prints."""
@@ -165,16 +174,27 @@ class World:
 ABORT_ENV = "RESEARCH_ABORT_ON_ERROR"
 
 
-@functools.lru_cache(maxsize=1)
-def get_world() -> World:
+def get_world(comm_timeout: float | str | None = None) -> World:
     """The world of this process; initialises MPI (thread level MULTIPLE) once.
 
     In a world of more than one rank it also installs
     :func:`install_abort_on_error`, so an uncaught exception on any rank ends the
     job instead of leaving the other ranks inside a collective forever (unless
-    ``RESEARCH_ABORT_ON_ERROR=0``). A world of one is left alone: nothing can
-    wait for it.
+    ``RESEARCH_ABORT_ON_ERROR=0``), and starts the communication watchdog
+    (:mod:`research.comm.watchdog`): a wait that makes no progress for
+    ``comm_timeout`` seconds (``"auto"``, the default: 180 s or 10x the slowest
+    step; ``"off"``) ends the job with exit code 124. A world of one is left
+    alone: nothing can wait for it. A rank started by a launcher dies with its
+    parent (:mod:`research.comm.lifeline`).
     """
+    world = _the_world()
+    if comm_timeout is not None:
+        watchdog.configure(comm_timeout)
+    return world
+
+
+@functools.lru_cache(maxsize=1)
+def _the_world() -> World:
     if not MPI.Is_initialized():  # pragma: no cover - mpi4py initialises on import
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
     from research.comm.malloc import keep_heap
@@ -197,7 +217,19 @@ def get_world() -> World:
     world = World.of(comm)
     if world.size > 1 and os.environ.get(ABORT_ENV, "1") != "0":
         install_abort_on_error()
+    _start_watchdog(world)
     return world
+
+
+def _start_watchdog(world: World) -> None:
+    """Die with the launcher; watch communication (collective: a Dup)."""
+    if launched_by_mpi():
+        from research.comm import lifeline
+
+        lifeline.die_with_parent()
+    if world.size > 1 and watchdog.start(world.comm) is not None:
+        # Registered after mpi4py's own handler, so it runs before MPI_Finalize.
+        atexit.register(watchdog.stop)
 
 
 #: Worlds wrapped around user communicators by :func:`as_world`, by handle.
@@ -234,6 +266,7 @@ def as_world(where: World | MPI.Comm) -> World:
         _WRAPPED[key] = World.of(comm)
         if comm.Get_size() > 1 and os.environ.get(ABORT_ENV, "1") != "0":
             install_abort_on_error()
+        _start_watchdog(_WRAPPED[key])
     return _WRAPPED[key]
 
 
@@ -244,9 +277,14 @@ def abort(code: int = 1) -> None:
     aborted job never reaches MPI_Finalize, which would remove them, and
     /dev/shm is memory. The other ranks keep their mappings (unlink only
     removes the name), so nothing breaks while the job is taken down.
+
+    ``MPI_Abort`` may hang where the network is gone: the rank then exits by
+    itself :data:`ABORT_FALLBACK_S` seconds later (:func:`exit_later`).
     """
-    sys.stdout.flush()
-    sys.stderr.flush()
+    exit_later(code, ABORT_FALLBACK_S)
+    with contextlib.suppress(ValueError, OSError):
+        sys.stdout.flush()
+        sys.stderr.flush()
     _unlink_my_shm()
     if (
         MPI.Is_initialized()
@@ -260,6 +298,24 @@ def abort(code: int = 1) -> None:
         time.sleep(ABORT_GRACE_S)
         MPI.COMM_WORLD.Abort(code)
     os._exit(code)
+
+
+def exit_later(code: int, seconds: float) -> None:
+    """``os._exit(code)`` after ``seconds``, whatever this process is doing.
+
+    A daemon thread does it; should no thread run again (a C call holding the
+    GIL), the kernel's SIGALRM ends the process 5 s later (exit 142), where
+    nothing else handles SIGALRM.
+    """
+
+    def later() -> None:
+        time.sleep(seconds)
+        os._exit(code)
+
+    threading.Thread(target=later, name="research-exit-later", daemon=True).start()
+    with contextlib.suppress(ValueError, OSError):
+        if signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None):
+            signal.alarm(int(seconds) + 5)
 
 
 def _unlink_my_shm() -> None:
@@ -296,10 +352,17 @@ def install_abort_on_error() -> None:
             flush=True,
         )
 
+    def _record(exc_type, exc) -> None:
+        from research.comm import failures
+
+        line = "".join(traceback.format_exception_only(exc_type, exc)).strip()
+        failures.record("exception", line.splitlines()[-1] if line else "", rank=rank)
+
     def _hook(exc_type, exc, tb):
         if issubclass(exc_type, KeyboardInterrupt):
             abort(130)
         _report("uncaught exception", exc_type, exc, tb)
+        _record(exc_type, exc)
         abort(1)
 
     def _thread_hook(args: threading.ExceptHookArgs) -> None:
@@ -311,6 +374,7 @@ def install_abort_on_error() -> None:
             args.exc_value,
             args.exc_traceback,
         )
+        _record(args.exc_type, args.exc_value)
         abort(1)
 
     sys.excepthook = _hook

@@ -32,6 +32,7 @@ its spans make up a training step::
     checkpoint     other    yes            no    the blocking part of a checkpoint
     checkpoint-bg  other    no             no    background persistence
     log            other    yes            no
+    restart        other    yes            no    a run relaunched after a failure
     anything else  other    no             no
 
 One rule by name: a span named ``wait`` or ``wait ...`` (``wait\b``, any case) on a
@@ -152,6 +153,7 @@ TRACKS: dict[str, Track] = {
     "checkpoint": Track("other", True, False),
     "checkpoint-bg": Track("other", False, False),
     "log": Track("other", True, False),
+    "restart": Track("other", True, False),
 }
 UNKNOWN_TRACK = Track("other", False, False)
 DEFAULT_STAGE = "model"

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from research.checkpoint.base import Checkpointer
 from research.checkpoint.config import CheckpointConfig
+from research.comm import watchdog
 from research.periodic import itstime
 from research.train.callback import Callback
 
@@ -66,6 +67,10 @@ class CheckpointCallback(Callback):
         )
 
     def on_train_start(self, trainer: Trainer) -> None:
+        with watchdog.watch("checkpoint start-up and restore"):
+            self._start(trainer)
+
+    def _start(self, trainer: Trainer) -> None:
         self._world = trainer.world
         self.ckpt = self.config.create(trainer.world, trainer.run_dir, **self._kw)
         if self.ckpt is None:
@@ -124,7 +129,8 @@ class CheckpointCallback(Callback):
     def on_train_end(self, trainer: Trainer) -> None:
         if self.ckpt is not None:
             t0 = time.perf_counter()
-            self.ckpt.close()  # waits for checkpoints in flight, raises their failures
+            with watchdog.watch("checkpoint close"):
+                self.ckpt.close()  # waits for checkpoints in flight, raises failures
             self._end_s = time.perf_counter() - t0
 
     def summary(self) -> dict[str, Any]:

@@ -135,6 +135,14 @@ class TrainConfig:
         "default %(default)s",
         PARALLEL,
     )
+    comm_timeout: str = flag(
+        "auto",
+        "end the job when a collective makes no progress for this many seconds "
+        "(a warning at a third of it): 'auto' (180 s, or 10x the slowest step "
+        "measured), 'off' or SECONDS; default %(default)s",
+        PARALLEL,
+        metavar="SECONDS",
+    )
     threads: int = flag(
         1,
         "compute threads per rank (XLA:CPU's pool; 0: XLA's default); "

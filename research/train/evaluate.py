@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from research.comm import watchdog
 from research.comm.dense import HostAllreduce
 from research.comm.world import World
 from research.data.sharding import eval_batches
@@ -36,6 +37,7 @@ def evaluate(
     for x, y in eval_batches(test_x, test_y, batch_size, world.rank, world.size):
         loss_sum, correct = steps.eval_step(state, x, y)
         totals += (float(loss_sum), float(correct), len(y))
-    totals = world.comm.allreduce(totals)
+    with watchdog.watch("evaluate: sum of test totals"):
+        totals = world.comm.allreduce(totals)
     n = max(totals[2], 1)
     return {"test_loss": totals[0] / n, "test_acc": totals[1] / n}

@@ -52,6 +52,7 @@ from typing import Any, ClassVar, Protocol
 
 import jax
 
+from research.comm import watchdog
 from research.comm.base import Averager, CommInfo
 from research.trace import get_tracer
 from research.train import step as steps
@@ -227,7 +228,13 @@ class FusedExecutor(Executor):
     def step(self, state, x, y, *, step, hold) -> StepOut:
         hold()  # one program: the delay can only go first
         t0 = time.perf_counter()
-        with get_tracer().span("fwd+bwd+allreduce+update", "compute", step=step):
+        # The allreduce runs inside the program: the whole step is watched,
+        # named after it (the ring's byte counter shows progress inside).
+        path = getattr(self.averager, "path", lambda: "allreduce in jit")()
+        with (
+            get_tracer().span("fwd+bwd+allreduce+update", "compute", step=step),
+            watchdog.watch(f"{self.name} step", detail=path),
+        ):
             state, m = self._step(state, x, y)
             m = jax.device_get(m)
         return state, m, None, step_phases(time.perf_counter() - t0)

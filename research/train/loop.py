@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from research.comm import failures, watchdog
 from research.comm.base import Averager, CommInfo
 from research.comm.dense import HostAllreduce
 from research.comm.world import World
@@ -90,6 +91,10 @@ class Trainer:
         self.run_dir = Path(run_dir or config.run_dir).absolute()
         self.callbacks = list(callbacks)
         self.imbalance = imbalance or Imbalance()
+        # The communication watchdog's timeout, and where a failing rank says
+        # why (research.comm.watchdog, research.comm.failures).
+        watchdog.configure(config.comm_timeout)
+        failures.set_dir(self.run_dir)
         # Local set-up first (no collective): bad data or settings raise here on
         # any rank; the ranks then agree, so every rank stops alike.
         problem = None
@@ -106,6 +111,10 @@ class Trainer:
             from research.train.checkpointing import CheckpointCallback
 
             self.callbacks.append(CheckpointCallback.for_run(config))
+        if failures.attempt() > 0:  # relaunched by research.restart
+            from research.train.restarted import RestartRecord
+
+            self.callbacks.append(RestartRecord())
         if world.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         world.barrier()
@@ -128,14 +137,15 @@ class Trainer:
         # Collective (a communicator of its own); catches SIGTERM and SIGUSR1.
         self.stop = StopAgreement(world, lag_for(self.averager))
         self.step = 0
-        self.tracer: Tracer | NullTracer = Tracer.start(
-            self.run_dir,
-            rank=world.rank,
-            size=world.size,
-            comm=world.comm,
-            enabled=config.trace,
-            max_events=config.trace_max_events,
-        )
+        with watchdog.watch("timeline start"):
+            self.tracer: Tracer | NullTracer = Tracer.start(
+                self.run_dir,
+                rank=world.rank,
+                size=world.size,
+                comm=world.comm,
+                enabled=config.trace,
+                max_events=config.trace_max_events,
+            )
         self.metrics = MetricsWriter(self.run_dir, enabled=world.rank == 0)
         # TensorBoard scalars (rank 0 writes; research.train.tensorboard) and
         # XLA's profile of --profile's steps (research.train.profiling).
@@ -249,9 +259,11 @@ class Trainer:
         self.profiler.close()
         self.board.close()
         self.metrics.close()
-        self.tracer.close()
+        with watchdog.watch("timeline merge"):
+            self.tracer.close()
         set_tracer(prev_tracer)
-        self.executor.close()
+        with watchdog.watch("strategy close"):
+            self.executor.close()
         if self.stop.stopped is not None:
             raise Stopped(self.stop.stopped)
         return summary
@@ -273,8 +285,10 @@ class Trainer:
         while self.step < self.total_steps:
             with self.profiler.step(self.step + 1):
                 t0 = time.perf_counter()
+                watchdog.set_step(self.step + 1)
                 m, info, phases = self._train_step()
                 dt = time.perf_counter() - t0
+                watchdog.note_step(dt)
             self.train_time += dt
             self.step += 1
             self.step_times.append(dt)
@@ -285,6 +299,7 @@ class Trainer:
             if self.stop.check(self.step):  # the same step on every rank
                 world.log(f"stopping at step {self.step}: {self.stop.stopped}")
                 break
+        watchdog.set_step(None)
         self.stop.close()
         self.drain(final=True)
         if self.stop.stopped is not None:

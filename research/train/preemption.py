@@ -53,6 +53,8 @@ from typing import Any
 
 import numpy as np
 
+from research.comm import watchdog
+
 #: The signals that stop a run cleanly.
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 #: Steps between a flag's Iallreduce and the wait for it (lock-step strategies).
@@ -138,7 +140,8 @@ class StopAgreement:
         if len(self._pending) <= self.lag:
             return False
         flagged_at, _, out, req = self._pending.popleft()
-        req.Wait()
+        with watchdog.watch("stop agreement", detail=f"flag of step {flagged_at}"):
+            req.Wait()
         return self._decide(step, flagged_at, int(out[0]))
 
     def _decide(self, step: int, flagged_at: int, signum: int) -> bool:
@@ -162,7 +165,8 @@ class StopAgreement:
         if self.comm is not None and self._pending:
             from mpi4py import MPI
 
-            MPI.Request.Waitall([p[3] for p in self._pending])
+            with watchdog.watch("stop agreement", detail="closing"):
+                MPI.Request.Waitall([p[3] for p in self._pending])
             self._pending.clear()
         self.restore_handlers()
 

@@ -134,11 +134,31 @@ def summary_record(t: Trainer) -> dict[str, Any]:
     own = getattr(t.averager, "summary", None)  # the strategy's own record
     if own is not None:
         summary.update(own())
+    summary["comm_watchdog"] = watchdog_record(t.world)
     for cb in t.callbacks:
         summary.update(cb.summary())
     if t.stop.stopped is not None:  # told to stop (research.train.preemption)
         summary["stopped"] = t.stop.stopped
     return summary
+
+
+def watchdog_record(world: Any) -> dict[str, Any] | None:
+    """The communication watchdog's setting and the longest quiet wait of any
+    rank (``research.comm.watchdog``). Collective."""
+    from research.comm import watchdog
+
+    per_rank = world.allgather(watchdog.record())
+    mine = [r for r in per_rank if r]
+    if not mine:
+        return None
+    worst = max(mine, key=lambda r: r["longest_quiet_s"])
+    return {
+        **{k: worst[k] for k in ("setting", "timeout_s", "warn_s")},
+        "longest_quiet_s": worst["longest_quiet_s"],
+        "longest_quiet_in": worst["longest_quiet_in"],
+        "longest_quiet_rank": per_rank.index(worst),
+        "warnings": sum(r["warnings"] for r in mine),
+    }
 
 
 def progress_bar(t: Trainer):

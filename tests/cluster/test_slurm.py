@@ -261,3 +261,60 @@ def test_usr1_checkpoints_requeues_and_resumes(slurm, tmp_path):
         assert second["stopped"]["step"] > stop
     finally:
         subprocess.run(["scancel", job], env=slurm, check=False)
+
+
+def test_a_killed_rank_is_restarted_within_the_allocation(slurm, tmp_path):
+    """``--max-restarts 1``: one rank of the srun step is killed (SIGKILL, as a
+    lost node takes its ranks); the template probes the allocation's nodes,
+    records the restart and runs the step again, which resumes from the newest
+    committed checkpoint and finishes (research/restart.py)."""
+    from research.checkpoint.manifest import committed_steps, read_manifest
+
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        ["sbatch", "--parsable", "-o", str(tmp_path / "slurm-%j.out"), "-n", "2",
+         "scripts/slurm.sbatch", "experiments.train", *TINY, "--steps", "60",
+         "--checkpoint", "deepfreeze", "--checkpoint-every", "5",
+         "--eval-every", "0", "--max-restarts", "1", "--run-dir", str(run)],
+        cwd=ROOT, env=slurm, capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+    try:
+        _poll(
+            lambda: bool(committed_steps(read_manifest(run / "checkpoints"))),
+            "a committed checkpoint",
+            slurm,
+            job,
+        )
+        ranks = _ranks_of(run)
+        assert ranks, "no rank process found"
+        os.kill(ranks[-1], 9)
+        _poll((run / "summary.json").exists, "summary.json after the restart",
+              slurm, job)  # fmt: skip
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["steps"] == 60, summary
+        (rec,) = summary["restarts"]
+        assert rec["world_size_before"] == rec["world_size_after"] == 2, rec
+        assert rec["step_resumed"] > 0 and rec["seconds_to_first_step"] > 0, rec
+        assert "restart 1 of 1" in logs(tmp_path)
+    finally:
+        subprocess.run(["scancel", job], env=slurm, check=False)
+
+
+def _ranks_of(run: Path) -> list[int]:
+    """The ranks (``python -m experiments.train``) whose command line names
+    ``run``."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+        except OSError:
+            continue
+        rank = b"python" in cmd[0] and cmd[1:3] == [b"-m", b"experiments.train"]
+        if rank and str(run).encode() in cmd:  # not srun, not the batch script
+            found.append(int(pid))
+    return sorted(found)

@@ -52,6 +52,20 @@ H FromHandle(int64_t v) {
 // Calls that took the ring (not MPI_Allreduce): tests read it to tell the
 // ring from its fallback, which cannot move it.
 std::atomic<int64_t> g_ring_calls{0};
+// What the communication watchdog (research/comm/traffic.py) reads while a ring
+// runs, inside jit too: bytes received so far (after every piece), and the
+// neighbours of the ring in progress (prev << 32 | next; -1: none).
+std::atomic<int64_t> g_ring_bytes{0};
+std::atomic<int64_t> g_ring_peers{-1};
+
+// Marks the ring's neighbours for as long as one ring runs in this scope.
+struct PeersMark {
+  PeersMark(int prev, int next) {
+    g_ring_peers.store((static_cast<int64_t>(prev) << 32) | next,
+                       std::memory_order_relaxed);
+  }
+  ~PeersMark() { g_ring_peers.store(-1, std::memory_order_relaxed); }
+};
 
 bool IsPowerOfTwo(int64_t d) { return d > 0 && (d & (d - 1)) == 0; }
 
@@ -128,6 +142,7 @@ int Ring(const char* src, char* dst, size_t count, MPI_Datatype t,
   thread_local std::vector<char> tmp;
   if (tmp.size() < seg * es) tmp.resize(seg * es);
   const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+  PeersMark mark(prev, next);
   auto chunk = [size](int c) { return ((c % size) + size) % size; };
 
   // Reduce-scatter: after step s, this rank holds chunk (rank-s-1)'s partial
@@ -145,6 +160,8 @@ int Ring(const char* src, char* dst, size_t count, MPI_Datatype t,
                              tmp.data(), static_cast<int>(r1 - r0), t, prev, 0, comm,
                              MPI_STATUS_IGNORE);
       if (rc_ != MPI_SUCCESS) return rc_;
+      g_ring_bytes.fetch_add(static_cast<int64_t>((r1 - r0) * es),
+                             std::memory_order_relaxed);
       k.add_divide(out + r0 * es, own + r0 * es, tmp.data(), r1 - r0, d);
     }
   }
@@ -155,6 +172,8 @@ int Ring(const char* src, char* dst, size_t count, MPI_Datatype t,
                            dst + off[rc] * es, static_cast<int>(cnt[rc]), t, prev, 1,
                            comm, MPI_STATUS_IGNORE);
     if (rc_ != MPI_SUCCESS) return rc_;
+    g_ring_bytes.fetch_add(static_cast<int64_t>(cnt[rc] * es),
+                           std::memory_order_relaxed);
   }
   return MPI_SUCCESS;
 }
@@ -289,6 +308,8 @@ extern "C" int research_ring_allreduce_host(const void* src, void* dst,
 
 // How many calls took the ring (see g_ring_calls).
 extern "C" int64_t research_ring_calls() { return g_ring_calls.load(); }
+extern "C" int64_t research_ring_bytes() { return g_ring_bytes.load(); }
+extern "C" int64_t research_ring_peers() { return g_ring_peers.load(); }
 
 #ifndef RESEARCH_BUILT_MPI
 #define RESEARCH_BUILT_MPI ""

@@ -18,6 +18,7 @@ from concurrent.futures import Future
 import numpy as np
 from mpi4py import MPI
 
+from research.comm import watchdog
 from research.comm.progress import get_progress, wait_all
 from research.comm.sparse import calibration, cost, wire
 from research.comm.sparse.quant import QuantizedValues, dequantize, quantize
@@ -66,9 +67,11 @@ class _Call:
 
     def wait(self, reqs: list[MPI.Request]) -> None:
         if self.background:
-            wait_all(reqs)
+            wait_all(reqs, what="sparse allreduce")
         else:
-            MPI.Request.Waitall(reqs)
+            with watchdog.watch("sparse allreduce"):
+                MPI.Request.Waitall(reqs)
+        watchdog.progress()  # one step of a multi-step algorithm done
 
     def sent(self, nbytes: int, messages: int = 1) -> None:
         self.stats.bytes_sent += int(nbytes)
@@ -84,13 +87,14 @@ class _Call:
         out = None
         if source >= 0:
             status = MPI.Status()
-            if self.background:
-                sleep = 20e-6
-                while (msg := self.comm.Improbe(source, tag, status)) is None:
-                    time.sleep(sleep)
-                    sleep = min(2 * sleep, 1e-3)
-            else:
-                msg = self.comm.Mprobe(source, tag, status)
+            with watchdog.watch("sparse allreduce exchange", peers=[source]):
+                if self.background:
+                    sleep = 20e-6
+                    while (msg := self.comm.Improbe(source, tag, status)) is None:
+                        time.sleep(sleep)
+                        sleep = min(2 * sleep, 1e-3)
+                else:
+                    msg = self.comm.Mprobe(source, tag, status)
             out = np.empty(status.Get_count(MPI.BYTE), np.uint8)
             msg.Recv(out)
         self.wait(reqs)
@@ -375,7 +379,8 @@ class SparseHandle:
         return self._future.done()
 
     def wait(self, timeout: float | None = None) -> SparseVector:
-        out, self.stats = self._future.result(timeout)
+        with watchdog.watch("sparse allreduce (progress thread)"):
+            out, self.stats = self._future.result(timeout)
         return out
 
 

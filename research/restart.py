@@ -1,0 +1,360 @@
+"""Restart a job that ended abnormally, on the nodes that still answer.
+
+``python -m experiments.train --max-restarts N [--hosts n1,n2] ...`` runs the job
+under mpiexec; when it ends abnormally (any exit code but 0, 2 for bad input,
+and a stop the launcher itself forwarded: Ctrl-C, SIGTERM, SIGUSR1), up to N
+times:
+
+1. **Why.** The failure records the ranks wrote (:mod:`research.comm.failures`:
+   ``comm-timeout`` from the watchdog, ``exception``), earliest first; without
+   one, ``exit N`` (a rank killed, a node lost: mpiexec returns at once).
+2. **Where.** With hosts, each is asked to run ``true`` the way mpiexec reaches
+   it, within :data:`PROBE_TIMEOUT_S`; those that do not answer are dropped and
+   the job keeps its ranks per node on the rest. Without hosts there is no
+   node to lose: the same ``--np`` again.
+3. **How big.** A smaller world keeps the global batch (the per-rank batch
+   grows to global / new size) and the first attempt's step count, so the
+   learning-rate schedule and the loss curve continue; where the global batch
+   does not divide, the per-rank batch is rounded and the learning rate scaled
+   by the new global batch over the old (the linear scaling rule; with
+   ``--scale-lr`` it follows by itself).
+4. **From where.** The same ``--run-dir`` (chosen before the first attempt when
+   not given): the run resumes from the newest step every rank committed, from
+   the persistent tier where a node-local copy is gone
+   (:mod:`research.checkpoint`); with no committed checkpoint it starts over
+   from step 0 and says so.
+
+Each restart is a record in ``RUN_DIR/restarts.json`` (cause, message, exit
+code, lost nodes, world sizes, batch, when it failed: ``failed_at``, the
+moment a rank declared it, and for a stall ``stalled_since``, the last
+progress), completed by the restarted run's rank 0 after its first step (step
+resumed, ``seconds_to_first_step`` from ``failed_at``, and
+``seconds_from_stall`` from ``stalled_since``), copied into ``summary.json``
+(``restarts``) and marked on the timeline (an event ``restart N`` on track
+``restart``).
+
+A node that comes back is not rejoined mid-run: the world only shrinks within
+one run (growing it would need every rank to agree on a new world while the
+others train); the same command run again starts on every host given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from research.comm import failures
+from research.launch import USAGE_EXIT, relaunch
+
+#: Seconds a host gets to answer the probe.
+PROBE_TIMEOUT_S = 15.0
+#: Exit codes that are not failures: done, bad input.
+NORMAL_EXITS = (0, USAGE_EXIT)
+RECORDS = "restarts.json"
+
+
+def restarts_path(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / RECORDS
+
+
+def read_records(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """The restarts recorded so far in ``run_dir`` (an empty list: none)."""
+    try:
+        return json.loads(restarts_path(run_dir).read_text())
+    except (OSError, ValueError):
+        return []
+
+
+def write_records(run_dir: str | os.PathLike, records: list[dict]) -> None:
+    """Replace ``restarts.json`` atomically."""
+    path = restarts_path(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(records, indent=1))
+    os.replace(tmp, path)
+
+
+def resized(
+    batch_size: int, lr: float, old_np: int, new_np: int, scale_lr: bool = False
+) -> dict[str, Any]:
+    """The per-rank batch and learning rate of a world of ``new_np`` ranks that
+    continues one of ``old_np`` (module docstring, rule 3)."""
+    global_batch = batch_size * old_np
+    new_batch = max(1, round(global_batch / new_np))
+    new_lr = lr
+    if new_batch * new_np != global_batch and not scale_lr:
+        new_lr = lr * new_batch * new_np / global_batch
+    return {
+        "batch_size": new_batch,
+        "lr": new_lr,
+        "global_batch_before": global_batch,
+        "global_batch_after": new_batch * new_np,
+    }
+
+
+def answering(hosts: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> list[str]:
+    """The hosts that mpiexec still reaches: from the first host that can run
+    mpiexec, a one-rank job on each other host (its proxy connects back over
+    the network, as a job's would) that must end within ``timeout``. A host
+    whose own mpiexec cannot start (a local node that is gone) is not one."""
+    from research.launch import launch_command
+
+    for base in hosts:
+        alone = _probe([f"{base}:1"], timeout)
+        if alone:
+            break
+    else:
+        return []
+    procs = {}
+    for host in hosts:
+        if host == base:
+            continue
+        try:
+            cmd, env = launch_command(2, f"{base}:1,{host}:1")
+        except Exception:  # noqa: BLE001 - a host that cannot be named is gone
+            continue
+        procs[host] = subprocess.Popen(
+            [*cmd, "true"],
+            env={**os.environ, **env},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    alive = [base]
+    end = time.monotonic() + timeout
+    for host, proc in procs.items():
+        if _ended_well(proc, end):
+            alive.append(host)
+    return [h for h in hosts if h in alive]
+
+
+def _probe(spec: list[str], timeout: float) -> bool:
+    from research.launch import launch_command
+
+    try:
+        cmd, env = launch_command(len(spec), ",".join(spec))
+    except Exception:  # noqa: BLE001 - a node that is gone
+        return False
+    proc = subprocess.Popen(
+        [*cmd, "true"],
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    return _ended_well(proc, time.monotonic() + timeout)
+
+
+def _ended_well(proc: subprocess.Popen, end: float) -> bool:
+    try:
+        return proc.wait(max(0.1, end - time.monotonic())) == 0
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)  # its own session: mpiexec and what it started
+        proc.wait()
+        return False
+
+
+def cause_of(run_dir: str | os.PathLike, attempt: int, code: int) -> dict[str, Any]:
+    """What ended attempt ``attempt``: its earliest failure record, else the
+    exit code."""
+    recs = failures.read(run_dir, attempt)
+    if recs:
+        first = recs[0]
+        out = {
+            "cause": first.get("cause"),
+            "message": first.get("message"),
+            "failed_rank": first.get("rank"),
+            "failed_host": first.get("host"),
+            "failed_at": first.get("time"),
+        }
+        if first.get("quiet_s") is not None:  # the watchdog: stalled since then
+            out["stalled_since"] = first["time"] - first["quiet_s"]
+        return out
+    return {"cause": "exit", "message": f"mpiexec ended with {_exit_words(code)}"}
+
+
+def _exit_words(code: int) -> str:
+    """An exit code in words: a signal's name where it is 128 + a signal."""
+    import signal
+
+    if code < 0 or 128 < code <= 128 + 64:
+        try:
+            return f"exit code {code} ({signal.Signals(abs(code) % 128).name})"
+        except ValueError:
+            pass
+    if code == 255:
+        return "exit code 255 (a rank or a node was lost)"
+    return f"exit code {code}"
+
+
+def _say(text: str) -> None:
+    print(f"restart: {text}", file=sys.stderr, flush=True)
+
+
+def run(
+    module: str,
+    argv: list[str],
+    *,
+    np_: int,
+    threads: int,
+    max_restarts: int,
+    run_dir: str,
+    batch_size: int,
+    lr: float,
+    scale_lr: bool = False,
+    hosts: str = "",
+) -> int:
+    """Run the job, restarting it up to ``max_restarts`` times (module
+    docstring); returns the exit code of the last attempt.
+
+    Args:
+      module, argv, np_, threads, hosts: as for :func:`research.launch.relaunch`.
+      run_dir: the run folder every attempt uses (absolute).
+      batch_size, lr, scale_lr: the first attempt's, for rule 3.
+    """
+    from research import launch
+
+    where = launch.placement(hosts, np_) if hosts else []
+    argv = [*argv, "--run-dir", run_dir]
+    extra: list[str] = []
+    attempt = 0
+    while True:
+        spec = ",".join(f"{h}:{n}" for h, n in where)
+        env = {failures.ATTEMPT_ENV: str(attempt)}
+        code = relaunch(
+            module, argv + extra, np_, threads, spec, env_extra=env, run_dir=run_dir
+        )
+        ended_at = time.time()
+        if code in NORMAL_EXITS or launch.told_to_stop is not None:
+            return code
+        if attempt >= max_restarts:
+            if max_restarts:
+                _say(f"the job failed again (exit {code}); no restarts left")
+            return code
+        lost: list[str] = []
+        if where:
+            alive = answering([h for h, _ in where])
+            lost = [h for h, _ in where if h not in alive]
+            where = [(h, n) for h, n in where if h in alive]
+            if not where:
+                _say("no host answers; giving up")
+                return code
+        new_np = sum(n for _, n in where) if where else np_
+        extra = (
+            after_failure(
+                run_dir,
+                attempt=attempt,
+                code=code,
+                np_before=np_,
+                np_after=new_np,
+                lost=lost,
+                batch_size=batch_size,
+                lr=lr,
+                scale_lr=scale_lr,
+                ended_at=ended_at,
+            )
+            or extra
+        )
+        if new_np != np_:
+            batch_size = int(extra[extra.index("--batch-size") + 1])
+            lr = float(extra[extra.index("--lr") + 1])
+        message = read_records(run_dir)[-1].get("message")
+        _say(
+            f"attempt {attempt} ended ({message}); lost nodes: "
+            f"{', '.join(lost) or 'none'}; restarting on {new_np} ranks"
+            + (f" ({', '.join(h for h, _ in where)})" if where else "")
+            + f" ({attempt + 1} of {max_restarts})"
+        )
+        np_ = new_np
+        attempt += 1
+
+
+def _total_steps(run_dir: str) -> int | None:
+    try:
+        config = json.loads((Path(run_dir) / "config.json").read_text())
+        return int(config["total_steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def after_failure(
+    run_dir: str,
+    *,
+    attempt: int,
+    code: int,
+    np_before: int,
+    np_after: int,
+    lost: Sequence[str],
+    batch_size: int,
+    lr: float,
+    scale_lr: bool,
+    ended_at: float | None = None,
+) -> list[str]:
+    """Record failed attempt ``attempt`` in ``run_dir``; the flags the
+    restarted job needs on top of its own (rule 3; [] for the same world).
+    ``ended_at``: when mpiexec returned (default: now)."""
+    ended_at = ended_at or time.time()
+    record: dict[str, Any] = {"restart": attempt + 1, "exit_code": code}
+    record.update(cause_of(run_dir, attempt, code))
+    record["failed_at"] = record.get("failed_at") or ended_at
+    record["launcher_saw_it_at"] = ended_at
+    record.update(
+        lost_nodes=list(lost), world_size_before=np_before, world_size_after=np_after
+    )
+    extra: list[str] = []
+    if np_after != np_before:
+        sized = resized(batch_size, lr, np_before, np_after, scale_lr)
+        record.update(sized)
+        extra = ["--batch-size", str(sized["batch_size"]), "--lr", repr(sized["lr"])]
+        steps = _total_steps(run_dir)
+        if steps:
+            extra += ["--steps", str(steps)]
+    write_records(run_dir, [*read_records(run_dir), record])
+    return extra
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m research.restart after-failure ...``: what a batch template
+    calls between two attempts (``scripts/slurm.sbatch``). Prints the flags
+    to add, on one line."""
+    import argparse
+    import importlib
+
+    p = argparse.ArgumentParser(prog="python -m research.restart")
+    p.add_argument("command", choices=["after-failure"])
+    p.add_argument("--module", required=True, help="experiments.NAME")
+    p.add_argument("--attempt", type=int, required=True)
+    p.add_argument("--exit-code", type=int, required=True)
+    p.add_argument("--np-before", type=int, required=True)
+    p.add_argument("--np-after", type=int, required=True)
+    p.add_argument("--lost", default="", help="lost nodes, comma-separated")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="-- the job's flags")
+    ns = p.parse_args(argv)
+    args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
+    cfg = importlib.import_module(ns.module).parse(args)
+    train = cfg.train
+    if not train.run_dir:
+        print("", flush=True)  # no fixed --run-dir: nothing to resume from
+        return
+    extra = after_failure(
+        train.run_dir,
+        attempt=ns.attempt,
+        code=ns.exit_code,
+        np_before=ns.np_before,
+        np_after=ns.np_after,
+        lost=[h for h in ns.lost.split(",") if h],
+        batch_size=train.batch_size,
+        lr=train.lr,
+        scale_lr=train.scale_lr,
+    )
+    print(" ".join(extra), flush=True)
+
+
+if __name__ == "__main__":
+    main()

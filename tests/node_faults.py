@@ -1,0 +1,171 @@
+"""Faults on the nodes of a local cluster, for the fault tests (issue 30).
+
+A job is ``python -m experiments.train --hosts n1,n2 --np 4`` on a cluster of 2
+nodes x 2 ranks (``research/localnet.py``), started from the root namespace as
+a user would (mpiexec then runs on n1). :func:`run_with_fault` waits for the
+job to log a given step (or commit a checkpoint), injects the fault with the
+cluster's own calls (the link down, every process of a node stopped, a node
+killed, the link's rate changed), waits for the job's end and returns what
+happened: the exit code, the seconds from the fault to the end, the output, the
+processes left on each node and the run folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.test_mpi import COMPILE_CACHE_ENV
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = [
+    "--model",
+    "cnn_small",
+    "--data-opt",
+    "n_train=4096",
+    "--data-opt",
+    "n_test=64",
+    "--batch-size",
+    "16",
+    "--eval-every",
+    "0",
+    "--log-every",
+    "1",
+    "--no-progress",
+]
+
+
+@dataclasses.dataclass
+class Outcome:
+    code: int
+    after_fault_s: float
+    out: str
+    left: dict[str, list[int]]
+    run_dir: Path
+    fault_step: int
+
+    def summary(self) -> dict:
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+
+def env_for(cluster) -> dict[str, str]:
+    env = dict(os.environ)
+    for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI"):
+        env.pop(var, None)
+    env.update(COMPILE_CACHE_ENV)
+    env.update(
+        XLA_FLAGS="--xla_cpu_multi_thread_eigen=false",
+        NPROC="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=str(ROOT),
+        RESEARCH_SPARSE_COST=f"/nonexistent/research-sparse-cost-{os.getuid()}.json",
+    )
+    env.update(cluster.env())
+    return env
+
+
+def last_step(run_dir: Path) -> int:
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return 0
+    for line in reversed(lines):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if row.get("kind") != "eval":
+            return int(row["step"])
+    return 0
+
+
+def run_with_fault(
+    cluster,
+    run_dir: Path,
+    fault: Callable[[], None],
+    *,
+    at_step: int,
+    args: list[str],
+    when: Callable[[Path], bool] | None = None,
+    comm_timeout: float = 10.0,
+    timeout: float = 420,
+) -> Outcome:
+    """Run the job, call ``fault()`` once it reached ``at_step`` (and ``when``,
+    if given, holds), wait for its end."""
+    cmd = [sys.executable, "-m", "experiments.train", "--hosts", "n1,n2"]
+    cmd += ["--np", "4", "--run-dir", str(run_dir), *TINY, *args]
+    cmd += ["--comm-timeout", str(comm_timeout)]
+    job = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env_for(cluster),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + timeout
+    try:
+        while last_step(run_dir) < at_step or (when and not when(run_dir)):
+            if job.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(
+                    f"the job did not reach step {at_step} (exit {job.poll()}):\n"
+                    + (job.stdout.read() if job.poll() is not None else "")[-4000:]
+                )
+            time.sleep(0.05)
+        step = last_step(run_dir)
+        t0 = time.time()
+        fault()
+        out, _ = job.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if job.poll() is None:
+            os.kill(job.pid, signal.SIGKILL)
+            job.wait()
+    took = time.time() - t0
+    left = {h: _job_pids(cluster, h) for h in cluster.hosts() if _up(cluster, h)}
+    if os.environ.get("RESEARCH_FAULT_LOG"):  # the journal's measured bounds
+        with open(os.environ["RESEARCH_FAULT_LOG"], "a") as f:
+            rec = {"args": args, "step": step, "code": job.returncode}
+            rec.update(after_fault_s=round(took, 2), left=left)
+            f.write(json.dumps(rec) + "\n")
+    return Outcome(job.returncode, took, out, left, run_dir, step)
+
+
+def _up(cluster, host: str) -> bool:
+    return cluster.node(host).alive()
+
+
+def _job_pids(cluster, host: str) -> list[int]:
+    """Processes on ``host`` other than its holder, after a moment for the
+    kernel to reap what was just killed."""
+    for _ in range(50):
+        pids = cluster.pids(host)
+        if not pids:
+            return []
+        time.sleep(0.1)
+    return pids
+
+
+def make_cluster(name: str, rate: str = "1gbit"):
+    """A 2-node cluster, or a skip reason (one line) where none can be made."""
+    from research.localnet import LocalnetError, check_can_run, up
+
+    try:
+        check_can_run()
+    except LocalnetError as e:
+        return None, str(e)
+    return up(2, rate=rate, name=name), None
+
+
+def remove_cluster(name: str) -> None:
+    from research.localnet import down
+
+    down(name)
+    netns = subprocess.run(["ip", "netns"], capture_output=True, text=True).stdout
+    assert f"{name}-n" not in netns

@@ -1,0 +1,240 @@
+"""The communication watchdog: a stalled wait ends the job, a slow one does not.
+
+Unit checks of the pieces (timeout values, progress from real TCP bytes, the
+restart rule, lifelines), then real MPI jobs (``tests/watchdog_driver.py``):
+a frozen rank in a fused step ends the job with exit 124 and the message
+within the bound, and a rank slowed far below the timeout's pace finishes.
+The rest of the fault matrix (every case, at 2 and 3 ranks, and the local
+nodes' faults) is ``make test-faults``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from research.comm import failures, lifeline, traffic, watchdog
+from research.launch import JOB_ENV, job_processes, reap_job
+from research.restart import resized
+from tests.test_mpi import run_under_mpiexec
+
+#: Seconds from the fault to the job's end beyond the timeout: one tick of the
+#: watchdog, the roll call's wait, MPI_Abort's grace and mpiexec's kill
+#: (measured 2-4 s here; the bound leaves room for a loaded machine).
+BOUND_S = 20.0
+
+
+def test_timeout_values():
+    assert watchdog.parse_timeout("auto") == "auto"
+    assert watchdog.parse_timeout(None) == "auto"
+    assert watchdog.parse_timeout("off") is None
+    assert watchdog.parse_timeout("0") is None
+    assert watchdog.parse_timeout("90") == 90.0
+    for bad in ("-1", "soon", "nan"):
+        with pytest.raises(ValueError, match="--comm-timeout"):
+            watchdog.parse_timeout(bad)
+
+
+def test_auto_timeout_follows_the_slowest_step():
+    dog = watchdog.Watchdog(0, 2)
+    dog.setting = "auto"
+    assert dog.timeout_s() == watchdog.DEFAULT_TIMEOUT_S
+    dog.slowest_step = 60.0
+    assert dog.timeout_s() == 600.0
+    dog.setting = 30.0
+    assert dog.timeout_s() == 30.0
+
+
+def test_a_quiet_watch_warns_and_progress_resets_it(capsys):
+    dog = watchdog.Watchdog(0, 2)
+    dog.setting = 9.0
+    watchdog._state.on = True
+    try:
+        with watchdog.watch("allreduce-host", peers=[1], detail="ring") as w:
+            t0 = w.since
+            dog.check(t0 + 1.0)
+            assert "comm watchdog" not in capsys.readouterr().err
+            dog.check(t0 + 3.5)  # past a third of 9 s
+            err = capsys.readouterr().err
+            assert "r0 | comm watchdog: no progress for 4 s in allreduce-host" in err
+            assert "waits for r1" in err and "ends after 9 s" in err
+            watchdog.progress()
+            dog.check(time.monotonic() + 1.0)
+        assert dog.longest[0] >= 3.5 and dog.longest[1].startswith("allreduce-host")
+    finally:
+        watchdog._state.on = False
+
+
+def test_tcp_bytes_count_received_and_acknowledged():
+    srv = socket.create_server(("127.0.0.1", 0))
+    a = socket.create_connection(srv.getsockname())
+    b, _ = srv.accept()
+    try:
+        rx0, ack0 = traffic.tcp_bytes()
+        a.sendall(b"x" * 100_000)
+        got = 0
+        while got < 100_000:
+            got += len(b.recv(1 << 20))
+        time.sleep(0.1)
+        rx, ack = traffic.tcp_bytes()
+        assert rx - rx0 >= 100_000 and ack - ack0 >= 100_000
+    finally:
+        for s in (a, b, srv):
+            s.close()
+
+
+def test_the_restart_rule_keeps_the_global_batch():
+    assert resized(32, 0.1, 4, 2) == {
+        "batch_size": 64,
+        "lr": 0.1,
+        "global_batch_before": 128,
+        "global_batch_after": 128,
+    }
+    odd = resized(32, 0.1, 4, 3)  # 128 / 3: 43 per rank, 129 in all
+    assert odd["batch_size"] == 43 and odd["lr"] == pytest.approx(0.1 * 129 / 128)
+    assert resized(32, 0.1, 4, 3, scale_lr=True)["lr"] == 0.1
+
+
+def test_failure_records(tmp_path, monkeypatch):
+    monkeypatch.setenv(failures.ATTEMPT_ENV, "2")
+    failures.set_dir(tmp_path)
+    try:
+        failures.record("comm-timeout", "no progress", rank=1, step=7)
+        failures.record("exception", "later", rank=1)  # the first one stays
+    finally:
+        failures.set_dir(None)
+    (rec,) = failures.read(tmp_path, 2)
+    assert rec["cause"] == "comm-timeout" and rec["step"] == 7
+    assert failures.read(tmp_path, 0) == []
+
+
+def test_a_child_dies_with_its_parent(tmp_path):
+    """PR_SET_PDEATHSIG: a rank (here a grandchild) goes when its proxy (the
+    child) is killed with SIGKILL, which no handler can catch."""
+    pidfile = tmp_path / "pid"
+    grandchild = (
+        "import time; from research.comm import lifeline; "
+        f"lifeline.die_with_parent(); open({str(pidfile)!r}, 'w').write("
+        "str(__import__('os').getpid())); time.sleep(60)"
+    )
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', "
+            f"{grandchild!r}]).wait()",
+        ]
+    )
+    _until(pidfile.exists, 30)
+    pid = int(pidfile.read_text())
+    child.kill()
+    child.wait()
+    _until(lambda: not _alive(pid), 10)
+
+
+def test_the_launcher_ends_what_a_job_left_behind():
+    tag = "test-" + os.urandom(4).hex()
+    env = dict(os.environ, **{JOB_ENV: tag})
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    code += "time.sleep(60)"
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env) for _ in range(2)]
+    try:
+        _until(lambda: len(job_processes(tag)) == 2, 10)
+        t0 = time.monotonic()
+        left = reap_job(tag, grace=0.5)
+        assert sorted(p for p, _ in left) == sorted(p.pid for p in procs)
+        for p in procs:
+            assert p.wait(5) == -signal.SIGKILL
+        assert time.monotonic() - t0 < 5
+        assert job_processes(tag) == []
+    finally:
+        for p in procs:
+            p.kill()
+
+
+def test_lifeline_notices_a_reparented_process():
+    assert not lifeline.parent_gone()  # nothing armed in pytest itself
+
+
+# -- real jobs ---------------------------------------------------------------------
+def run_case(case: str, np_: int, timeout_s: float, tmp_path):
+    """Run the driver; ``(proc, seconds from the fault to the job's end)``."""
+    proc = run_under_mpiexec(
+        np_,
+        ["tests/watchdog_driver.py", case, str(timeout_s), str(tmp_path)],
+        timeout=240,
+    )
+    end = time.time()
+    stamps = re.findall(r"INJECTED (\d+\.\d+)", proc.stdout)
+    assert stamps, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, end - float(stamps[0])
+
+
+def test_a_frozen_rank_ends_the_job_within_the_bound(tmp_path):
+    """The last of 3 ranks stops (SIGSTOP, as a frozen node) while the others
+    are in the fused allreduce inside jit: exit 124 within timeout + bound,
+    each waiting rank names the collective, the step and the silent rank, a
+    failure record says why, and no process of the job is left."""
+    proc, took = run_case("freeze-fused", 3, 6, tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == watchdog.EXIT_CODE, out[-4000:]
+    assert took < 6 + BOUND_S, f"took {took:.1f} s"
+    for r in (0, 1):
+        pattern = rf"r{r} \| comm watchdog: no progress .* ending the job.*"
+        line = re.search(pattern, out)
+        assert line, out[-4000:]
+        assert "fused step (ring allreduce in jit), step 4" in line.group(0)
+        assert "r2 (no answer)" in line.group(0)
+    assert failures.read(tmp_path, 0)[0]["cause"] == "comm-timeout"
+    _until(lambda: not _driver_processes(tmp_path), 10)
+
+
+def test_a_slow_rank_does_not_trip_it(tmp_path):
+    """The last rank runs 2% of the time (stopped 0.5 s, running 0.01 s) through
+    a 64 MB ring allreduce that takes longer than the 3 s timeout: bytes keep
+    moving (the ring's counter, inside jit), so the job finishes."""
+    proc, _ = run_case("slow-fused", 2, 3, tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "ending the job" not in out, out[-4000:]
+    took = [float(t) for t in re.findall(r"TOOK (\d+\.\d+)", proc.stdout)]
+    quiet = [float(q) for q in re.findall(r"QUIET (\d+\.\d+)", proc.stdout)]
+    assert len(took) == 2 and max(took) > 3, proc.stdout  # slower than the timeout
+    assert max(quiet) < 3, proc.stdout
+
+
+# -- helpers ----------------------------------------------------------------------
+def _until(cond, limit: float) -> None:
+    end = time.monotonic() + limit
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"not within {limit} s")
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _driver_processes(tmp_path) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if str(tmp_path).encode() in f.read():
+                        found.append(int(pid))
+            except OSError:
+                continue
+    return found
