@@ -25,6 +25,8 @@ from research.comm import watchdog
 from research.rundir import read_metrics
 from tests.node_faults import Outcome, make_cluster, remove_cluster, run_with_fault
 
+pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
+
 NAME = f"w{os.getpid() % 100000}"
 TIMEOUT_S = 10.0
 #: Seconds from the fault to the job's end beyond the timeout: a tick of the

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from research.checkpoint.manifest import committed_steps, read_manifest
 from research.rundir import read_metrics
 
@@ -129,6 +131,7 @@ def _alive(pids: list[int]) -> list[int]:
     return out
 
 
+@pytest.mark.launches
 def test_a_killed_rank_costs_one_restart(tmp_path):
     """Rank 1 is killed with SIGKILL after a checkpoint: the launcher relaunches
     the job once, it resumes from the newest committed step and finishes every
@@ -165,6 +168,7 @@ def test_a_killed_rank_costs_one_restart(tmp_path):
         seen[r["step"]] = r["loss"]
 
 
+@pytest.mark.launches
 def test_a_killed_launcher_leaves_nothing_behind(tmp_path):
     """SIGKILL to ``python -m experiments.train`` (no handler can run): its
     mpiexec dies with it (PDEATHSIG), the proxy and the ranks with mpiexec,

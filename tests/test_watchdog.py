@@ -177,6 +177,7 @@ def run_case(case: str, np_: int, timeout_s: float, tmp_path):
     return proc, end - float(stamps[0])
 
 
+@pytest.mark.launches
 def test_a_frozen_rank_ends_the_job_within_the_bound(tmp_path):
     """The last of 3 ranks stops (SIGSTOP, as a frozen node) while the others
     are in the fused allreduce inside jit: exit 124 within timeout + bound,
@@ -196,6 +197,7 @@ def test_a_frozen_rank_ends_the_job_within_the_bound(tmp_path):
     _until(lambda: not _driver_processes(tmp_path), 10)
 
 
+@pytest.mark.launches
 def test_a_slow_rank_does_not_trip_it(tmp_path):
     """The last rank runs 2% of the time (stopped 0.5 s, running 0.01 s) through
     a 64 MB ring allreduce that takes longer than the 3 s timeout: bytes keep
