@@ -85,12 +85,18 @@ def _user_args(argv: list[str]) -> tuple[list[str], str | None]:
     return args, job
 
 
-def job_record(experiment: str, world_size: int) -> dict[str, Any]:
-    """This job's record: command, time, machine, load, code version, world size."""
+def job_record(
+    experiment: str, world_size: int, module: str | None = None
+) -> dict[str, Any]:
+    """This job's record: command, time, machine, load, code version, world size.
+
+    ``module``: the program that was typed (default ``experiments.<experiment>``).
+    """
     args, job = _user_args(sys.argv[1:])
+    module = module or f"experiments.{experiment}"
     return {
         "experiment": experiment,
-        "command": shlex.join(["python", "-m", f"experiments.{experiment}", *args]),
+        "command": shlex.join(["python", "-m", module, *args]),
         "job": job,
         "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         "host": platform.node(),
@@ -109,7 +115,9 @@ def _write(path: Path, jobs: list[dict[str, Any]]) -> None:
     os.replace(tmp, path)
 
 
-def record_job(root: str | Path, experiment: str, world_size: int) -> dict[str, Any]:
+def record_job(
+    root: str | Path, experiment: str, world_size: int, module: str | None = None
+) -> dict[str, Any]:
     """Append this job's record to ``root/run.json`` (call on one rank only).
 
     When the process ends normally the record gains ``ended_utc`` and
@@ -119,7 +127,7 @@ def record_job(root: str | Path, experiment: str, world_size: int) -> dict[str, 
     path = Path(root) / FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     jobs = read_jobs(root)
-    record = job_record(experiment, world_size)
+    record = job_record(experiment, world_size, module)
     jobs.append(record)
     _write(path, jobs)
     atexit.register(_record_end, path, len(jobs) - 1)

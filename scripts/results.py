@@ -33,7 +33,11 @@ TITLES = {
     "sparcml": "SparCML: sparse allreduce (SC19)",
     "scalability": "Scalability and fine-grain parallelism (MLHPC@SC19)",
     "train": "experiments.train",
+    "network": "The network: the link model against TCP between nodes",
 }
+#: The program that writes each experiment's run folder, where not
+#: ``experiments.<name>``.
+PROGRAMS = {"network": "scripts.bench_link"}
 
 
 class ResultsError(Exception):
@@ -121,6 +125,7 @@ def render(roots: list[Path], out: Path, note: str | None = None) -> list[Path]:
         figures = out / experiment
         if figures.exists():
             shutil.rmtree(figures)
+        program = PROGRAMS.get(experiment, f"experiments.{experiment}")
         lines = [
             f"# {TITLES.get(experiment, experiment)}",
             "",
@@ -129,7 +134,7 @@ def render(roots: list[Path], out: Path, note: str | None = None) -> list[Path]:
             + "`: regenerate, do not edit. -->",
             "",
             f"What the experiment does and how to read it: the docstring of "
-            f"`experiments/{experiment}.py` (`python -m experiments.{experiment} "
+            f"`{program.replace('.', '/')}.py` (`python -m {program} "
             "--help`). Earlier runs: `docs/journal.md`.",
         ]
         for i, (root, jobs) in enumerate(runs, start=1):

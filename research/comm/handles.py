@@ -336,7 +336,8 @@ class AsyncComm:
         out = _result(out, buf.shape, buf.dtype)
         sent = buf.nbytes - buf.nbytes // self.size  # the own block stays local
         cost = self.link.alltoall(sent, self.size)
-        issue = lambda c: [c.Ialltoall(buf, out)]  # noqa: E731
+        counts = [buf.size // self.size] * self.size
+        issue = self._alltoallv_issue(buf.reshape(-1), out.reshape(-1), counts, counts)
         return self._start("alltoall", buf, out, cost, issue, name)
 
     def alltoallv(
@@ -356,13 +357,42 @@ class AsyncComm:
         _check_buf(buf)
         send_counts = self._counts(send_counts, "send_counts", total=buf.size)
         recv_counts = self._counts(recv_counts, "recv_counts")
+        if send_counts[self.rank] != recv_counts[self.rank]:
+            raise ValueError(
+                f"alltoallv: rank {self.rank} sends itself {send_counts[self.rank]} "
+                f"elements but expects {recv_counts[self.rank]} from itself"
+            )
         out = _result(out, (sum(recv_counts),), buf.dtype)
-        send = [buf, (send_counts, _displs(send_counts))]
-        recv = [out, (recv_counts, _displs(recv_counts))]
         sent = (sum(send_counts) - send_counts[self.rank]) * buf.itemsize
         cost = self.link.alltoall(sent, self.size)
-        issue = lambda c: [c.Ialltoallv(send, recv)]  # noqa: E731
+        issue = self._alltoallv_issue(
+            buf.reshape(-1), out.reshape(-1), send_counts, recv_counts
+        )
         return self._start("alltoallv", buf, out, cost, issue, name)
+
+    def _alltoallv_issue(
+        self, buf: np.ndarray, out: np.ndarray, scounts: list[int], rcounts: list[int]
+    ) -> Callable[[MPI.Intracomm], list[MPI.Request]]:
+        """``Ialltoallv`` with the own block copied here, not sent to self.
+
+        Over UCX's TCP transport MPICH moved a block sent to self one piece per
+        test, and the progress thread sleeps between tests: 16 MB at 2 ranks
+        took 1.1 s this way against 70 ms with the own block copied
+        (``python -m scripts.bench_link``, 2 nodes at 1 Gb/s).
+        """
+        r = self.rank
+        sdispls, rdispls = _displs(scounts), _displs(rcounts)
+        own = scounts[r]
+        scounts, rcounts = list(scounts), list(rcounts)
+        scounts[r] = rcounts[r] = 0
+        send = [buf, (scounts, sdispls)]
+        recv = [out, (rcounts, rdispls)]
+
+        def issue(c: MPI.Intracomm) -> list[MPI.Request]:
+            out[rdispls[r] : rdispls[r] + own] = buf[sdispls[r] : sdispls[r] + own]
+            return [c.Ialltoallv(send, recv)]
+
+        return issue
 
     def sendrecv(
         self,

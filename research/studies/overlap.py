@@ -131,9 +131,14 @@ def _measure(trainer: Any, warmup: int) -> dict[str, Any]:
 
 
 def emulated_link(compute_s: float, grad_bytes: int, size: int) -> str:
-    """A link on which a ring allreduce of ``grad_bytes`` takes ``compute_s``."""
-    moved = 2 * (size - 1) / size * grad_bytes
-    return f"{moved * 8 / compute_s / 1e9:.4f}gbps"
+    """A link on which a ring allreduce of ``grad_bytes`` takes ``compute_s``
+    (the link model's: headers and summing included, ``research.comm.link``)."""
+    from research.comm.link import PAYLOAD, SUM_BYTES_PER_S
+
+    part = (size - 1) / size * grad_bytes
+    # The summing is the host's; the rest is the wire's (at least a tenth).
+    wire_s = max(compute_s - part / SUM_BYTES_PER_S, compute_s / 10)
+    return f"{2 * part * 8 / PAYLOAD / wire_s / 1e9:.4f}gbps"
 
 
 def plan(

@@ -62,7 +62,7 @@ SPARSE = ("ssar_rd", "ssar_sag", "dsar_sag")
 
 # -- micro-benchmark --------------------------------------------------------------
 def _emulated(dt: float, sent: int, messages: int, link: Link) -> float:
-    return max(dt, link.transfer(sent) + messages * link.latency_s)
+    return max(dt, link.sparse(sent, messages))
 
 
 def bench_one(

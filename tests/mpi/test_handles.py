@@ -162,6 +162,12 @@ def test_errors_are_raised_by_wait(world):
             comm.allreduce(np.zeros((4, 4))[:, 0])
         with pytest.raises(ValueError, match="rank"):
             comm.sendrecv(np.zeros(1), P, 0)
+        # The own block is copied, never sent: what a rank sends itself must
+        # be what it expects from itself.
+        recv = [1] * P
+        recv[r] = 2
+        with pytest.raises(ValueError, match="itself"):
+            comm.alltoallv(np.zeros(P), [1] * P, recv)
     comm = AsyncComm(world)
     ok = comm.allreduce(np.ones(3))
     # Every rank sends 8 elements and receives into room for 4: MPI reports a

@@ -30,9 +30,10 @@ Options (``--strategy-opt KEY=VALUE``):
 * ``seed``: quantization draws, per rank and step (a resumed run draws alike);
 * ``link``: an emulated link (``research.comm.link``). The collective runs on
   the host in the calling thread, so after it the rank sleeps ``max(0, model -
-  real)`` with ``model = bytes this rank really sent / bandwidth + messages x
-  latency`` (the call's ``SparseStats``). Each rank sleeps for its own traffic;
-  the next collective makes everyone wait for the slowest, as on a network.
+  real)`` with ``model = bytes this rank really sent / payload rate + messages
+  x latency`` (the call's ``SparseStats``; ``Link.sparse``). Each rank sleeps
+  for its own traffic; the next collective makes everyone wait for the
+  slowest, as on a network.
 
 Weight decay: the strategy applies it to the local gradient before the residual
 and the selection (``local_weight_decay``), so that decay is not held back in
@@ -67,14 +68,14 @@ _SCOPE_ALIASES = {"layer": "per-layer"}
 def link_model(model: CostModel, link: Link, P: int) -> CostModel:
     """``model`` with an emulated ``link``'s latency and bandwidth put in.
 
-    Point-to-point: alpha + latency, beta = max(beta, 8 / bandwidth); the dense
-    allreduce: a ring's 2 (P - 1) latencies and 2 (P - 1) / P x 8 / bandwidth
-    per vector byte (or the measured figures, where slower). The real link
+    Point-to-point: alpha + latency, beta = max(beta, 1 / payload rate); the
+    dense allreduce: a ring's 2 (P - 1) latencies and 2 (P - 1) / P / payload
+    rate per vector byte (or the measured figures, where slower). The real link
     returns ``model`` itself.
     """
     if not link.emulated:
         return model
-    per_byte = 8.0 / link.bits_per_s
+    per_byte = 1.0 / link.bytes_per_s
     return dataclasses.replace(
         model,
         alpha=model.alpha + link.latency_s,
@@ -274,10 +275,7 @@ class SparseAverager(Averager):
             real = time.perf_counter() - t0
             emulated = 0.0
             if self.link.emulated:
-                model = (
-                    self.link.transfer(stats.bytes_sent)
-                    + stats.messages * self.link.latency_s
-                )
+                model = self.link.sparse(stats.bytes_sent, stats.messages)
                 emulated = max(0.0, model - real)
                 time.sleep(emulated)
             span.set(
