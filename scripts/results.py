@@ -104,6 +104,8 @@ def _provenance(root: Path, jobs: list[dict]) -> str:
     code = first.get("commit") or "not a git checkout"
     # Runs recorded before sub-jobs' --job was split off: the typed command.
     command = re.sub(r" --job[ =]\S+", "", first["command"])
+    # What a driver adds to the jobs it launches (experiments.overlap).
+    command = re.sub(r" --run-dir \S+ --point$", "", command)
     return (
         f"`{command}` ({ranks} ranks, {len(jobs)} MPI job"
         f"{'s' if len(jobs) > 1 else ''}), {first['started_utc'][:16]} to {ended} "

@@ -45,7 +45,14 @@ def _run(tmp: Path, name: str, table: str, jobs: list[dict], pngs=("speedup",)):
 def _net_jobs() -> list[dict]:
     link = "real network link, {} nodes at 1gbit per node (local cluster, TCP)"
     return [
-        _job(host="n1", world_size=n, hosts=hosts, network=link.format(n))
+        _job(
+            host="n1",
+            command="python -m experiments.overlap --hosts n1,n2,n3,n4 --run-dir "
+            "runs/o --run-dir /abs/runs/o --point",  # as the driver's jobs record it
+            world_size=n,
+            hosts=hosts,
+            network=link.format(n),
+        )
         for n, hosts in ((2, ["n1", "n2"]), (4, ["n1", "n2", "n3", "n4"]))
     ]
 
@@ -68,6 +75,9 @@ def test_a_section_replaces_only_itself(tmp_path):
     # The nodes and their link, from run.json.
     assert "2/4 nodes (n1, n2, n3, n4; real network link, 4 nodes at 1gbit" in block
     assert "each node AMD EPYC, 2 cores" in block
+    assert "`python -m experiments.overlap --hosts n1,n2,n3,n4 --run-dir runs/o` (" in (
+        block
+    )
     # Figures under the section's own folder; the page's own are untouched.
     assert "![a](overlap/real-network-local-cluster/a.png)" in block
     assert (
