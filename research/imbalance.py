@@ -14,6 +14,11 @@ Models and their command-line spec (:func:`parse_imbalance`)::
     random:k=1:seconds=0.32                each step k ranks, drawn with the shared
                                            seed, sleep 0.32 s (the paper's runs)
     random:k=1-2:seconds=0.32              k itself drawn from 1..2 each step
+    random:k=1:seconds=0.32:group=2        each step k groups of 2 consecutive
+                                           ranks sleep together: with ranks
+                                           placed in blocks of 2 per node
+                                           (--hosts n1,n2 at 4 ranks), the
+                                           ranks of one node
     dist:exponential:mean=0.05             every rank, every step, an independent
     dist:uniform:low=0:high=0.1            draw (inherent imbalance, such as
     dist:lognormal:mean=0.05:sigma=0.5     variable-length inputs); lognormal is
@@ -126,6 +131,9 @@ class RandomImbalance(_Started):
     """Each step ``k`` ranks (a shared-seed draw) sleep ``seconds``.
 
     ``k`` may be a range ``(lo, hi)``: each step draws k uniformly from lo..hi.
+    ``group``: the draw is of groups of ``group`` consecutive ranks (ranks
+    ``g * group`` to ``g * group + group - 1``), all of a drawn group sleeping:
+    a node's ranks where ranks are placed in blocks of ``group`` per node.
     """
 
     name = "random"
@@ -138,13 +146,21 @@ class RandomImbalance(_Started):
         seed: int = 0,
         start: int = 0,
         how: str = "sleep",
+        group: int = 1,
     ) -> None:
         super().__init__(start, how)
         lo, hi = (k, k) if isinstance(k, int) else (int(k[0]), int(k[1]))
         if size < 1:
             raise ValueError(f"size must be >= 1, got {size}")
-        if not 0 <= lo <= hi <= size:
-            raise ValueError(f"k must satisfy 0 <= k <= size={size}, got {lo}-{hi}")
+        if group < 1 or size % group:
+            raise ValueError(
+                f"group must divide the {size} ranks into equal blocks, got {group}"
+            )
+        units = size // group
+        if not 0 <= lo <= hi <= units:
+            what = f"size={size}" if group == 1 else f"{units} groups of {group}"
+            raise ValueError(f"k must satisfy 0 <= k <= {what}, got {lo}-{hi}")
+        self.group = int(group)
         if seconds < 0:
             raise ValueError(f"seconds must be >= 0, got {seconds}")
         self.k, self.seconds, self.size, self.seed = (
@@ -160,14 +176,18 @@ class RandomImbalance(_Started):
             return frozenset()
         rng = np.random.default_rng((self.seed, 0x1B, int(step)))
         k = int(rng.integers(self.k[0], self.k[1] + 1))
-        return frozenset(int(r) for r in rng.choice(self.size, size=k, replace=False))
+        units = rng.choice(self.size // self.group, size=k, replace=False)
+        return frozenset(
+            int(u) * self.group + i for u in units for i in range(self.group)
+        )
 
     def delay(self, step: int, rank: int) -> float:
         return self.seconds if rank in self.sleepers(step) else 0.0
 
     def spec(self) -> str:
         k = str(self.k[0]) if self.k[0] == self.k[1] else f"{self.k[0]}-{self.k[1]}"
-        return f"random:k={k}:seconds={self.seconds:g}{self._suffix()}"
+        group = f":group={self.group}" if self.group > 1 else ""
+        return f"random:k={k}:seconds={self.seconds:g}{group}{self._suffix()}"
 
 
 class DistImbalance(_Started):
@@ -323,7 +343,7 @@ def parse_imbalance(spec: str, *, size: int, seed: int = 0) -> Imbalance:
             _how(model, kv),
         )
     if model == "random":
-        kv = _pairs(model, parts, ("k", "seconds", "start", "how"))
+        kv = _pairs(model, parts, ("k", "seconds", "group", "start", "how"))
         _require(model, kv, ("k", "seconds"))
         lo_s, dash, hi_s = kv["k"].partition("-")
         lo = _integer(model, "k", lo_s)
@@ -337,6 +357,7 @@ def parse_imbalance(spec: str, *, size: int, seed: int = 0) -> Imbalance:
             seed,
             _integer(model, "start", kv.get("start", "0")),
             _how(model, kv),
+            _integer(model, "group", kv.get("group", "1")),
         )
     if model == "dist":
         if not parts or "=" in parts[0]:

@@ -4,10 +4,13 @@ Every ``python -m experiments.NAME`` job appends one record to its run root's
 ``run.json``: the command as typed (``python -m experiments.NAME ARGS``), the
 UTC time, the machine (host, CPU model, cores, memory), the load average when
 it started and when it ended, the git commit of the code (with ``+dirty`` when
-the tree had changes) and the world size. An experiment that runs several MPI
-jobs into one root (DeepFreeze's 1/2/4-rank jobs) gets one record per job.
-``python -m scripts.results`` renders ``docs/results/NAME.md`` from it and the
-experiment's ``table.md``, so every table in the docs says what produced it.
+the tree had changes) and the world size; where the ranks span several nodes,
+the nodes' hostnames (``hosts``) and the link between them (``network``, e.g.
+"real network link, 4 nodes at 1gbit per node (local cluster, TCP)"). An
+experiment that runs several MPI jobs into one root (DeepFreeze's 1/2/4-rank
+jobs) gets one record per job. ``python -m scripts.results`` renders
+``docs/results/NAME.md`` from it and the experiment's ``table.md``, so every
+table in the docs says what produced it.
 """
 
 from __future__ import annotations
@@ -116,9 +119,16 @@ def _write(path: Path, jobs: list[dict[str, Any]]) -> None:
 
 
 def record_job(
-    root: str | Path, experiment: str, world_size: int, module: str | None = None
+    root: str | Path,
+    experiment: str,
+    world_size: int,
+    module: str | None = None,
+    nodes: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Append this job's record to ``root/run.json`` (call on one rank only).
+
+    ``nodes``: ``{"hosts": [...], "network": label}`` where the ranks span
+    several nodes (added to the record as they are).
 
     When the process ends normally the record gains ``ended_utc`` and
     ``load_average_end`` (the load the job itself and anything else running
@@ -127,7 +137,7 @@ def record_job(
     path = Path(root) / FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     jobs = read_jobs(root)
-    record = job_record(experiment, world_size, module)
+    record = {**job_record(experiment, world_size, module), **(nodes or {})}
     jobs.append(record)
     _write(path, jobs)
     atexit.register(_record_end, path, len(jobs) - 1)

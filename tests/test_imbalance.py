@@ -78,6 +78,24 @@ def test_distributions_have_their_mean_and_differ_per_rank(spec, mean):
     assert parse_imbalance(imb.spec(), size=4, seed=1).spec() == imb.spec()
 
 
+def test_random_groups_hold_one_node_of_ranks_together():
+    # 2 nodes x 2 ranks in blocks: each step the ranks of one node, both of them.
+    imb = parse_imbalance("random:k=1:seconds=0.2:group=2", size=4, seed=1)
+    t = table(imb, 200, 4) > 0
+    assert ((t[:, 0] == t[:, 1]) & (t[:, 2] == t[:, 3])).all()
+    assert (t.sum(axis=1) == 2).all()
+    assert t[:, 0].any() and t[:, 2].any()  # either node, drawn per step
+    assert imb.spec() == "random:k=1:seconds=0.2:group=2"
+    # group=1 is the per-rank draw, the same delays as without it.
+    plain = parse_imbalance("random:k=1:seconds=0.2", size=4, seed=1)
+    one = parse_imbalance("random:k=1:seconds=0.2:group=1", size=4, seed=1)
+    assert (table(one, 50, 4) == table(plain, 50, 4)).all()
+    assert one.spec() == plain.spec()
+    # Groups of three ranks: k=2 holds both groups, all six ranks.
+    three = parse_imbalance("random:k=2:seconds=0.1:group=3", size=6)
+    assert ((table(three, 20, 6) > 0).sum(axis=1) == 6).all()
+
+
 def test_start_skips_early_steps():
     imb = parse_imbalance("fixed:ranks=0:seconds=0.2:start=3", size=2)
     assert [imb.delay(s, 0) for s in range(5)] == [0, 0, 0, 0.2, 0.2]
@@ -184,6 +202,9 @@ def test_spin_leaves_the_gil_to_other_threads():
         ("dist:normal:mean=0.1", "missing std"),
         ("random:k=1:seconds=0.1:how=nap", "how='nap'; choose one of sleep, spin"),
         ("dist:exponential:mean=0.1:how=x", "how='x'"),
+        ("random:k=1:seconds=0.1:group=3", "group must divide the 4 ranks"),
+        ("random:k=3:seconds=0.1:group=2", "k <= 2 groups of 2, got 3-3"),
+        ("random:k=1:seconds=0.1:group=x", "group='x' is not an integer"),
     ],
 )
 def test_bad_specs_raise_clear_errors(spec, message):

@@ -93,3 +93,46 @@ def test_no_plots_is_the_spelling_and_no_figures_still_works(capsys):
     assert capsys.readouterr().err == ""
     assert parse(["--no-figures"]).plots is False  # the old spelling
     assert "--no-figures is now --no-plots" in capsys.readouterr().err
+
+
+def test_checks_on_every_emulated_link_and_the_real_network_not_shared_memory():
+    from research.studies.overlap import format_checks, format_table
+
+    def rows(kind, nodes, overlap_step, hidden):
+        out = [
+            _row("host", p, kind, 2.0 * p) | {"nodes": nodes if p > 1 else 1}
+            for p in (2, 4)
+        ]
+        for p in (2, 4):
+            ov = _row("overlap", p, kind, overlap_step * p)
+            out.append(ov | {"hidden": hidden, "nodes": nodes if p > 1 else 1})
+        return out
+
+    label = "real network link, {} nodes at 1gbit per node (local cluster, TCP)"
+    net = rows("real", 4, 1.0, 0.9)
+    for r in net:
+        r["nodes"] = r["ranks"]
+        r["link_label"] = label.format(r["ranks"])
+    emu = rows("1gbps", 1, 1.8, 0.5)
+    checks = format_checks(net + emu, "m").splitlines()
+    # The real network gets the paper's targets: 2.0x host at 4 ranks passes.
+    assert "  [PASS] 2 ranks, real network, 2 nodes: overlap hides >= 80% " in (
+        "\n".join(checks)
+    )
+    assert "  [PASS] 4 ranks, real network, 4 nodes: overlap 2.00x host" in checks
+    assert not any("2 ranks, real network, 2 nodes: overlap 2.00x" in c for c in checks)
+    # An emulated link given as a spec, named by it: 1.11x host fails at 4 ranks.
+    assert "  [FAIL] 4 ranks, emulated 1gbps: overlap 1.11x host" in checks
+    assert any(
+        c.startswith("  [FAIL] 2 ranks, emulated 1gbps: overlap hides") for c in checks
+    )
+    assert not any("shared memory" in c for c in checks)
+    table = format_table(net, "m")
+    assert f"real link at 4 ranks: {label.format(4)}" in table
+    # The same real rows on one node: information, no verdict.
+    shm = rows("real", 1, 1.0, 0.9)
+    checks = format_checks(shm, "m").splitlines()
+    assert all(c.startswith("  [info]") for c in checks[1:]), checks
+    assert "  [info] 4 ranks, real link: overlap 2.00x host, hides 90% (shared " in (
+        "\n".join(checks)
+    )

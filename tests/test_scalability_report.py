@@ -159,3 +159,16 @@ def test_cluster_lists_one_line_per_configuration(tmp_path):
     first = lines[0].split()
     again = parse([*first, *flags])
     assert again.points[0] in plan(again)
+
+
+def test_table_says_which_rank_counts_ran_over_a_network():
+    net = "real network link, {} nodes at 1gbit per node (local cluster, TCP)"
+    rows = [
+        row(ranks=1, tags=["ranks:weak"]) | {"nodes": 1, "link_label": "real shm"},
+        row(ranks=2, tags=["ranks:weak"]) | {"nodes": 2, "link_label": net.format(2)},
+        row(ranks=4, tags=["ranks:weak"]) | {"nodes": 4, "link_label": net.format(4)},
+    ]
+    lines = format_table(rows).splitlines()
+    assert lines[-2:] == [f"2 ranks: {net.format(2)}", f"4 ranks: {net.format(4)}"]
+    assert not any("real shm" in line for line in lines)
+    assert "ranks:" not in format_table([row(ranks=2, tags=["ranks:weak"])])

@@ -146,3 +146,40 @@ def test_comm_bound_check_says_where_the_time_goes():
     assert "dense compute 250 + comm 165 + update 121" in check
     assert "selection 125 ms against 57 ms the smaller allreduce saves" in check
     assert "reached at step 30 vs 20" in check
+
+
+def test_real_network_rows_get_the_checks_shared_memory_rows_do_not():
+    from research.studies.sparcml import format_bench
+    from research.studies.sparcml_comm import format_comm_bound
+
+    def row(link, arm, t, step, nodes):
+        return {
+            "model": "candle_p1b2",
+            "link": link,
+            "link_label": "real network link, 4 nodes at 1gbit per node",
+            "nodes": nodes,
+            "arm": arm,
+            "time_to_target_s": t,
+            "mean_step_s": step,
+            "final_test_acc": 0.5,
+            "target": 0.3,
+            "bytes_per_step": 1e6,
+        }
+
+    net = [row("real", "dense", 20.0, 0.4, 4), row("real", "topk_ef", 9.0, 0.2, 4)]
+    (check,) = comm_bound_checks(net)
+    assert check.startswith("PASS  candle_p1b2, real network, 4 nodes: top-k + EF")
+    assert format_comm_bound(net).splitlines()[-1] == (
+        "real: real network link, 4 nodes at 1gbit per node"
+    )
+    shm = [row("real", "dense", 5.0, 0.1, 1), row("real", "topk_ef", 9.0, 0.2, 1)]
+    assert comm_bound_checks(shm) == []
+    assert "real:" not in format_comm_bound(shm)
+    # The micro-benchmark on the real link names it in its lines and its head.
+    bench = _rows(0.05, 1.0, 0.05, 1.0)
+    checks = bench_checks(bench, Link(), "real network, 4 nodes")
+    assert checks[0].startswith("PASS  real network, 4 nodes, P=4, density 0.001")
+    assert format_bench(bench, Link(), "link: the network").startswith(
+        "link: the network\n"
+    )
+    assert format_bench(bench, Link.parse("1gbps")).startswith("emulated link: ")

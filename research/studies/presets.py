@@ -79,7 +79,8 @@ def start_job(
     Threads per rank first (XLA reads them when it starts), the compile cache,
     MPI, then the abort hook at once, so a failure anywhere after ends the job.
     Rank 0 appends the job's provenance to ``root/run.json``
-    (:mod:`research.provenance`).
+    (:mod:`research.provenance`), with the nodes and their link where the ranks
+    span several.
     """
     from research.comm.world import get_world, install_abort_on_error
     from research.launch import set_threads
@@ -93,7 +94,13 @@ def start_job(
     if world.rank == 0:
         from research.provenance import record_job
 
-        record_job(root, experiment, world.size)  # what docs/results cites
+        nodes = None
+        if world.nodes > 1:
+            from research.train.report import link_label
+
+            hosts = world.topology.record()["hosts"]
+            nodes = {"hosts": hosts, "network": link_label("real", world)}
+        record_job(root, experiment, world.size, nodes=nodes)  # what docs/results cites
     return world, root
 
 

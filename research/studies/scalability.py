@@ -268,6 +268,7 @@ def run_point(p: Point, tags: list[str], cfg: Any, root: Path, world: Any) -> di
     """Train point ``p`` on this world; rank 0 appends its row to results.jsonl."""
     from research.imbalance import FixedImbalance
     from research.train.loop import Trainer
+    from research.train.report import link_label
 
     if world.size != p.ranks:
         raise ValueError(
@@ -292,6 +293,8 @@ def run_point(p: Point, tags: list[str], cfg: Any, root: Path, world: Any) -> di
         row["steps"] = steps
         row["warmup"] = cfg.warmup
         row["paper_scale"] = bool(cfg.paper_scale)
+        row["nodes"] = world.nodes
+        row["link_label"] = link_label(p.link, world)
         row.update(_timings(run_dir, cfg.warmup))
         row.update(measure_trace(run_dir, cfg.warmup))
         with open(root / "results.jsonl", "a") as f:

@@ -15,6 +15,9 @@ Definitions (per model and strategy; T = median step time):
 * delay absorbed = injected delay - (T(delay) - T(0)) at the same strategy and
   link: the part of a straggler's delay that did not reach the step time.
 
+Rows record their nodes; where ranks spanned several (``--hosts``), the table
+ends with the link each rank count ran on (the real link was a network).
+
 ``cluster_lists`` writes one flag file per (ranks, threads) job group for
 ``scripts/slurm_array.sbatch`` / ``scripts/pbs_array.pbs`` and the commands that
 submit them and merge the result.
@@ -165,6 +168,12 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         parts.append(
             "\n".join([f"== {title}", HEAD, *(_row_line(r, tag) for r in mine)])
         )
+    # Where ranks spanned nodes, the real link was a network: say which.
+    nets = sorted(
+        {(r["ranks"], r["link_label"]) for r in rows if (r.get("nodes") or 1) > 1}
+    )
+    if nets:
+        parts.append("\n".join(f"{p} ranks: {label}" for p, label in nets))
     return "\n\n".join(parts)
 
 
