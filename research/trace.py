@@ -53,6 +53,7 @@ TRACKS = {
     "checkpoint": 8,
     "checkpoint-bg": 9,
     "log": 10,
+    "strategy": 11,  # which method an adaptive strategy ran, and its switches
 }
 
 

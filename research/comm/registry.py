@@ -80,17 +80,27 @@ def check_options(name: str, options: dict[str, Any]) -> str | None:
             valid = ", ".join(map(repr, choices))
             return f"strategy option {key}={value!r} must be one of {valid}"
         low, high = _RANGES.get(key, (None, None))
-        if isinstance(value, int) and low is not None and not low <= value <= high:
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if number and low is not None and not low <= value <= high:
             return f"strategy option {key}={value!r} must be in [{low}, {high}]"
     return None
 
 
-#: Integer options whose value is checked before launch (the ring's C++ code
-#: would otherwise end in an uncaught exception or an MPI count overflow).
+#: Numeric options whose value is checked before launch (the ring's C++ code
+#: would otherwise end in an uncaught exception or an MPI count overflow; the
+#: adaptive strategy's bounds are its own, ``research.comm.adaptive.RANGES``).
 _RANGES = {
     "segment_bytes": (1, 2**30),  # research.comm.ring.MAX_SEGMENT_BYTES
     "bucket_bytes": (1, 2**40),
     "alone_bytes": (0, 2**62),
+    "interval": (2, 10**6),
+    "probe_steps": (1, 10**4),
+    "refresh": (1, 10**8),
+    "max_refresh": (1, 10**8),
+    "cooldown": (0, 10**6),
+    "staleness": (1, 10**4),
+    "margin": (0.0, 1.0),
+    "max_lag": (1e-6, 1e12),
 }
 
 

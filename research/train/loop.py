@@ -283,6 +283,8 @@ class Trainer:
             self.step, cfg.log_every, self.total_steps, first=True
         ):
             self.metrics.write(step_row(self, m, info, phases, dt))
+        for row in self.executor.take_rows():  # a strategy's own events
+            self.metrics.write(row)
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{float(m['loss']):.3f}", refresh=False)

@@ -131,6 +131,7 @@ def summary_record(t: Trainer) -> dict[str, Any]:
     }
     if t.contributors:
         summary["mean_contributors"] = float(np.mean(t.contributors))
+    summary.update(t.executor.summary())  # a strategy's own figures
     for cb in t.callbacks:
         summary.update(cb.summary())
     if t.stop.stopped is not None:  # told to stop (research.train.preemption)
