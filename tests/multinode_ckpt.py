@@ -22,7 +22,9 @@ from research.comm.world import get_world
 
 def state() -> dict:
     """A replica's state (the same on every rank: data-parallel replicas)."""
-    return {f"layer{i}": np.arange(1000, dtype=np.float32) * (i + 1) for i in range(6)}
+    return {
+        f"layer{i}": np.arange(1000, dtype=np.float32) * (i + 1) for i in range(6)
+    }
 
 
 def main(mode: str, folder: str) -> None:
