@@ -163,3 +163,29 @@ def test_state_round_trips_through_a_vector():
     assert math.isnan(q.est[2].cost)
     with pytest.raises(ValueError, match="other candidates"):
         _policy(candidates="host,sparse").load(p.vector())
+
+
+def test_two_anomalous_steps_bring_the_decision_forward():
+    p = _policy()
+    cost = {"host": 0.100, "sparse:0.01": 0.098}
+    _run_to_decision(p, 10, cost)
+    _run_to_decision(p, 14, cost)  # host kept: a run window with an estimate
+    assert p.watching() and not p.anomalous(0.110)  # within 25%
+    assert p.anomalous(0.300)  # the link fell: host's allreduce is slow now
+    d = p.decide(16, _windows(0.300, n=2), early=True)
+    assert d.reason == "probe" and "-> 300.7 ms for 2 steps" in d.why
+    assert not p.watching()  # probing: no early decision
+
+
+def test_a_link_change_shows_in_the_communication_of_topk():
+    """Top-k's step barely moves when the link comes back to 10 Gb/s, but its
+    communication falls to less than half: the others are probed again."""
+    p = _policy(plan=[])
+    cost = {"host": 0.200, "sparse:0.01": 0.070}
+    _run_to_decision(p, 10, cost, comm=0.150)
+    _run_to_decision(p, 14, cost, comm=0.004)  # sparse chosen
+    assert p.labels[p.current] == "sparse:0.01"
+    assert _run_to_decision(p, 34, cost, comm=0.004).to is None
+    d = _run_to_decision(p, 54, {"sparse:0.01": 0.068}, comm=0.0012)
+    assert d.reason == "probe" and "comm 4.0 -> 1.2 ms" in d.why
+    assert p.labels[p.current] == "host"
