@@ -25,7 +25,10 @@ model, per rank), and ``avg.close()``:
 * ``solo``, ``majority``, ``sync``: eager-SGD's partial allreduce, outside
   ``jit``; ``drain`` hands over what missed its round;
 * ``sparse``: top-k with error feedback (:class:`TopKAllreduce`), outside
-  ``jit``; ``state`` is this rank's residual.
+  ``jit``; ``state`` is this rank's residual;
+* ``adaptive``: one of ``host``, top-k, ``majority``, ``solo`` at a time,
+  chosen from measurements as it goes (:mod:`research.comm.adaptive_call`);
+  ``state`` is its policy and, in a top-k phase, the residual.
 
 Not offered in this form, each saying why (``Averager.no_call_form``): ``ps``
 (the parameter server exchanges gradients for parameters, it returns no mean),

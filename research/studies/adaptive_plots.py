@@ -59,7 +59,10 @@ def plot(root: Path, data: dict[str, Any], global_batch: dict[int, int]) -> Path
             run = _load_run(Path(root) / f"np{P}" / f"{arm}-s{seed}")
             steps = np.array([r["step"] for r in run["steps"]])
             rate = global_batch[P] / np.array([r["step_time"] for r in run["steps"]])
-            smooth = np.convolve(rate, np.ones(5) / 5, mode="same")
+            ones = np.ones(5)
+            smooth = np.convolve(rate, ones, "same") / np.convolve(
+                np.ones_like(rate), ones, "same"
+            )
             ax.plot(
                 steps, smooth, color=COLORS.get(arm, "gray"),
                 lw=2.2 if arm == "adaptive" else 1.0, label=arm,
@@ -78,11 +81,12 @@ def plot(root: Path, data: dict[str, Any], global_batch: dict[int, int]) -> Path
         used = sorted(set(methods))
         strip.legend(
             handles=[Patch(color=_method_color(m), label=m) for m in used],
-            loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=len(used) or 1,
-            fontsize=8, frameon=False,
+            loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7,
+            frameon=False,
         )  # fmt: skip
+    slow = (low or "").replace("gbit", " Gb/s").replace("mbit", " Mb/s")
     axes[-1, 0].set_xlabel(
-        "step (grey: the link at " + (low or "its rate") + "; hatched: a straggler)"
+        f"step (grey: the links at {slow or 'their one rate'}; hatched: a straggler)"
     )
     fig.tight_layout()
     return save_figure(fig, Path(root) / "adaptive.png")
