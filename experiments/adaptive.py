@@ -173,12 +173,11 @@ def _driver(cfg: Config, argv: list[str]) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     made = None
     if not cfg.hosts and not cfg.no_link:
+        first = cfg.link_schedule.split(",")[0].split(":")[1]
         try:
-            localnet.check_can_run()
+            made = localnet.up(max(cfg.nps), rate=first, name=cfg.cluster)
         except localnet.LocalnetError as e:
             raise UsageError(f"{e} (or name nodes of a cluster with --hosts)") from None
-        first = cfg.link_schedule.split(",")[0].split(":")[1]
-        made = localnet.up(max(cfg.nps), rate=first, name=cfg.cluster)
         os.environ[localnet.DIR_ENV] = str(made.dir)
     hosts = cfg.hosts or (",".join(made.hosts()) if made else "")
     try:

@@ -39,6 +39,7 @@ import math
 import time
 from typing import Any, Protocol
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
@@ -87,7 +88,8 @@ class AdaptiveExecutor(Executor):
         for c in avg.cands:  # top-k first: they add the residual to the state
             if c.kind != PARTIAL:
                 state = self._exec(c.label, state)[1]
-        self._unravel = ravel_pytree(state.params)[1]
+        flat, self._unravel = ravel_pytree(state.params)
+        self._warm(flat)
         self._window, self._fresh = Window(), True
         self._flag_out, self._flag_in = np.zeros(1, np.int32), np.zeros(1, np.int32)
         self._flag_req: Any = None
@@ -96,6 +98,15 @@ class AdaptiveExecutor(Executor):
         self._rows: list[dict[str, Any]] = []
         self._since = time.perf_counter()  # the current method's span
         return self._publish(state)
+
+    def _warm(self, flat: Any) -> None:
+        """What a first switch would otherwise pay inside a step (collective):
+        the folding's unravel compiled, the sparse cost model agreed."""
+        jax.block_until_ready(self._unravel(jnp.zeros_like(flat)))
+        if any(c.kind == SPARSE for c in self.averager.cands):
+            from research.comm.sparse.cost import agreed_model
+
+            agreed_model(self.averager.world.comm)
 
     # -- the candidates' executors -------------------------------------------------
     def _exec(self, label: str, state: Any = None) -> tuple[Executor, Any]:
