@@ -133,7 +133,7 @@ def test_guard_leaves_topk_and_keeps_it_away():
     assert _run_to_decision(p, 10, {"sparse:0.01": 0.05}, lag=3.0).to is None
     d = _run_to_decision(p, 20, {"sparse:0.01": 0.05}, lag=80.0)
     assert (d.reason, p.labels[p.current], p.guard_fired) == ("guard", "host", 1)
-    assert "80.0 steps" in d.why and "max_lag 50" in d.why
+    assert "holds 80.0 gradients" in d.why and "max_lag 50" in d.why
     assert p.cooldown_until == 40
 
 

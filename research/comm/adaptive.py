@@ -40,8 +40,9 @@ Options (``--strategy-opt KEY=VALUE``; ranges checked before launch):
   the choice), 100 and 800 steps;
 * ``margin``: least relative advantage that counts (beyond twice the measured
   standard error), 0.05;
-* ``max_lag``, ``cooldown``: the guard (module ``adaptive_policy``), 50 steps of
-  updates held back, and 5 windows of dense after it fires;
+* ``max_lag``, ``cooldown``: the guard (module ``adaptive_policy``): top-k is
+  left when its residual holds more than 10 gradients' worth of update, for 5
+  windows of dense;
 * ``staleness``: the partial collectives' synchronous round every this many
   rounds (their bound on staleness), 8;
 * ``plan``: fixed switches instead of measured ones, ``host@0,sparse:0.01@40``;
@@ -54,7 +55,6 @@ Each switch is one line on rank 0 (what, why, in numbers), a row ``kind:
 
 from __future__ import annotations
 
-import math
 import types
 from typing import Any, Literal
 
@@ -83,21 +83,6 @@ RANGES = {
     for k in ("interval", "probe_steps", "refresh", "max_refresh", "cooldown")
     + ("staleness", "margin", "max_lag")
 }
-
-
-class GuardedSparse(SparseAverager):
-    """The ``sparse`` averager, noting the norm of what this rank sent last
-    (the guard's denominator, :mod:`research.comm.adaptive_policy`)."""
-
-    last_sent_norm: float = math.nan
-
-    def reduce_sparse(self, indices, values, dim, step):  # noqa: D102
-        self.last_sent_norm = float(np.linalg.norm(values))
-        return super().reduce_sparse(indices, values, dim, step)
-
-    def reduce_sparse_sum(self, indices, values, dim, step):  # noqa: D102
-        self.last_sent_norm = float(np.linalg.norm(values))
-        return super().reduce_sparse_sum(indices, values, dim, step)
 
 
 class Folded(Averager):
@@ -157,13 +142,13 @@ class AdaptiveAverager(Averager):
         world: Any,
         *,
         candidates: str = "host,sparse,majority,solo",
-        densities: str = "0.01",
+        densities: str | float = "0.01",
         interval: int = 20,
         probe_steps: int = 3,
         refresh: int = 100,
         max_refresh: int = 800,
         margin: float = 0.05,
-        max_lag: float = 50.0,
+        max_lag: float = 10.0,
         cooldown: int = 5,
         staleness: int = 8,
         plan: str = "",
@@ -182,7 +167,8 @@ class AdaptiveAverager(Averager):
                 raise ValueError(
                     f"adaptive: {key}={value!r} must be in [{low}, {high}]"
                 )
-        self.cands: list[Candidate] = parse_candidates(candidates, densities)
+        # ``--strategy-opt densities=0.01`` arrives as a number.
+        self.cands: list[Candidate] = parse_candidates(candidates, str(densities))
         labels = [c.label for c in self.cands]
         self.policy = Policy(
             self.cands,
@@ -220,7 +206,7 @@ class AdaptiveAverager(Averager):
         if label not in self.children:
             c = self.candidate(label)
             if c.kind == SPARSE:
-                avg: Averager = GuardedSparse(
+                avg: Averager = SparseAverager(
                     self.world, density=c.density, seed=self.seed, link=self.link
                 )
             elif c.kind == DENSE:

@@ -67,7 +67,7 @@ class AdaptiveCall(Averaging):
         t_in = time.perf_counter()
         policy = self.avg.policy
         if policy.due(self.calls):
-            self._decide()
+            self._decide(grads)
         label = self.method
         if self._fold is not None:
             grads, self._fold = add_trees(grads, self._fold), None
@@ -84,13 +84,15 @@ class AdaptiveCall(Averaging):
         info.extra["method"] = label
         return out, info
 
-    def _decide(self) -> None:
+    def _decide(self, grads: Any) -> None:
         old = self.method
         if self.avg.current.kind == SPARSE:
-            topk = self._forms[old].topk
-            sent = self.avg.child(old).last_sent_norm
-            norm = float(np.linalg.norm(topk.residual))
-            self._window.lag = norm / sent if sent > 0 else math.inf
+            # The guard's figure: the residual over this call's gradient.
+            r = float(np.linalg.norm(self._forms[old].topk.residual))
+            g = math.sqrt(
+                sum(float(np.sum(np.square(x))) for x in jax.tree.leaves(grads))
+            )
+            self._window.lag = r / g if g > 0 else math.inf
         decision = self.avg.agree(self.calls, self._window)
         self._window = Window()
         if decision.reason and self.avg.rank == 0:

@@ -15,9 +15,15 @@ any injected delay) and the time it waited for communication. A window's
 * ``comm``: the slowest rank's mean exposed communication per step;
 * ``imbalance``: the mean over steps of (latest arrival - mean arrival): what a
   synchronous method waits for stragglers;
-* ``lag`` (top-k only): this rank's error-feedback residual norm over the RMS
-  norm of what it sent per step, the largest over ranks: how many steps of
-  updates the residual holds back (the guard's figure).
+* ``lag`` (top-k only, the guard's figure): the norm of this rank's
+  error-feedback residual over the norm of its gradient at the decision (of
+  the step about to run), the largest over ranks: how many gradients' worth
+  of update the model has not received yet. Error feedback keeps it bounded
+  when the density suits the gradients (1% top-k: about 2.5 here); when it
+  grows without bound the sparse updates fall behind the gradients, and
+  accuracy with them. Measured with one extra forward and backward pass of
+  the step's own batch per decision (the Trainer) or from the call's gradient
+  (``research.averaging``).
 
 The first step after a switch is not measured (compilation, the drain, the
 folded residual).
@@ -25,7 +31,10 @@ folded residual).
 Deciding, every ``interval`` steps of the running method (a *window*):
 
 1. The guard: a top-k method whose ``lag`` exceeds ``max_lag`` is left for the
-   dense one at once, and no top-k method is tried for ``cooldown`` windows.
+   dense one at once (its residual folded into the next gradient), and no
+   top-k method is tried for ``cooldown`` windows. ``max_lag`` (10) bounds
+   top-k's delay the way ``staleness`` (8 rounds) bounds the partial
+   collectives', and the sparsest density bounds its sparsity.
 2. Conditions changed: the window's cost or imbalance moved by more than the
    noise (``max(margin x cost, 2 standard errors)``) from the previous
    window's, or its communication did (beyond 2 standard errors and 1% of the
@@ -314,8 +323,8 @@ class Policy:
                 step,
                 self.dense,
                 "guard",
-                f"{self.labels[cur]} holds back {est.lag:.1f} steps of updates "
-                f"in its residual > max_lag {self.max_lag:g}: dense for "
+                f"{self.labels[cur]}'s residual holds {est.lag:.1f} gradients "
+                f"> max_lag {self.max_lag:g}: dense for "
                 f"{self.cooldown} windows",
             )
         if planned:

@@ -48,6 +48,7 @@ from mpi4py import MPI
 from research.comm.adaptive import Folded
 from research.comm.adaptive_policy import PARTIAL, SPARSE, Window
 from research.trace import get_tracer
+from research.train import step as steps
 from research.train.executors import Executor, StepOut, make_executor, register_executor
 from research.train.state import TrainState
 
@@ -141,7 +142,7 @@ class AdaptiveExecutor(Executor):
         state = self._adopt(state)
         early = self._agreed_anomaly()
         if early or policy.due(step):
-            state = self._decide(state, step, early)
+            state = self._decide(state, step, early, x, y)
         label = policy.labels[policy.current]
         ex = self._exec(label)[0]
         inner, hidden = self._inner(state, label)
@@ -195,16 +196,16 @@ class AdaptiveExecutor(Executor):
             self._window.add(*self._last)
         return self._anomalies >= 2
 
-    def _decide(self, state: TrainState, step: int, early: bool) -> TrainState:
+    def _decide(
+        self, state: TrainState, step: int, early: bool, x: Any, y: Any
+    ) -> TrainState:
         avg, policy = self.averager, self.averager.policy
         self._anomalies = 0
         t0 = time.perf_counter()
         old = policy.labels[policy.current]
         if avg.candidate(old).kind == SPARSE:
             state = self._drain_one(state, old)  # publishes the residual
-            norm = float(np.linalg.norm(np.asarray(state.strategy["residual"])))
-            sent = avg.child(old).last_sent_norm
-            self._window.lag = norm / sent if sent > 0 else math.inf
+            self._window.lag = self._lag(state, x, y)
         decision = avg.agree(step, self._window, early)
         self._window = Window()
         if not decision.reason:
@@ -230,6 +231,15 @@ class AdaptiveExecutor(Executor):
             print(f"r0 | {line}", flush=True)
             self._rows.append(row)
         return state
+
+    def _lag(self, state: TrainState, x: Any, y: Any) -> float:
+        """The guard's figure on this rank: the error-feedback residual's norm
+        over the norm of this step's gradient (the same batch and parameters
+        the step is about to use: one more forward and backward pass)."""
+        grads = steps.grad_step(state, x, y)[0]
+        g = float(jnp.linalg.norm(ravel_pytree(grads)[0]))
+        r = float(np.linalg.norm(np.asarray(state.strategy["residual"])))
+        return r / g if g > 0 else math.inf
 
     def _switch(self, state: TrainState, old: str, new: str) -> TrainState:
         avg = self.averager

@@ -255,16 +255,17 @@ def test_guard_leaves_topk_that_holds_back_too_much(
     world, tmp_path_factory, density, fires
 ):
     """k = 2 of the model's 19,226 entries: the residual keeps nearly all of
-    every gradient and soon holds more than ``max_lag`` = 4 times what a step
-    sends, so the guard goes back to dense and folds the residual in; with half
-    the entries sent it stays far below."""
+    every gradient and its norm keeps growing (2.0, 2.5, 3.2 and 3.7 times the
+    gradient's at steps 4, 8, 12 and 16 in one process), so the guard, set to
+    2.2, goes back to dense and folds the residual in; with half the entries
+    sent the residual stays near zero."""
     label = f"sparse:{density:g}"
     cfg = _config(
         _dir(world, tmp_path_factory, "g"),
-        12,
+        13,
         "adaptive",
         strategy_options=_adaptive(
-            f"{label}@0", densities=f"{density:g}", interval=4, max_lag=4.0
+            f"{label}@0", densities=f"{density:g}", interval=4, max_lag=2.2
         ),
     )
     trainer = Trainer(cfg, world)
@@ -274,13 +275,14 @@ def test_guard_leaves_topk_that_holds_back_too_much(
     assert (ad["final"] == "host") == fires, ad
     lag = ad["estimates"][label]["lag"]
     if world.rank == 0:
-        rows = [r for r in read_metrics(cfg.run_dir) if r.get("kind")]
+        rows = read_metrics(cfg.run_dir)
+        rows = [r for r in rows if r.get("kind") in ("switch", "decision")]
         if fires:
             guard = [r for r in rows if r["reason"] == "guard"]
-            assert guard and guard[0]["step"] in (4, 8), rows
-            assert guard[0]["estimates"][label]["lag"] > 4
+            assert guard and guard[0]["step"] in (4, 8, 12), rows
+            assert guard[0]["estimates"][label]["lag"] > 2.2
         else:
-            assert rows == [] and lag < 2, (rows, lag)
+            assert rows == [] and lag < 0.5, (rows, lag)
     if fires:
         assert not np.any(np.asarray(trainer.state.strategy["residual"]))
 
