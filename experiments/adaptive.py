@@ -75,8 +75,8 @@ def _train() -> TrainConfig:
         dataset="synthetic_tabular",
         data_options={"features": FEATURES, "n_train": 4096, "n_test": 1024},
         batch_size=32,
-        steps=240,
-        lr=0.05,
+        steps=320,
+        lr=0.01,
         schedule="constant",
         warmup_steps=10,
         momentum=0.9,
@@ -102,22 +102,22 @@ class Config(ExperimentConfig):
         None, "arms", STUDY, factory=lambda: list(ARMS), nargs="*", choices=ARMS
     )
     link_schedule: str = flag(
-        "0:10gbit,60:1gbit,120:10gbit",
+        "0:10gbit,60:1gbit,140:10gbit",
         "STEP:RATE,...: the links' rate from each step on; default %(default)s",
         STUDY,
     )
     straggler: str = flag(
-        "random:k=1:seconds=0.3:start=160:end=200",
+        "random:k=1:seconds=0.1:start=160:end=220",
         "the imbalance (research/imbalance.py), a window of steps; default %(default)s",
         STUDY,
     )
-    density: float = flag(0.01, "top-k density (fixed arm and adaptive)", STUDY)
+    density: float = flag(0.05, "top-k density (fixed arm and adaptive)", STUDY)
     staleness: int = flag(8, "partial collectives' synchronous round every", STUDY)
     adaptive_options: dict[str, Any] = flag(
         None, "an option of adaptive, repeatable", STUDY, factory=dict,
         name="--adaptive-opt",
     )  # fmt: skip
-    target_acc: float = flag(0.8, "test accuracy to reach", STUDY)
+    target_acc: float = flag(0.83, "test accuracy to reach", STUDY)
     cluster: str = flag("ad", "name of the local cluster made here", STUDY)
     no_link: bool = flag(
         False,
