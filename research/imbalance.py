@@ -25,7 +25,8 @@ Models and their command-line spec (:func:`parse_imbalance`)::
     dist:normal:mean=0.05:std=0.02         given by its mean; normal is cut at 0
 
 Optional for every model but ``none``: ``start=S`` (no delay before step S, e.g.
-to keep compilation steps clean) and ``how=sleep|spin`` (default ``sleep``).
+to keep compilation steps clean), ``end=E`` (no delay from step E on: a
+straggler for one window of steps) and ``how=sleep|spin`` (default ``sleep``).
 Numbers are seconds. Errors are ``ValueError`` with a message naming the bad part.
 
 How a delay is spent
@@ -87,16 +88,26 @@ class Imbalance:
 
 
 class _Started(Imbalance):
-    def __init__(self, start: int = 0, how: str = "sleep") -> None:
+    def __init__(
+        self, start: int = 0, how: str = "sleep", end: int | None = None
+    ) -> None:
         if start < 0:
             raise ValueError(f"start must be >= 0, got {start}")
+        if end is not None and end <= start:
+            raise ValueError(f"end must be > start={start}, got {end}")
         if how not in HOW:
             raise ValueError(f"how must be one of {', '.join(HOW)}, got {how!r}")
         self.start, self.how = int(start), how
+        self.end = None if end is None else int(end)
+
+    def _off(self, step: int) -> bool:
+        """Whether ``step`` lies outside the window ``[start, end)``."""
+        return step < self.start or (self.end is not None and step >= self.end)
 
     def _suffix(self) -> str:
         start = f":start={self.start}" if self.start else ""
-        return start + (f":how={self.how}" if self.how != "sleep" else "")
+        end = f":end={self.end}" if self.end is not None else ""
+        return start + end + (f":how={self.how}" if self.how != "sleep" else "")
 
 
 class FixedImbalance(_Started):
@@ -110,15 +121,16 @@ class FixedImbalance(_Started):
         seconds: float,
         start: int = 0,
         how: str = "sleep",
+        end: int | None = None,
     ) -> None:
-        super().__init__(start, how)
+        super().__init__(start, how, end)
         if seconds < 0:
             raise ValueError(f"seconds must be >= 0, got {seconds}")
         self.ranks = frozenset(int(r) for r in ranks)
         self.seconds = float(seconds)
 
     def delay(self, step: int, rank: int) -> float:
-        if step < self.start:
+        if self._off(step):
             return 0.0
         return self.seconds if rank in self.ranks else 0.0
 
@@ -147,8 +159,9 @@ class RandomImbalance(_Started):
         start: int = 0,
         how: str = "sleep",
         group: int = 1,
+        end: int | None = None,
     ) -> None:
-        super().__init__(start, how)
+        super().__init__(start, how, end)
         lo, hi = (k, k) if isinstance(k, int) else (int(k[0]), int(k[1]))
         if size < 1:
             raise ValueError(f"size must be >= 1, got {size}")
@@ -172,7 +185,7 @@ class RandomImbalance(_Started):
 
     def sleepers(self, step: int) -> frozenset[int]:
         """The ranks that sleep in ``step``: the same set on every rank."""
-        if step < self.start:
+        if self._off(step):
             return frozenset()
         rng = np.random.default_rng((self.seed, 0x1B, int(step)))
         k = int(rng.integers(self.k[0], self.k[1] + 1))
@@ -202,8 +215,9 @@ class DistImbalance(_Started):
         seed: int = 0,
         start: int = 0,
         how: str = "sleep",
+        end: int | None = None,
     ) -> None:
-        super().__init__(start, how)
+        super().__init__(start, how, end)
         if dist not in DISTRIBUTIONS:
             raise ValueError(
                 f"unknown distribution {dist!r}; choose one of "
@@ -229,7 +243,7 @@ class DistImbalance(_Started):
         return p["mean"]
 
     def delay(self, step: int, rank: int) -> float:
-        if step < self.start:
+        if self._off(step):
             return 0.0
         rng = np.random.default_rng((self.seed, 0xD1, int(step), int(rank)))
         p = self.params
@@ -297,6 +311,17 @@ def _how(model: str, kv: dict[str, str]) -> str:
     return how
 
 
+def _end(model: str, kv: dict[str, str]) -> int | None:
+    """``end=E`` (None when absent), checked against ``start``."""
+    if "end" not in kv:
+        return None
+    end = _integer(model, "end", kv["end"])
+    start = _integer(model, "start", kv.get("start", "0"))
+    if end <= start:
+        raise ValueError(f"imbalance {model}: end={end} must be after start={start}")
+    return end
+
+
 def _require(model: str, kv: dict[str, str], keys: tuple[str, ...]) -> None:
     missing = [k for k in keys if k not in kv]
     if missing:
@@ -322,7 +347,7 @@ def parse_imbalance(spec: str, *, size: int, seed: int = 0) -> Imbalance:
             raise ValueError(f"imbalance none takes no arguments, got {rest!r}")
         return Imbalance()
     if model == "fixed":
-        kv = _pairs(model, parts, ("ranks", "seconds", "start", "how"))
+        kv = _pairs(model, parts, ("ranks", "seconds", "start", "end", "how"))
         _require(model, kv, ("ranks", "seconds"))
         try:
             ranks = [int(r) for r in kv["ranks"].split(",") if r.strip()]
@@ -341,9 +366,10 @@ def parse_imbalance(spec: str, *, size: int, seed: int = 0) -> Imbalance:
             _number(model, "seconds", kv["seconds"]),
             _integer(model, "start", kv.get("start", "0")),
             _how(model, kv),
+            _end(model, kv),
         )
     if model == "random":
-        kv = _pairs(model, parts, ("k", "seconds", "group", "start", "how"))
+        kv = _pairs(model, parts, ("k", "seconds", "group", "start", "end", "how"))
         _require(model, kv, ("k", "seconds"))
         lo_s, dash, hi_s = kv["k"].partition("-")
         lo = _integer(model, "k", lo_s)
@@ -358,6 +384,7 @@ def parse_imbalance(spec: str, *, size: int, seed: int = 0) -> Imbalance:
             _integer(model, "start", kv.get("start", "0")),
             _how(model, kv),
             _integer(model, "group", kv.get("group", "1")),
+            _end(model, kv),
         )
     if model == "dist":
         if not parts or "=" in parts[0]:
@@ -372,13 +399,16 @@ def parse_imbalance(spec: str, *, size: int, seed: int = 0) -> Imbalance:
                 f"imbalance dist: unknown distribution {dist!r}; choose "
                 f"one of {', '.join(DISTRIBUTIONS)}"
             )
-        kv = _pairs(f"dist:{dist}", params, (*DISTRIBUTIONS[dist], "start", "how"))
+        kv = _pairs(
+            f"dist:{dist}", params, (*DISTRIBUTIONS[dist], "start", "end", "how")
+        )
         _require(f"dist:{dist}", kv, DISTRIBUTIONS[dist])
         start = _integer(model, "start", kv.pop("start", "0"))
-        how = _how(model, kv)
+        how, end = _how(model, kv), _end(model, kv)
         kv.pop("how", None)
+        kv.pop("end", None)
         values = {k: _number(f"dist:{dist}", k, v) for k, v in kv.items()}
-        return DistImbalance(dist, values, seed, start, how)
+        return DistImbalance(dist, values, seed, start, how, end)
     raise ValueError(
         f"unknown imbalance model {model!r}; choose one of none, fixed, "
         "random, dist (e.g. random:k=1:seconds=0.32)"

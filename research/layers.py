@@ -100,6 +100,7 @@ UNITS: dict[str, tuple[str, ...]] = {
         "research.comm",
         "research.imbalance",
         "research.launch",
+        "research.localnet",
         "research.periodic",
         "research.plots",
         "research.provenance",

@@ -55,6 +55,7 @@ TRACKS = {
     "log": 10,
     "profile": 11,  # steps captured by jax.profiler (research.train.profiling)
     "restart": 12,  # a run relaunched after a failure (research.restart)
+    "strategy": 13,  # which method an adaptive strategy ran, and its switches
 }
 
 

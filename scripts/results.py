@@ -41,6 +41,7 @@ TITLES = {
     "overlap": "SC18: gradient averaging overlapped with computation (MLHPC@SC18)",
     "sparcml": "SparCML: sparse allreduce (SC19)",
     "scalability": "Scalability and fine-grain parallelism (MLHPC@SC19)",
+    "adaptive": "Adaptive averaging: dense, top-k or partial, chosen while it trains",
     "train": "experiments.train",
     "network": "The network: the link model against TCP between nodes",
 }

@@ -16,7 +16,10 @@ import pytest
 from research.cli import override
 
 ROOT = Path(__file__).resolve().parent.parent
-EXPERIMENTS = ("train", "eager_sgd", "deepfreeze", "sparcml", "overlap", "scalability")
+EXPERIMENTS = (
+    "train", "eager_sgd", "deepfreeze", "sparcml", "overlap", "scalability",
+    "adaptive",
+)  # fmt: skip
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)

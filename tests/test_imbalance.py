@@ -102,6 +102,14 @@ def test_start_skips_early_steps():
     assert imb.spec() == "fixed:ranks=0:seconds=0.2:start=3"
 
 
+def test_end_closes_the_window():
+    imb = parse_imbalance("random:k=1:seconds=0.1:start=2:end=4", size=2)
+    per_step = [sum(imb.delay(s, r) for r in range(2)) for s in range(6)]
+    assert per_step == [0, 0, 0.1, 0.1, 0, 0]
+    with pytest.raises(ValueError, match="end=2 must be after start=2"):
+        parse_imbalance("fixed:ranks=0:seconds=1:start=2:end=2", size=2)
+
+
 def test_spec_round_trips():
     for spec in [
         "fixed:ranks=1,3:seconds=0.1",
@@ -109,6 +117,7 @@ def test_spec_round_trips():
         "dist:exponential:mean=0.05",
         "random:k=1:seconds=0.1:start=2:how=spin",
         "dist:uniform:low=0:high=0.1:how=spin",
+        "dist:exponential:mean=0.05:start=1:end=9",
     ]:
         assert parse_imbalance(spec, size=4).spec() == spec
     assert parse_imbalance("fixed:ranks=0:seconds=1:how=sleep", size=2).how == "sleep"

@@ -88,6 +88,7 @@ def run_under_mpiexec(
 
 #: The communication files, also run at 3 ranks.
 COMMUNICATION = {
+    "test_adaptive.py",
     "test_api.py",
     "test_contract.py",
     "test_overlap.py",

@@ -97,7 +97,7 @@ def main() -> None:
     else:
         from research.comm.partial import PartialAllreduce
 
-        pa = PartialAllreduce(world, mode="solo", sync_every=1)
+        pa = PartialAllreduce(world, mode="solo", full_every=1)
 
         def once() -> float:
             return float(pa.reduce({"x": x})[0]["x"][0]) * world.size

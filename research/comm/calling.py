@@ -28,7 +28,10 @@ model, per rank), and ``avg.close()``:
 * ``solo``, ``majority``, ``sync``: eager-SGD's partial allreduce, outside
   ``jit``; ``drain`` hands over what missed its round;
 * ``sparse``: top-k with error feedback (:class:`TopKAllreduce`), outside
-  ``jit``; ``state`` is this rank's residual.
+  ``jit``; ``state`` is this rank's residual;
+* ``adaptive``: one of ``host``, top-k, ``majority``, ``solo`` at a time,
+  chosen from measurements as it goes (:mod:`research.comm.adaptive_call`);
+  ``state`` is its policy and, in a top-k phase, the residual.
 
 Communication watchdog (:mod:`research.comm.watchdog`): ``comm_timeout=``
 (seconds, ``"auto"``, ``"off"``) sets this process's timeout; a call of

@@ -82,6 +82,11 @@ def current_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: Strategies whose free-text options a function parses before launch
+#: (``"module:function"``, imported then; it must not start MPI).
+TEXT_CHECKS = {"adaptive": "research.comm.adaptive_policy:check_text_options"}
+
+
 def check_options(name: str, options: dict[str, Any]) -> str | None:
     """A one-line problem with ``options`` for strategy ``name``, or None.
 
@@ -93,7 +98,12 @@ def check_options(name: str, options: dict[str, Any]) -> str | None:
     """
     strategy = declared(name)
     if strategy is not None:
-        return check("strategy", name, options, strategy.options, strategy.renamed)
+        problem = check("strategy", name, options, strategy.options, strategy.renamed)
+        text = TEXT_CHECKS.get(name)
+        if problem is None and text is not None:
+            module, _, func = text.partition(":")
+            problem = getattr(importlib.import_module(module), func)(options)
+        return problem
     if name not in _REGISTRY:
         return None  # unknown strategy: reported by the name check
     factory = _REGISTRY[name]

@@ -152,6 +152,16 @@ class Executor:
         """Release threads and communicators (success path; may be collective)."""
         self.averager.close()
 
+    def take_rows(self) -> list[dict[str, Any]]:
+        """Rows for ``metrics.jsonl`` besides the steps' (each with its own
+        ``kind``, e.g. an adaptive strategy's switches), since the last call;
+        rank 0's are written."""
+        return []
+
+    def summary(self) -> dict[str, Any]:
+        """Entries for ``summary.json`` (collective-free; {}: none)."""
+        return {}
+
 
 _EXECUTORS: dict[str, type[Executor]] = {}
 

@@ -328,6 +328,8 @@ class Trainer:
                 self.board.step(row)
             else:  # this rank's own figures, for TensorBoard's per-rank tags
                 self.board.step(rank_row(self, info, phases, dt))
+        for row in self.executor.take_rows():  # a strategy's own events
+            self.metrics.write(row)
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{float(m['loss']):.3f}", refresh=False)

@@ -134,6 +134,7 @@ def summary_record(t: Trainer) -> dict[str, Any]:
     own = getattr(t.averager, "summary", None)  # the strategy's own record
     if own is not None:
         summary.update(own())
+    summary.update(t.executor.summary())  # a strategy's executor's figures
     summary["comm_watchdog"] = watchdog_record(t.world)
     for cb in t.callbacks:
         summary.update(cb.summary())

@@ -161,6 +161,18 @@ class TopKAllreduce:
         total, info = self.averager.reduce_sparse_sum(idx, vals, self.dim, step)
         return self._mean.set(total), info
 
+    def residual_tree(self) -> Any:
+        """The residual shaped like the gradient: numpy views of it, in the
+        layout of the first call (None before it)."""
+        if self._layout is None:
+            return None
+        treedef, shapes, _, sizes = self._layout
+        out, off = [], 0
+        for shape, n in zip(shapes, sizes):
+            out.append(self.residual[off : off + n].reshape(shape))
+            off += n
+        return jax.tree.unflatten(treedef, out)
+
     def state(self) -> dict[str, Any]:
         """What to checkpoint (per rank): the residual (a copy) and the step."""
         residual = None if self._layout is None else self.residual.copy()
