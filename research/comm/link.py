@@ -28,7 +28,10 @@ alltoall(v) (s: bytes sent to     s / B + (P-1) L
 other ranks by this rank)
 point-to-point of n bytes         n / B + L
 sparse allreduce (s bytes sent    s / B + m L (the sparse strategy adds it to
-in m messages, ``SparseStats``)   the call's own time: its merges are CPU work)
+in m messages, ``SparseStats``)   the call's own time: its merges are CPU work
+                                  between the steps' transfers; the handles and
+                                  the host ring hold a call until max(its own
+                                  time, the model))
 ================================  ==============================================
 
 The constants and what they stand for, measured over TCP between nodes of a
