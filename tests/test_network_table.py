@@ -107,3 +107,7 @@ def test_table_and_render(tmp_path):
     assert f"| {want * 1e3:.3g} |" in sparse
     assert "median: 2 of 2 points (before the corrections: 1)" in table
     assert "| one node | 2 |" in table
+    # The summaries: by link and node count, then by collective.
+    assert "| 1 Gb/s, 2 nodes | 2 of 2 | " in table
+    row = "| sparse ssar_rd | 1 of 1 | 9% | +9% (1 Gb/s, 2 nodes, 0.01 density) |"
+    assert row in table

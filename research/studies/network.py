@@ -92,7 +92,7 @@ def format_table(jobs: list[dict], one_node: dict[int, dict] | None = None) -> s
         "| model ms | network ms (min-max) | error before | error |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    errors, before = [], []
+    errors, before, points = [], [], []
     for job in jobs:
         P, bare = job["ranks"], Link.parse(job["link"]).ideal()
         links = {path: job_link(job, path) for path in ("blocking", "handles")}
@@ -111,6 +111,8 @@ def format_table(jobs: list[dict], one_node: dict[int, dict] | None = None) -> s
             new = emulated(local, model, additive=name.startswith("sparse "))
             errors.append(abs(new / med - 1))
             before.append(abs(old / med - 1))
+            where = f"{bare.bits_per_s / 1e9:g} Gb/s, {P} nodes"
+            points.append((where, name, row["size"], new / med - 1))
             lines.append(
                 f"| {link} | {P} | {name} | {row['size']} | "
                 f"{_ms(local) if shm else '-'} | {_ms(old)} | {_ms(new)} | "
@@ -123,6 +125,8 @@ def format_table(jobs: list[dict], one_node: dict[int, dict] | None = None) -> s
         f"{len(errors)} points (before the corrections: "
         f"{sum(e <= 0.10 for e in before)}); median error {np.median(errors):.0%} "
         f"(before: {np.median(before):.0%}), largest {max(errors):.0%}.",
+        "",
+        *_summary(points),
         "",
         "Calibration (what the model's constants stand for, measured in each job):",
         "",
@@ -142,6 +146,30 @@ def format_table(jobs: list[dict], one_node: dict[int, dict] | None = None) -> s
             f"{job['load_average'][0]:.1f}-{job['load_average_end'][0]:.1f} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _summary(points: list[tuple[str, str, str, float]]) -> list[str]:
+    """The errors by link and node count, then by collective: how many points
+    within 10%, the median and the largest (signed: - is the model short)."""
+    out = []
+    for title, key in (("link, nodes", 0), ("collective", 1)):
+        groups: dict[str, list] = {}
+        for p in points:
+            groups.setdefault(p[key], []).append(p)
+        out += [
+            f"| {title} | within 10% | median error | largest error (where) |",
+            "|---|---|---|---|",
+        ]
+        for name, group in groups.items():
+            errs = [abs(p[3]) for p in group]
+            worst = max(group, key=lambda p: abs(p[3]))
+            at = worst[1 - key] + ", " + worst[2]
+            out.append(
+                f"| {name} | {sum(e <= 0.10 for e in errs)} of {len(errs)} | "
+                f"{np.median(errs):.0%} | {worst[3]:+.0%} ({at}) |"
+            )
+        out.append("")
+    return out[:-1]
 
 
 def render(root: Path) -> str:
