@@ -394,8 +394,17 @@ def _sweep(args: argparse.Namespace, argv: list[str]) -> int:
     os.environ[localnet.DIR_ENV] = str(cluster.dir)
     one_node, jobs = {}, []
 
-    def run(name: str, hosts: str, n: int, link: str) -> dict:
-        provenance.record_job(root, "network", n, module="scripts.bench_link")
+    def run(name: str, hosts: str, n: int, link: str, spans: bool = False) -> dict:
+        nodes = None
+        if spans:  # one rank per node: the page's head names the nodes and link
+            nodes = {
+                "hosts": [h.split(":")[0] for h in hosts.split(",")],
+                "network": "TCP over a tc-shaped link per node, local cluster; "
+                "rates in the table",
+            }
+        provenance.record_job(
+            root, "network", n, module="scripts.bench_link", nodes=nodes
+        )
         print(f"bench_link: {name}", flush=True)
         return _launch(_with_link(argv, link), hosts, n, root / f"{name}.json", name)
 
@@ -407,7 +416,7 @@ def _sweep(args: argparse.Namespace, argv: list[str]) -> int:
                 cluster.set_rate(host, rate)
             for n in nodes:
                 spec = ",".join(f"n{i}:1" for i in range(1, n + 1))
-                jobs.append(run(f"{rate}-{n}nodes", spec, n, _rate_link(rate)))
+                jobs.append(run(f"{rate}-{n}nodes", spec, n, _rate_link(rate), True))
                 (root / "table.md").write_text(format_table(jobs, one_node))
     finally:
         localnet.down(args.cluster)
