@@ -136,10 +136,12 @@ def _time_points(comm, points: dict, reps: int) -> dict[str, list[float]]:
     return {n: _slowest(comm, s) for n, s in samples.items()}
 
 
-def _calibrate(world, comm, sum_bytes: int) -> dict[str, float]:
-    """One-way time of 8 bytes (ping-pong), the payload rate each way of a
-    blocking ``Sendrecv`` of ``2 sum_bytes`` with the neighbours (every rank at
-    once), and the summing rate (``numpy.add`` in place on ``sum_bytes``)."""
+def _calibrate(world, comm, eng, sum_bytes: int) -> dict[str, float]:
+    """One-way time of 8 bytes (ping-pong), the payload rate each way of an
+    exchange of ``2 sum_bytes`` with the neighbours (every rank at once), once
+    blocking (``Sendrecv``) and once through a handle (``eng.sendrecv``: the
+    progress thread's sleeping tests), and the summing rate (``numpy.add`` in
+    place on ``sum_bytes``)."""
     import numpy as np
 
     r, P = world.rank, world.size
@@ -163,7 +165,11 @@ def _calibrate(world, comm, sum_bytes: int) -> dict[str, float]:
     def exchange():
         comm.Sendrecv(a, (r + 1) % P, recvbuf=b, source=(r - 1) % P)
 
+    def handle_exchange():
+        eng.sendrecv(a, (r + 1) % P, (r - 1) % P, out=b).wait()
+
     t = _time_points(comm, {"x": exchange}, 5)["x"]
+    th = _time_points(comm, {"x": handle_exchange}, 5)["x"]
     x, y = np.ones(sum_bytes // 4, np.float32), np.ones(sum_bytes // 4, np.float32)
     adds = []
     for _ in range(7):
@@ -174,6 +180,7 @@ def _calibrate(world, comm, sum_bytes: int) -> dict[str, float]:
     return {
         "one_way_s": one_way,
         "exchange_bytes_per_s": n / float(np.median(t)),
+        "handle_exchange_bytes_per_s": n / float(np.median(th)),
         "add_bytes_per_s": x.nbytes / add,
     }
 
@@ -258,7 +265,7 @@ def run_job(args: argparse.Namespace) -> dict:
     load0 = os.getloadavg()
     nodes = world.topology.nodes if world.topology else 1
     world.log(f"{P} ranks on {nodes} node(s), {link.describe()}, load {load0[0]:.2f}")
-    calib = _calibrate(world, comm, int(max(_floats(args.sizes))) // 2)
+    calib = _calibrate(world, comm, eng, int(max(_floats(args.sizes))) // 2)
     rows = []
     groups = [(f"{s / 1e6:g} MB", _dense_points(world, eng, ring_comm, int(s)))
               for s in _floats(args.sizes)]  # fmt: skip
@@ -387,8 +394,17 @@ def _sweep(args: argparse.Namespace, argv: list[str]) -> int:
     os.environ[localnet.DIR_ENV] = str(cluster.dir)
     one_node, jobs = {}, []
 
-    def run(name: str, hosts: str, n: int, link: str) -> dict:
-        provenance.record_job(root, "network", n, module="scripts.bench_link")
+    def run(name: str, hosts: str, n: int, link: str, spans: bool = False) -> dict:
+        nodes = None
+        if spans:  # one rank per node: the page's head names the nodes and link
+            nodes = {
+                "hosts": [h.split(":")[0] for h in hosts.split(",")],
+                "network": "TCP over a tc-shaped link per node, local cluster; "
+                "rates in the table",
+            }
+        provenance.record_job(
+            root, "network", n, module="scripts.bench_link", nodes=nodes
+        )
         print(f"bench_link: {name}", flush=True)
         return _launch(_with_link(argv, link), hosts, n, root / f"{name}.json", name)
 
@@ -400,7 +416,7 @@ def _sweep(args: argparse.Namespace, argv: list[str]) -> int:
                 cluster.set_rate(host, rate)
             for n in nodes:
                 spec = ",".join(f"n{i}:1" for i in range(1, n + 1))
-                jobs.append(run(f"{rate}-{n}nodes", spec, n, _rate_link(rate)))
+                jobs.append(run(f"{rate}-{n}nodes", spec, n, _rate_link(rate), True))
                 (root / "table.md").write_text(format_table(jobs, one_node))
     finally:
         localnet.down(args.cluster)

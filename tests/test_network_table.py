@@ -7,7 +7,7 @@ import json
 import pytest
 
 from research.comm.link import Link
-from research.studies import network
+from research.studies import network, sparcml
 
 
 def _job(link: str, exchange_gbps: float, rows: list[dict], ranks: int = 2) -> dict:
@@ -39,6 +39,15 @@ def test_emulation_holds_a_call_until_the_model_has_passed():
     assert network.emulated(0.7, 0.5) == 0.7
 
 
+def test_the_sparse_strategy_adds_the_link_to_its_own_time():
+    # Measured over TCP: the merges are CPU work between the transfers.
+    assert network.emulated(0.2, 0.5, additive=True) == pytest.approx(0.7)
+    link = Link.parse("1gbps:10us")
+    assert sparcml._emulated(0.02, 10**6, 3, link) == pytest.approx(
+        0.02 + link.sparse(10**6, 3)
+    )
+
+
 def test_the_host_ceiling_comes_from_a_short_exchange_only():
     # 1 Gb/s carries 0.93 Gb/s of payload; an exchange near that rate leaves
     # the link alone, one well below it becomes cpu=.
@@ -46,7 +55,21 @@ def test_the_host_ceiling_comes_from_a_short_exchange_only():
     assert network.job_link(_job("1gbps:0us", 0.90, [])).cpu_bits_per_s is None
     capped = network.job_link(_job("10gbps:0us", 4.9, []))
     assert capped.cpu_bits_per_s == pytest.approx(4.9e9)
-    assert str(capped) == "10gbps:0us:cpu=4.9gbps"
+    # The measured one-way time of 8 bytes is the latency per step.
+    assert str(capped) == "10gbps:20us:cpu=4.9gbps"
+
+
+def test_the_handles_get_the_slower_of_both_exchanges():
+    job = _job("10gbps:0us", 8.0, [])
+    assert network.job_link(job, "handles").cpu_bits_per_s == pytest.approx(8e9)
+    job["calibration"]["handle_exchange_bytes_per_s"] = 6.1e9 / 8
+    assert network.job_link(job, "blocking").cpu_bits_per_s == pytest.approx(8e9)
+    assert network.job_link(job, "handles").cpu_bits_per_s == pytest.approx(6.1e9)
+    assert network.path_of("allreduce ring") == "blocking"
+    assert network.path_of("sparse ssar_rd") == "blocking"
+    assert network.path_of("allreduce mpi") == "handles"
+    with pytest.raises(ValueError, match="path must be"):
+        network.job_link(job, "rdma")
 
 
 def test_table_and_render(tmp_path):
@@ -77,10 +100,14 @@ def test_table_and_render(tmp_path):
     assert (tmp_path / "table.md").read_text() == table
     ring = next(line for line in table.splitlines() if "allreduce ring" in line)
     assert ring.endswith("| +0% |")
-    # The sparse row: the slowest rank's 4 MB on the link, longer than the 20
-    # ms the call took on one node.
+    # The sparse row: the slowest rank's 4 MB on the link (20 us measured per
+    # message) on top of the 20 ms the call took on one node.
     sparse = next(line for line in table.splitlines() if "ssar_rd" in line)
-    want = link.sparse(4 * 10**6, 2)
-    assert want > 0.02 and f"| {want * 1e3:.3g} |" in sparse
-    assert "Within 10% of the network's median: 1 of 2 points" in table
+    want = 0.02 + Link.parse("1gbps:20us").sparse(4 * 10**6, 2)
+    assert f"| {want * 1e3:.3g} |" in sparse
+    assert "median: 2 of 2 points (before the corrections: 1)" in table
     assert "| one node | 2 |" in table
+    # The summaries: by link and node count, then by collective.
+    assert "| 1 Gb/s, 2 nodes | 2 of 2 | " in table
+    row = "| sparse ssar_rd | 1 of 1 | 9% | +9% (1 Gb/s, 2 nodes, 0.01 density) |"
+    assert row in table

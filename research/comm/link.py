@@ -28,7 +28,10 @@ alltoall(v) (s: bytes sent to     s / B + (P-1) L
 other ranks by this rank)
 point-to-point of n bytes         n / B + L
 sparse allreduce (s bytes sent    s / B + m L (the sparse strategy adds it to
-in m messages, ``SparseStats``)   the call's own time: its merges are CPU work)
+in m messages, ``SparseStats``)   the call's own time: its merges are CPU work
+                                  between the steps' transfers; the handles and
+                                  the host ring hold a call until max(its own
+                                  time, the model))
 ================================  ==============================================
 
 The constants and what they stand for, measured over TCP between nodes of a
@@ -53,7 +56,14 @@ table, its date and machine: ``docs/results/network.md``):
 ==================  =======  ===================================================
 
 The measured error of the model, collective by collective at 1 and 10 Gb/s, 2
-and 4 nodes, is in ``docs/results/network.md``; :meth:`Link.ideal` gives the
+and 4 nodes, is in ``docs/results/network.md`` (2026-11-26, two sweeps): where the
+link is slower than the host (1 Gb/s) a median error of 4-5% at 2 nodes and 5-21%
+at 4 (2 cores serve 4 nodes there), more than 10% off where MPI runs an algorithm
+that moves more than the ring (MPICH's allreduce at 4 ranks: -37% at 100 MB);
+where the host is the limit (10 Gb/s on 2 shared cores) the model is short by a
+median 16-26%, most on 1 MB calls through the handles (their progress thread's
+sleeping tests, not the link). Latency there is the measured one-way time of 8
+bytes, 12-28 us. :meth:`Link.ideal` gives the
 bare formulas (payload 1, no summing) that the model was before.
 """
 

@@ -12,7 +12,8 @@ uniformly random indices (``density * dim`` of them, seeded by rank) and calls
 * real: the measured time (shared memory on one machine; the network where
   the ranks span nodes, ``--hosts``);
 * emulated (``--bench-link``, 10 Gb/s by default): each rank's time becomes
-  ``max(measured, bytes it sent / bandwidth + messages x latency)``, the call's
+  ``measured + bytes it sent / payload rate + messages x latency`` (the merges
+  are CPU work between the transfers: ``research.comm.link``), the call's
   the slowest rank's: what the ``sparse`` strategy's sleep yields on that link
   (``research.comm.sparse.strategy``), computed rather than slept so the
   benchmark does not take the emulated seconds. ``auto`` on the emulated link
@@ -63,7 +64,9 @@ SPARSE = ("ssar_rd", "ssar_sag", "dsar_sag")
 
 # -- micro-benchmark --------------------------------------------------------------
 def _emulated(dt: float, sent: int, messages: int, link: Link) -> float:
-    return max(dt, link.sparse(sent, messages))
+    """A call that took ``dt`` on one node, on ``link``: its own time (the
+    merges are CPU work between the transfers) plus the link's."""
+    return dt + link.sparse(sent, messages)
 
 
 def bench_one(

@@ -29,9 +29,11 @@ Options (``--strategy-opt KEY=VALUE``):
   gradient here);
 * ``seed``: quantization draws, per rank and step (a resumed run draws alike);
 * ``link``: an emulated link (``research.comm.link``). The collective runs on
-  the host in the calling thread, so after it the rank sleeps ``max(0, model -
-  real)`` with ``model = bytes this rank really sent / payload rate + messages
-  x latency`` (the call's ``SparseStats``; ``Link.sparse``). Each rank sleeps
+  the host in the calling thread, so after it the rank sleeps ``model = bytes
+  this rank really sent / payload rate + messages x latency`` (the call's
+  ``SparseStats``; ``Link.sparse``): on top of the call's own time, since its
+  merges are CPU work between the transfers (measured over TCP:
+  ``docs/results/network.md``). Each rank sleeps
   for its own traffic; the next collective makes everyone wait for the
   slowest, as on a network.
 
@@ -272,11 +274,11 @@ class SparseAverager(Averager):
             out, stats = sparse_allreduce(
                 self.comm, vec, algorithm, bits=bits, rng=rng, return_stats=True
             )
-            real = time.perf_counter() - t0
             emulated = 0.0
             if self.link.emulated:
-                model = self.link.sparse(stats.bytes_sent, stats.messages)
-                emulated = max(0.0, model - real)
+                # The link's time comes on top of the call's own: the merges are
+                # CPU work between the steps' transfers (research.comm.link).
+                emulated = self.link.sparse(stats.bytes_sent, stats.messages)
                 time.sleep(emulated)
             span.set(
                 algorithm=stats.algorithm, bytes=stats.bytes_sent, emulated_s=emulated
