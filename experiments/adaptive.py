@@ -125,6 +125,12 @@ class Config(ExperimentConfig):
         "machine, shared memory)",
         STUDY,
     )
+    report_only: bool = flag(
+        False,
+        "run nothing: the table and figure again from the run folders under "
+        "--run-dir (for --nps, --seeds and --arms; jobs run apart, one seed each)",
+        STUDY,
+    )
     job: int = flag(0, argparse.SUPPRESS, STUDY)  # this MPI job's rank count
     plots: bool = flag(True, "skip the figure", OUTPUT, name="--no-plots")
 
@@ -203,7 +209,9 @@ def _driver(cfg: Config, argv: list[str]) -> Path:
                 raise UsageError(f"changing the link failed: {ctl.error}")
             if code != 0:
                 raise SystemExit(code)
-            (root / f"link-np{n}.json").write_text(json.dumps(ctl.log, indent=1))
+            log = root / f"link-np{n}.json"  # appended: seeds may run apart
+            done = json.loads(log.read_text()) if log.exists() else []
+            log.write_text(json.dumps(done + ctl.log, indent=1))
     finally:
         if made is not None:
             localnet.down(cfg.cluster)
@@ -244,6 +252,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     cfg = parse(argv)  # bad flags end here, before paying for MPI start-up
     from research.comm.env import launched_by_mpi
 
+    if cfg.report_only:
+        root = Path(cfg.train.run_dir or "")
+        if not cfg.train.run_dir or not root.is_dir():
+            fail_usage(PROG, "--report-only reads an existing run: give its --run-dir")
+        return report(cfg, root.absolute())
     if not launched_by_mpi():
         try:
             root = _driver(cfg, argv)
