@@ -65,6 +65,12 @@ def test_tiny_demo_on_this_machine(tmp_path):
                 tmp_path)  # fmt: skip
     _check_report(run, {"adaptive", "host"})
     assert "adaptive: step 3:" in proc.stdout  # a decision's line on rank 0
+    # --report-only: the table again from the folders, for the arms asked for
+    (run / "table.md").unlink()
+    proc = _run(["--no-link", "--arms", "host", "--run-dir", str(run),
+                 "--report-only"], tmp_path)  # fmt: skip
+    assert "| host |" in proc.stdout and "| adaptive |" not in proc.stdout
+    assert (run / "table.md").read_text() in proc.stdout
 
 
 def test_tiny_demo_changes_the_link_on_two_nodes(tmp_path):

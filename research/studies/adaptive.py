@@ -168,7 +168,8 @@ def analyze(root: Path, cfg: Any) -> dict[str, Any]:
                 )
             if per_seed:
                 arms[arm] = per_seed
-        out["np"][P] = arms
+        if arms:  # a rank count with none of these seeds' runs: no table
+            out["np"][P] = arms
     out["checks"] = checks(out)
     return out
 
