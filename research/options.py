@@ -151,6 +151,9 @@ class Declared:
     options: dict[str, Option] = field(default_factory=dict)
     #: Old option names still accepted (``renamed_options``): old -> current.
     renamed: dict[str, str] = field(default_factory=dict)
+    #: ``"module:function"`` that parses free-text options before launch
+    #: (``options_check``; it must not start MPI): ``f(options) -> problem``.
+    check: str | None = None
 
 
 # --- reading the source -------------------------------------------------------
@@ -464,8 +467,20 @@ def read(
             k: ast.literal_eval(v)
             for k, (v, _) in _class_dict(lineage, "renamed_options").items()
         }
-        out[name] = Declared(name, module, options, renamed)
+        out[name] = Declared(name, module, options, renamed, _options_check(cls))
     return out
+
+
+def _options_check(cls: ast.ClassDef) -> str | None:
+    """The class's ``options_check = "module:function"``, if it has one."""
+    for item in cls.body:
+        target = item.targets[0] if isinstance(item, ast.Assign) else None
+        if isinstance(target, ast.Name) and target.id == "options_check":
+            value = ast.literal_eval(item.value)
+            if not (isinstance(value, str) and ":" in value):
+                raise ValueError(f'{cls.name}.options_check must be "module:function"')
+            return value
+    return None
 
 
 def module_name(path: Path, project: Path) -> str:

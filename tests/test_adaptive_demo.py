@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
+
 ROOT = Path(__file__).resolve().parent.parent
 TINY = [
     "--model", "candle_p1b2_tiny", "--model-opt", "features=256",

@@ -15,9 +15,9 @@ FREE_STRINGS = {
     "link": "a link spec, parsed by research.comm.link.Link.parse (--link)",
     "fast_dir": "a folder, examined by research.privdir before use",
     "rank_local": "name prefixes of leaves (a tuple of str)",
-    "candidates": "adaptive's methods, parsed before launch (TEXT_CHECKS)",
-    "densities": "adaptive's top-k densities, parsed before launch (TEXT_CHECKS)",
-    "plan": "adaptive's METHOD@STEP list, parsed before launch (TEXT_CHECKS)",
+    "candidates": "adaptive's methods, parsed before launch (options_check)",
+    "densities": "adaptive's top-k densities, parsed before launch (options_check)",
+    "plan": "adaptive's METHOD@STEP list, parsed before launch (options_check)",
 }
 
 

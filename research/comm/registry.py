@@ -82,11 +82,6 @@ def current_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-#: Strategies whose free-text options a function parses before launch
-#: (``"module:function"``, imported then; it must not start MPI).
-TEXT_CHECKS = {"adaptive": "research.comm.adaptive_policy:check_text_options"}
-
-
 def check_options(name: str, options: dict[str, Any]) -> str | None:
     """A one-line problem with ``options`` for strategy ``name``, or None.
 
@@ -99,9 +94,8 @@ def check_options(name: str, options: dict[str, Any]) -> str | None:
     strategy = declared(name)
     if strategy is not None:
         problem = check("strategy", name, options, strategy.options, strategy.renamed)
-        text = TEXT_CHECKS.get(name)
-        if problem is None and text is not None:
-            module, _, func = text.partition(":")
+        if problem is None and strategy.check is not None:  # free-text options
+            module, _, func = strategy.check.partition(":")
             problem = getattr(importlib.import_module(module), func)(options)
         return problem
     if name not in _REGISTRY:
