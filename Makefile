@@ -60,6 +60,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m scripts.bench_allreduce
+	$(PY) -m scripts.bench_watchdog
 
 $(STAMP): pyproject.toml scripts/install.sh
 	bash scripts/install.sh

@@ -131,8 +131,13 @@ def run_with_fault(
     left = {h: _job_pids(cluster, h) for h in cluster.hosts() if _up(cluster, h)}
     if os.environ.get("RESEARCH_FAULT_LOG"):  # the journal's measured bounds
         with open(os.environ["RESEARCH_FAULT_LOG"], "a") as f:
-            rec = {"args": args, "step": step, "code": job.returncode}
+            rec = {"args": args, "step": step, "code": job.returncode, "fault_at": t0}
             rec.update(after_fault_s=round(took, 2), left=left)
+            try:  # a restart's record: seconds from the failure to training
+                summary = json.loads((run_dir / "summary.json").read_text())
+                rec["restarts"] = summary.get("restarts")
+            except (OSError, ValueError):
+                pass
             f.write(json.dumps(rec) + "\n")
     return Outcome(job.returncode, took, out, left, run_dir, step)
 

@@ -185,3 +185,43 @@ def test_a_killed_launcher_leaves_nothing_behind(tmp_path):
         time.sleep(0.05)
     took = time.monotonic() - t0
     assert not _alive(below), f"left after {took:.1f} s: {_alive(below)}"
+
+
+@pytest.mark.launches
+def test_a_restart_without_a_checkpoint_starts_over_and_is_on_the_timeline(tmp_path):
+    """No checkpoint committed (none asked for): the restart starts from step 0
+    and says so; the timeline of the restarted run marks the restart."""
+    run = tmp_path / "run"
+    cut = ARGS.index("--checkpoint")  # --checkpoint deepfreeze --checkpoint-every 5
+    args = ARGS[:cut] + ARGS[cut + 4 :]
+    job = subprocess.Popen(
+        [sys.executable, *args, "--run-dir", str(run), "--max-restarts", "1"]
+        + ["--trace"],
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 240
+    while not [r for r in _metrics(run) if r["step"] >= 10]:
+        assert job.poll() is None, job.stdout.read()[-3000:]
+        assert time.monotonic() < deadline, "no step 10 in 240 s"
+        time.sleep(0.05)
+    os.kill(max(_ranks(job)), signal.SIGKILL)
+    out, _ = job.communicate(timeout=300)
+    assert job.returncode == 0, out[-4000:]
+    assert "no committed checkpoint: starting over from step 0" in out, out[-4000:]
+    summary = json.loads((run / "summary.json").read_text())
+    (rec,) = summary["restarts"]
+    assert rec["step_resumed"] == 0 and summary["steps"] == STEPS, rec
+    assert 0 < rec["seconds_to_first_step"] < 240, rec
+    events = json.loads((run / "trace.json").read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    marks = [e for e in events if e.get("cat") == "restart"]
+    assert marks and marks[0]["name"] == "restart 1", marks
+    assert marks[0]["args"]["step_resumed"] == 0, marks[0]
+
+
+def _metrics(run: Path) -> list[dict]:
+    return [r for r in read_metrics(run) if r.get("kind") != "eval"]

@@ -11,6 +11,9 @@ healthy rounds of the case's collective. Then the last rank stops taking part:
   wait in the fused allreduce inside ``jit``;
 * ``freeze-handles``: as above, the others wait on an asynchronous handle;
 * ``freeze-solo``: as above, the others wait in a synchronous solo round;
+* ``freeze-ps``: as above, after three pushes to the parameter server (rank
+  0); the others then end the run (``finish``): the server waits for the
+  frozen worker's "done", the other workers for the server's final broadcast;
 * ``slow-fused``: it is slowed, not stopped: a child process stops and
   continues it in turns (0.5 s stopped, 0.01 s running) through a 64 MB fused
   ring allreduce in 16 KiB pieces that takes longer than the timeout; it must
@@ -29,7 +32,14 @@ import subprocess
 import sys
 import time
 
-CASES = ("hang-host", "freeze-fused", "freeze-handles", "freeze-solo", "slow-fused")
+CASES = (
+    "hang-host",
+    "freeze-fused",
+    "freeze-handles",
+    "freeze-solo",
+    "freeze-ps",
+    "slow-fused",
+)
 #: Stopped, then running, seconds, while a rank is slowed down.
 THROTTLE = (0.5, 0.01)
 
@@ -68,6 +78,7 @@ def main() -> None:
     n = (64 << 20) // 4 if case.startswith("slow") else 1 << 16
     x = np.full(n, float(world.rank + 1), np.float32)
     want = world.size * (world.size + 1) / 2
+    stall = None  # what the others call while the last rank is stopped
 
     if case == "hang-host":
         from research.comm.dense import HostAllreduce
@@ -94,6 +105,19 @@ def main() -> None:
 
         def once() -> float:
             return float(comm.allreduce(x).wait()[0])
+    elif case == "freeze-ps":
+        from research.comm.ps import ParameterServer
+
+        ps = ParameterServer(world.comm)
+        # The server's parameters become the gradient pushed last: the value
+        # a worker pulls back is its own or another's, 1..size.
+        ps.bind({"x": x.copy()}, lambda params, grads: grads)
+        stall = ps.finish
+
+        def once() -> float:
+            got = float(ps.push_pull({"x": x})[0]["x"][0])
+            assert got in range(1, world.size + 1), got
+            return want
     else:
         from research.comm.partial import PartialAllreduce
 
@@ -105,6 +129,7 @@ def main() -> None:
     for i in range(3):
         watchdog.set_step(i + 1)
         assert abs(once() - want) < 1e-3
+    stall = stall or once
     watchdog.set_step(4)
     world.barrier()
     if world.rank == 0:
@@ -126,7 +151,7 @@ def main() -> None:
         if case.startswith("freeze"):
             os.kill(os.getpid(), signal.SIGSTOP)
         time.sleep(3600)
-    once()
+    stall()
     print(f"r{world.rank} | the collective finished: the watchdog missed it")
 
 

@@ -50,6 +50,11 @@ The longest healthy quiet wait measured here is in the journal (2026-11-26):
 first-step compilation and ``native=auto``'s timing while another rank still
 compiles, a few tens of seconds on a loaded 2-core machine; every run's own
 longest is in ``summary.json`` (``comm_watchdog``).
+
+Cost on a healthy step (``make bench``: ``scripts/bench_watchdog.py``, 2 ranks,
+ResNet-50's 102 MB allreduce, 2026-11-26): within the run's noise (fused 0.98x,
+host 1.02x running against stopped, noise 7-10%); one look of the thread 1-4 us
+once a second, a watch entered and left 0.7 us.
 """
 
 from __future__ import annotations

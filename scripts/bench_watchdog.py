@@ -1,0 +1,269 @@
+"""The communication watchdog's cost on a healthy step (``make bench``, issue 30).
+
+In one MPI job (2 ranks by default) it averages a ResNet-50 gradient (25.6M
+float32, 102 MB) as training does, each call inside the watch the training
+step opens (``research/train/executors.py``):
+
+* ``fused``: ``FusedAllreduce.average_in_jit`` inside ``jit``
+  (``allreduce=auto``), the whole call watched as the fused step is;
+* ``host``: ``HostAllreduce.reduce`` (numpy buckets, its own watch inside);
+
+in blocks with the watchdog running (its thread looking once a second, the
+roll call's thread polling every 0.5 s, every watch recorded, the ring's byte
+counter read) and with it stopped (no thread at all; a watch is one attribute
+test), the blocks alternating in a rotating order so that load hits both alike.
+Each call's time is that of the slowest rank (median over the calls). The
+overhead is the ratio on/off per path; it is judged against the noise measured
+in the same run: the larger of 2%, either side's spread (interquartile range
+over calls, relative to the median) and how far the even and the odd "off"
+blocks' medians differ. Then what one look of the watchdog thread costs (rank
+0, the thread running): with nothing watched, with a call watched, and reading
+this process's TCP counters (what a look adds once a wait has been quiet for a
+second).
+
+Run ``python -m scripts.bench_watchdog`` (it starts itself under mpiexec) or
+``mpiexec -n 2 python -m scripts.bench_watchdog``. XLA is pinned to one thread
+per rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from scripts.bench_allreduce import PINNED, gradient_shapes
+
+ROOT = Path(__file__).resolve().parent.parent
+PATHS = ("fused", "host")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m scripts.bench_watchdog",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+    )
+    p.add_argument("--ranks", default="2", help="comma-separated rank counts")
+    p.add_argument("--blocks", type=int, default=8, help="blocks of each (default 8)")
+    p.add_argument("--calls", type=int, default=4, help="calls per path per block")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls per path")
+    p.add_argument(
+        "--synthetic",
+        action="store_true",
+        help="use the built-in ResNet-50 shapes even if models/ exists",
+    )
+    p.add_argument("--json", metavar="PATH", help="save all numbers as JSON here")
+    args = p.parse_args(argv)
+    if args.blocks < 1 or args.calls < 1 or args.warmup < 0:
+        p.error("--blocks and --calls must be >= 1, --warmup >= 0")
+    return args
+
+
+def run_under_mpi(args: argparse.Namespace) -> dict:
+    """Time both paths with the watchdog on and off; the table (every rank)."""
+    for k, v in PINNED.items():
+        os.environ.setdefault(k, v)
+    import time
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from research.comm import traffic, watchdog
+    from research.comm.dense import FusedAllreduce, HostAllreduce
+    from research.comm.world import get_world
+
+    world = get_world()
+    comm = world.comm
+    shapes, source = gradient_shapes(args.synthetic)
+    rng = np.random.default_rng(world.rank)
+    tree = jax.tree.map(
+        lambda s: jnp.asarray(rng.standard_normal(s.shape, np.float32)), shapes
+    )
+    fused = FusedAllreduce(world)
+    fused_jit = jax.jit(fused.average_in_jit)
+    host = HostAllreduce(world)
+
+    def fused_step() -> None:
+        with watchdog.watch("fused step", detail=fused.path()):
+            jax.block_until_ready(fused_jit(tree))
+
+    calls = {"fused": fused_step, "host": lambda: host.reduce(tree)}
+    for fn in calls.values():
+        for _ in range(args.warmup):
+            fn()
+
+    def set_watchdog(on: bool) -> None:
+        if on and watchdog.get() is None:
+            watchdog.start(comm)  # collective: the roll call's Dup, the board
+        elif not on and watchdog.get() is not None:
+            watchdog.stop()
+        comm.Barrier()
+
+    times = {(p, on): [] for p in PATHS for on in (True, False)}
+    off_blocks: list[list[float]] = []
+    for block in range(2 * args.blocks):
+        on = (block + block // 2) % 2 == 0  # on off off on on off ...
+        set_watchdog(on)
+        mine = []
+        for _ in range(args.calls):
+            for name in PATHS if block % 2 else PATHS[::-1]:
+                comm.Barrier()
+                t0 = time.perf_counter()
+                calls[name]()
+                slowest = max(comm.allgather(time.perf_counter() - t0))
+                times[name, on].append(slowest)
+                mine.append(slowest)
+        if not on:
+            off_blocks.append(mine)
+    set_watchdog(True)
+
+    table = {}
+    for (name, on), ts in times.items():
+        q1, med, q3 = np.percentile(ts, [25, 50, 75])
+        table[f"{name}-{'on' if on else 'off'}"] = {
+            "median_s": float(med),
+            "min_s": float(np.min(ts)),
+            "iqr_rel": float((q3 - q1) / med),
+            "calls": len(ts),
+        }
+    halves = [[t for b in off_blocks[i::2] for t in b] for i in (0, 1)]
+    even, odd = (float(np.median(h)) if h else None for h in halves)
+    odd = odd or even
+    twins = float(abs(even - odd) / min(even, odd))
+    overhead = {}
+    for name in PATHS:
+        on, off = table[f"{name}-on"], table[f"{name}-off"]
+        noise = max(0.02, twins, on["iqr_rel"], off["iqr_rel"])
+        ratio = on["median_s"] / off["median_s"]
+        overhead[name] = {"ratio": ratio, "noise": noise, "within": ratio <= 1 + noise}
+    return {
+        "ranks": world.size,
+        "tree": source,
+        "bytes": int(sum(x.size for x in jax.tree.leaves(tree)) * 4),
+        "blocks": args.blocks,
+        "calls_per_block": args.calls,
+        "loadavg_1min": os.getloadavg()[0],
+        "paths": {"fused": fused.path(), "host": host.path()},
+        "variants": table,
+        "twin_off_blocks_rel": twins,
+        "overhead": overhead,
+        "tick_us": tick_costs(watchdog, traffic) if world.is_root else None,
+    }
+
+
+def tick_costs(watchdog, traffic, n: int = 2000) -> dict[str, float]:
+    """Microseconds of one look of the watchdog (this rank's, running)."""
+    import time
+
+    dog = watchdog.get()
+
+    def per_call(fn, reps: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - t0) / reps * 1e6
+
+    out = {"nothing_watched": per_call(lambda: dog.check(time.monotonic()), n)}
+    with watchdog.watch("bench: one call watched"):
+        out["a_call_watched"] = per_call(lambda: dog.check(time.monotonic()), n)
+    out["reading_tcp"] = per_call(traffic.tcp_bytes, max(1, n // 10))
+
+    def enter_exit() -> None:
+        with watchdog.watch("bench: enter and leave"):
+            pass
+
+    out["watch_enter_exit"] = per_call(enter_exit, n)
+    return out
+
+
+def format_table(result: dict) -> str:
+    lines = [
+        f"ranks={result['ranks']}  {result['bytes'] / 1e6:.1f} MB ({result['tree']}); "
+        f"{result['blocks']} blocks on and off, {result['calls_per_block']} calls "
+        f"per path each; load {result['loadavg_1min']:.1f}",
+        f"  {'variant':12s} {'median ms':>10s} {'min ms':>8s} {'spread':>7s}  path",
+    ]
+    for name, row in result["variants"].items():
+        path = result["paths"][name.rsplit("-", 1)[0]]
+        lines.append(
+            f"  {name:12s} {row['median_s'] * 1e3:10.1f} {row['min_s'] * 1e3:8.1f} "
+            f"{row['iqr_rel']:7.1%}  {path}"
+        )
+    for name, o in result["overhead"].items():
+        verdict = "within noise" if o["within"] else "NOT within noise"
+        lines.append(
+            f"  watchdog: {name} {o['ratio']:.3f}x with it running "
+            f"(noise {o['noise']:.0%}): {verdict}"
+        )
+    tick = result.get("tick_us")
+    if tick:
+        lines.append(
+            f"  one look of the watchdog thread (once a second): "
+            f"{tick['nothing_watched']:.1f} us with nothing watched, "
+            f"{tick['a_call_watched']:.1f} us with a call watched, "
+            f"+{tick['reading_tcp']:.0f} us reading TCP once a wait is quiet 1 s; "
+            f"a watch entered and left: {tick['watch_enter_exit']:.1f} us"
+        )
+    return "\n".join(lines)
+
+
+def relaunch(args: argparse.Namespace, argv: list[str]) -> list[dict]:
+    """Run this module under mpiexec once per rank count; collect the tables."""
+    exe = Path(sys.executable).parent / "mpiexec"
+    mpiexec = str(exe) if exe.exists() else "mpiexec"
+    from research.comm.malloc import launch_env
+
+    env = launch_env(dict(os.environ, PYTHONUNBUFFERED="1", **PINNED))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT), env.get("PYTHONPATH")])
+    )
+    forward, skip = [], False
+    for a in argv:  # drop --json and --ranks with their values
+        if skip or a in ("--json", "--ranks"):
+            skip = not skip and a in ("--json", "--ranks")
+            continue
+        if not a.startswith(("--json=", "--ranks=")):
+            forward.append(a)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for np_ in (int(r) for r in args.ranks.split(",")):
+            out = Path(tmp) / f"np{np_}.json"
+            cmd = [mpiexec, "-n", str(np_), sys.executable, "-m"]
+            cmd += ["scripts.bench_watchdog", *forward, "--json", str(out)]
+            proc = subprocess.run(cmd, cwd=ROOT, env=env)
+            if proc.returncode != 0:
+                raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}")
+            results.append(json.loads(out.read_text()))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    from research.comm.env import launched_by_mpi
+
+    if not launched_by_mpi():
+        results = relaunch(args, argv)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"runs": results}, indent=2))
+        return 0
+    result = run_under_mpi(args)
+    from research.comm.world import get_world
+
+    if get_world().is_root:
+        print(format_table(result), flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

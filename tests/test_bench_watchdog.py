@@ -1,0 +1,42 @@
+"""scripts.bench_watchdog runs under a real mpiexec and prints its verdicts.
+
+Timings are not judged here (a shared machine); the benchmark prints them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_one_quick_run(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "scripts.bench_watchdog", "--synthetic"]
+        + ["--blocks", "2", "--calls", "1", "--warmup", "1", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["ranks"] == 2 and run["bytes"] == 4 * 25_557_032
+    rows = run["variants"]
+    assert set(rows) == {"fused-on", "fused-off", "host-on", "host-off"}
+    assert all(r["median_s"] > 0 and r["calls"] == 2 for r in rows.values())
+    for name in ("fused", "host"):
+        o = run["overhead"][name]
+        assert o["ratio"] > 0 and o["noise"] >= 0.02
+        assert f"watchdog: {name} " in proc.stdout
+    tick = run["tick_us"]
+    assert tick["nothing_watched"] > 0 and tick["reading_tcp"] > 0
+    assert "one look of the watchdog thread" in proc.stdout
