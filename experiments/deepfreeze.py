@@ -74,6 +74,13 @@ All four targets PASS (blocking 0.9% of rank0-blocking's). With a checkpoint eve
 step, the wait policy made 23 of 30 requests wait and the skip policy dropped
 17. Earlier runs (2026-11-23, four bound runs, also quiet) had DeepFreeze at
 +2.3% to +3.5% against orbax-async-rank0's +7.6% to +12.0%.
+
+Real network: not measured yet. The study runs across nodes (``--hosts n1,n2
+--np 4``: the fast tier in each node's own /dev/shm, the persistent tier in the
+shared run folder), but the 2026-11-26 runs on ``scripts/cluster/localnet.sh``
+nodes spent the lock budget on the papers whose claims are about communication
+(overlap, SparCML, eager-SGD); DeepFreeze's claims are about checkpoint blocking
+and overhead, which a network touches only through the allreduce.
 """
 
 from __future__ import annotations

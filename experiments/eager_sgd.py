@@ -81,6 +81,17 @@ ended within 0.02 of allreduce's accuracy. ``--sweep`` (2026-11-23, one seed,
 loaded machine; tables in the journal): at 4 ranks the server falls below
 allreduce between 11 and 36 MB (0.92x at 36 MB on the real link, 0.85x on an
 emulated 10 Gb/s one).
+
+Real network (2026-11-26, one seed; section "Real network (local cluster)" of
+``docs/results/eager_sgd.md``): 2 nodes x 2 ranks of ``scripts/cluster/localnet.sh``
+at 1 Gb/s (TCP), ``--imbalance random:k=1:seconds=auto:how=spin:group=2``, so
+each step one whole node (both its ranks) is held up by the no-imbalance step
+(32 ms). Throughput over allreduce: solo 1.26x, majority 1.24x (paper 1.29x
+and 1.27x: reproduced), both reaching 85% sooner (5.4 and 4.9 s against 5.9 s)
+and ending within 0.005 of allreduce's accuracy (0.8999, 0.8979 against
+0.9023); allreduce's step grew by 79% of the delay. The server claim is not
+reproduced, as on one node: ``ps`` ran 2.42x allreduce (0.6 MB of gradients
+are no load for one server over 1 Gb/s). One seed: single runs move by 10-20%.
 """
 
 from __future__ import annotations

@@ -73,6 +73,11 @@ layerwise absorbed about half of it (98 ms), host and overlap almost none
 (4 / 2 ms). (2) The gaps REPRODUCED: nearly all background work falls between
 updates. The hiding held with overlap (overhead -0%) and was NOT REPRODUCED
 with host (overhead 54%, although 98% of its background work fell in the gaps).
+
+Real network: not measured yet. ``--hosts n1,n2 --ranks 1 2 4`` runs the sweeps
+across nodes of ``scripts/cluster/localnet.sh`` (rows record nodes and the
+link), but the 2026-11-26 network runs spent the lock budget on overlap,
+SparCML and eager-SGD first.
 """
 
 from __future__ import annotations
