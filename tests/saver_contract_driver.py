@@ -69,7 +69,7 @@ def cmd_crash(world, root: Path, savers: list[str]) -> None:
             identical=identical(back.state, host(state_at(4))),
             extra=back.extra_for(world.rank),
         )
-    # Step 6 of every saver at once, each stopped where its data is written.
+    # Step 6 of every saver, each stopped where its data is written.
     reached, threads = [], []
     for saver in savers:
         event = threading.Event()
@@ -86,6 +86,15 @@ def cmd_crash(world, root: Path, savers: list[str]) -> None:
         thread.start()
         reached.append(event)
         threads.append(thread)
+        # One saver at a time: its save has written (or returned) on this rank
+        # before the next starts, so no two savers' collectives interleave in
+        # different orders on different ranks (concurrent starts hung here once:
+        # two savers' step 6 never written on rank 0 in 120 s, under load).
+        start = time.monotonic()
+        while not event.is_set() and thread.is_alive():
+            if time.monotonic() - start > REACH_S:
+                break
+            time.sleep(0.02)
     # Which ranks write depends on the saver (rank 0 alone, or every rank): go
     # once some rank has written each saver's step 6 and every rank has
     # written it or returned from save (a background writer gets a moment).
