@@ -74,10 +74,28 @@ layerwise absorbed about half of it (98 ms), host and overlap almost none
 updates. The hiding held with overlap (overhead -0%) and was NOT REPRODUCED
 with host (overhead 54%, although 98% of its background work fell in the gaps).
 
-Real network: not measured yet. ``--hosts n1,n2 --ranks 1 2 4`` runs the sweeps
-across nodes of ``scripts/cluster/localnet.sh`` (rows record nodes and the
-link), but the 2026-11-26 network runs spent the lock budget on overlap,
-SparCML and eager-SGD first.
+Real network (2026-11-26, 2 nodes of ``scripts/cluster/localnet.sh`` on this
+machine at 1 Gb/s per node, TCP; 1 rank on n1, 2 ranks as 1 per node, 4 as
+2 per node; NT3 only, sweeps ranks, straggler and checkpoint, the straggler on
+the real link; section "Real network (local cluster)" of
+``docs/results/scalability.md``). 2 ranks unless stated::
+
+    weak scaling eff. 2 / 4 ranks  host 0.39 / 0.28  layerwise 0.40 / 0.28
+                                   overlap 0.57 / 0.32 (hides 89% / 51%)
+    straggler, 1 Gb/s, step ms at delay 0 / 50 / 200 (absorbed at 50 / 200)
+      host 235 / 280 / 435 (5 / -1)    layerwise 228 / 227 / 303 (51 / 126)
+      overlap 160 / 183 / 326 (27 / 34)
+    update gap 232 ms (host), 161 ms (overlap): 99% / 100% free of updates
+    DeepFreeze every 3: background 142 / 142 ms per save, 100% / 100% of it
+      in the gaps; blocking 1 / 6 ms per save; overhead -7% / -5%
+
+Verdict: (1) PARTLY REPRODUCED, as on one node: layerwise absorbed all of a
+50 ms straggler and 126 of 200 ms, overlap 27 / 34 ms, host none. (2)
+REPRODUCED, now also with host: the 10.8 MB allreduce takes 134 ms on the link
+(efficiency 0.39 at 2 ranks against 0.90 on one node), the gaps between updates
+grow to 232 ms, every checkpoint's background work falls in them, and with a
+core per rank that waits on the network it costs no step time (-7% / -5%, inside
+the 20-30% run-to-run noise; on one node host paid 54%).
 """
 
 from __future__ import annotations
