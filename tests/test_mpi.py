@@ -234,6 +234,7 @@ def test_planted_library_is_not_loaded(tmp_path, where):
     choices = _choices(tmp_path)
     assert len(choices) == 2
     for c in choices:
-        assert c["fused"]["ring"] is True  # built again, privately
+        # Built again, privately: a candidate (auto then times it against MPI's).
+        assert "ring" in c["fused"]["candidates"]
         notes = " ".join(c["fused"]["notes"])
         assert "not used" in notes and str(cache) in notes
