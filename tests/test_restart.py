@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 
 from research.checkpoint.manifest import committed_steps, read_manifest
+from research.checkpoint.integrity import remove_tree
+from research.checkpoint.tiers import default_fast_root
 from research.rundir import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,6 +186,9 @@ def test_a_killed_launcher_leaves_nothing_behind(tmp_path):
     while _alive(below) and time.monotonic() - t0 < LEFT_BEHIND_BOUND_S:
         time.sleep(0.05)
     took = time.monotonic() - t0
+    # The killed job's fast tier stays in /dev/shm by design (the same command
+    # resumes from it); this one is never resumed, so the test frees it.
+    remove_tree(default_fast_root(run / "checkpoints"))
     assert not _alive(below), f"left after {took:.1f} s: {_alive(below)}"
 
 
