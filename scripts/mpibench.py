@@ -2,14 +2,15 @@
 
 ``scripts.bench_allreduce`` and ``scripts.bench_watchdog`` run as one program in
 two roles: started plainly, :func:`main` relaunches the module under mpiexec once
-per rank count (``--ranks 2,4``; ``--hosts`` places the ranks on nodes), each job
+per rank count (``--ranks 2,4``; ``--hosts``, where the script has it, places
+the ranks on nodes; bad counts or hosts are one line and exit 2), each job
 writing its table as JSON to a temporary file, and saves them all
 (``{"runs": [...]}``) to ``--json``; started by mpiexec, it times in the job
 (the script's ``run_under_mpi``) and rank 0 prints the table and saves it.
-``scripts.bench_link`` and ``scripts.bench_handles`` launch their own jobs and
-share :func:`drop_values` and :func:`root_on_path`. Both allreduce benchmarks
-average the tree of :func:`gradient_shapes`: ResNet-50's parameters (25.6M
-float32, 102 MB).
+Both average the tree of :func:`gradient_shapes`: ResNet-50's parameters
+(25.6M float32, 102 MB). ``scripts.bench_link`` (:func:`drop_values`,
+:func:`root_on_path`) and ``scripts.bench_handles`` (:func:`root_on_path`)
+launch their own jobs.
 
 Not a benchmark itself: nothing to run here.
 """
@@ -117,23 +118,17 @@ def relaunch(
     ``env`` is the jobs' environment before :func:`research.comm.malloc.launch_env`
     (which gives every rank our malloc, as ``research.launch.relaunch`` does);
     ``args.ranks`` the rank counts, ``args.hosts`` (if the script has it) the
-    nodes to place them on.
+    nodes to place them on. Bad counts or hosts: one line and exit 2 before
+    any job starts.
     """
     from research.comm.malloc import launch_env
-    from research.launch import launch_command, mpiexec_path
 
     env = root_on_path(launch_env(dict(env)))
     forward = drop_values(argv, ("--json", "--ranks", "--hosts"))
-    hosts = getattr(args, "hosts", "")
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        for np_ in (int(r) for r in args.ranks.split(",")):
+        for np_, launcher, extra in _launchers(module, args):
             out = Path(tmp) / f"np{np_}.json"
-            launcher, extra = (
-                launch_command(np_, hosts)
-                if hosts
-                else ([mpiexec_path(), "-n", str(np_)], {})
-            )
             cmd = [*launcher, sys.executable, "-m", module, *forward]
             cmd += ["--json", str(out)]
             proc = subprocess.run(cmd, cwd=ROOT, env={**env, **extra})
@@ -141,6 +136,25 @@ def relaunch(
                 raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}")
             results.append(json.loads(out.read_text()))
     return results
+
+
+def _launchers(
+    module: str, args: argparse.Namespace
+) -> list[tuple[int, list[str], dict[str, str]]]:
+    """``(ranks, launcher, its environment)`` per rank count of ``--ranks``."""
+    from research.launch import USAGE_EXIT, UsageError, launch_command
+
+    try:
+        counts = [int(r) for r in args.ranks.split(",") if r.strip()]
+    except ValueError:
+        counts = []
+    try:
+        if not counts or min(counts) < 1:
+            raise UsageError(f"--ranks {args.ranks!r}: give rank counts >= 1, e.g. 2,4")
+        return [(n, *launch_command(n, getattr(args, "hosts", ""))) for n in counts]
+    except UsageError as e:
+        print(f"{module}: error: {e}", file=sys.stderr)
+    raise SystemExit(USAGE_EXIT)
 
 
 def main(
