@@ -29,7 +29,8 @@ _FOUNDATION: tuple[str, ...] = ()
 UNITS: dict[str, tuple[str, ...]] = {
     # Foundations: nothing of ours.
     "research.layers": _FOUNDATION,
-    "research.options": _FOUNDATION,
+    "research.option_spec": _FOUNDATION,  # what a declared option accepts
+    "research.options": ("research.option_spec",),  # read from the source
     "research.trace": _FOUNDATION,
     "research.privdir": _FOUNDATION,
     "research.periodic": _FOUNDATION,

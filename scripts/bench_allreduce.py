@@ -49,18 +49,10 @@ to one thread per rank.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
-# Before jax is imported anywhere: one XLA thread per rank, or the ranks' Eigen
-# pools fight over the same cores and the timings measure the scheduler.
-PINNED = {"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false", "NPROC": "1"}
-ROOT = Path(__file__).resolve().parent.parent
-RESNET50_PARAMS = 25_557_032
+from scripts import mpibench
+from scripts.mpibench import PINNED, gradient_shapes
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -127,60 +119,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--json", metavar="PATH", help="save all numbers as JSON here")
     return p.parse_args(argv)
-
-
-# -- the gradient tree ---------------------------------------------------------
-
-
-def resnet50_shapes() -> dict[str, tuple[int, ...]]:
-    """ResNet-50 (v1.5, 1000 classes) parameter shapes, without flax."""
-    shapes: dict[str, tuple[int, ...]] = {"stem/conv": (7, 7, 3, 64)}
-    shapes["stem/bn/scale"] = shapes["stem/bn/bias"] = (64,)
-    cin = 64
-    for stage, (blocks, width) in enumerate(
-        zip((3, 4, 6, 3), (64, 128, 256, 512), strict=True)
-    ):
-        for b in range(blocks):
-            pre = f"stage{stage}/block{b}"
-            for j, (k, ci, co) in enumerate(
-                ((1, cin, width), (3, width, width), (1, width, 4 * width))
-            ):
-                shapes[f"{pre}/conv{j}"] = (k, k, ci, co)
-                shapes[f"{pre}/bn{j}/scale"] = shapes[f"{pre}/bn{j}/bias"] = (co,)
-            if b == 0:
-                shapes[f"{pre}/proj"] = (1, 1, cin, 4 * width)
-                shapes[f"{pre}/proj_bn/scale"] = (4 * width,)
-                shapes[f"{pre}/proj_bn/bias"] = (4 * width,)
-            cin = 4 * width
-    shapes["fc/kernel"] = (2048, 1000)
-    shapes["fc/bias"] = (1000,)
-    return shapes
-
-
-def gradient_shapes(synthetic: bool) -> tuple[object, str]:
-    """ShapeDtypeStructs of ResNet-50's parameters, and where they came from."""
-    import jax
-    import jax.numpy as jnp
-
-    if not synthetic:
-        try:
-            import models
-
-            model = models.get_model("resnet50", num_classes=1000)
-            x = jnp.zeros((1, *model.input_shape), jnp.float32)
-            variables = jax.eval_shape(
-                lambda: model.init(jax.random.PRNGKey(0), x, train=False)
-            )
-            return variables["params"], "models.get_model('resnet50')"
-        except Exception as exc:  # noqa: BLE001 - any failure: use the built-in list
-            print(
-                f"models/ unusable ({exc!r}); using built-in ResNet-50 shapes",
-                file=sys.stderr,
-            )
-    tree = {
-        k: jax.ShapeDtypeStruct(s, jnp.float32) for k, s in resnet50_shapes().items()
-    }
-    return tree, "built-in ResNet-50 shapes"
 
 
 # -- timing under MPI ----------------------------------------------------------
@@ -459,10 +397,8 @@ def targets(result: dict) -> list[str]:
 # -- entry point ---------------------------------------------------------------
 
 
-def relaunch(args: argparse.Namespace, argv: list[str]) -> list[dict]:
-    """Run this module under mpiexec once per rank count; collect the tables."""
-    exe = Path(sys.executable).parent / "mpiexec"
-    mpiexec = str(exe) if exe.exists() else "mpiexec"
+def job_env(args: argparse.Namespace) -> dict[str, str]:
+    """The jobs' environment: XLA pinned (unless ``--unpinned``), malloc's as asked."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if args.unpinned:
         env.pop("XLA_FLAGS", None)
@@ -472,71 +408,18 @@ def relaunch(args: argparse.Namespace, argv: list[str]) -> list[dict]:
         env["GLIBC_TUNABLES"] = args.glibc_tunables
     if args.malloc == "default":
         env["RESEARCH_MALLOC"] = "default"
-    from research.comm.malloc import launch_env
-
-    env = launch_env(env)  # as research.launch.relaunch starts ranks
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(ROOT), env.get("PYTHONPATH")])
-    )
-    forward = _drop_values(argv, ("--json", "--ranks", "--hosts"))
-    results = []
-    from research.launch import launch_command
-
-    with tempfile.TemporaryDirectory() as tmp:
-        for np_ in (int(r) for r in args.ranks.split(",")):
-            out = Path(tmp) / f"np{np_}.json"
-            launcher, extra = (
-                launch_command(np_, args.hosts)
-                if args.hosts
-                else ([mpiexec, "-n", str(np_)], {})
-            )
-            cmd = [
-                *launcher,
-                sys.executable,
-                "-m",
-                "scripts.bench_allreduce",
-                *forward,
-                "--json",
-                str(out),
-            ]
-            proc = subprocess.run(cmd, cwd=ROOT, env={**env, **extra})
-            if proc.returncode != 0:
-                raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}")
-            results.append(json.loads(out.read_text()))
-    return results
-
-
-def _drop_values(argv: list[str], flags: tuple[str, ...]) -> list[str]:
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a in flags:
-            skip = True
-        elif not a.startswith(tuple(f + "=" for f in flags)):
-            out.append(a)
-    return out
+    return env
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    sys.path.insert(0, str(ROOT))
-    from research.comm.env import launched_by_mpi
-
-    if not launched_by_mpi():
-        results = relaunch(args, argv)
-        if args.json:
-            Path(args.json).write_text(json.dumps({"runs": results}, indent=2))
-        return 0
-    result = run_under_mpi(args)
-    from research.comm.world import get_world
-
-    if get_world().is_root:
-        print(format_table(result), flush=True)
-        if args.json:
-            Path(args.json).write_text(json.dumps(result, indent=2))
-    return 0
+    return mpibench.main(
+        "scripts.bench_allreduce",
+        argv,
+        parse_args,
+        run_under_mpi,
+        format_table,
+        job_env,
+    )
 
 
 if __name__ == "__main__":

@@ -26,9 +26,8 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from scripts.mpibench import ROOT, root_on_path
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -191,10 +190,11 @@ def main(argv: list[str] | None = None) -> None:
     if launched_by_mpi():
         bench(args)
         return
-    exe = Path(sys.executable).parent / "mpiexec"
-    cmd = [str(exe) if exe.exists() else "mpiexec", "-n", str(args.ranks)]
+    from research.launch import mpiexec_path
+
+    cmd = [mpiexec_path(), "-n", str(args.ranks)]
     cmd += [sys.executable, "-m", "scripts.bench_handles", *(argv or sys.argv[1:])]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = root_on_path(dict(os.environ))
     raise SystemExit(subprocess.call(cmd, cwd=ROOT, env=env))
 
 

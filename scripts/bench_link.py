@@ -53,6 +53,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from research.studies.network import format_table, render  # noqa: E402
+from scripts.mpibench import drop_values, root_on_path  # noqa: E402
 
 #: The sparse points' vector: a ResNet-50 gradient's length.
 SPARSE_DIM = 25_557_032
@@ -308,9 +309,8 @@ def _launch(argv: list[str], hosts: str, np_: int, out: Path,
     env.update(thread_env(1))
     launcher, extra = launch_command(np_, hosts)
     env.update(extra)
-    path = [str(ROOT), env.get("PYTHONPATH")]
-    env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
-    forward = _drop_values(argv, ("--json", "--hosts", "--job", "--run-dir"))
+    env = root_on_path(env)
+    forward = drop_values(argv, ("--json", "--hosts", "--job", "--run-dir"))
     forward = [a for a in forward if a != "--sweep"]
     cmd = [*launcher, sys.executable, "-m", "scripts.bench_link", *forward]
     cmd += ["--hosts", hosts, "--json", str(out)] + (["--job", job] if job else [])
@@ -318,18 +318,6 @@ def _launch(argv: list[str], hosts: str, np_: int, out: Path,
     if proc.returncode != 0:
         raise SystemExit(f"bench_link: the job on {hosts} exited {proc.returncode}")
     return json.loads(out.read_text())
-
-
-def _drop_values(argv: list[str], flags: tuple[str, ...]) -> list[str]:
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a in flags:
-            skip = True
-        elif not a.startswith(tuple(f + "=" for f in flags)):
-            out.append(a)
-    return out
 
 
 def _rate_link(rate: str) -> str:
@@ -341,7 +329,7 @@ def _rate_link(rate: str) -> str:
 
 
 def _with_link(argv: list[str], spec: str) -> list[str]:
-    return [*_drop_values(argv, ("--link",)), "--link", spec]
+    return [*drop_values(argv, ("--link",)), "--link", spec]
 
 
 def _one(args: argparse.Namespace, argv: list[str]) -> int:

@@ -29,16 +29,11 @@ per rank.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
-from scripts.bench_allreduce import PINNED, gradient_shapes
+from scripts import mpibench
+from scripts.mpibench import PINNED, gradient_shapes
 
-ROOT = Path(__file__).resolve().parent.parent
 PATHS = ("fused", "host")
 
 
@@ -214,55 +209,10 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def relaunch(args: argparse.Namespace, argv: list[str]) -> list[dict]:
-    """Run this module under mpiexec once per rank count; collect the tables."""
-    exe = Path(sys.executable).parent / "mpiexec"
-    mpiexec = str(exe) if exe.exists() else "mpiexec"
-    from research.comm.malloc import launch_env
-
-    env = launch_env(dict(os.environ, PYTHONUNBUFFERED="1", **PINNED))
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(ROOT), env.get("PYTHONPATH")])
-    )
-    forward, skip = [], False
-    for a in argv:  # drop --json and --ranks with their values
-        if skip or a in ("--json", "--ranks"):
-            skip = not skip and a in ("--json", "--ranks")
-            continue
-        if not a.startswith(("--json=", "--ranks=")):
-            forward.append(a)
-    results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for np_ in (int(r) for r in args.ranks.split(",")):
-            out = Path(tmp) / f"np{np_}.json"
-            cmd = [mpiexec, "-n", str(np_), sys.executable, "-m"]
-            cmd += ["scripts.bench_watchdog", *forward, "--json", str(out)]
-            proc = subprocess.run(cmd, cwd=ROOT, env=env)
-            if proc.returncode != 0:
-                raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}")
-            results.append(json.loads(out.read_text()))
-    return results
-
-
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    args = parse_args(argv)
-    sys.path.insert(0, str(ROOT))
-    from research.comm.env import launched_by_mpi
-
-    if not launched_by_mpi():
-        results = relaunch(args, argv)
-        if args.json:
-            Path(args.json).write_text(json.dumps({"runs": results}, indent=2))
-        return 0
-    result = run_under_mpi(args)
-    from research.comm.world import get_world
-
-    if get_world().is_root:
-        print(format_table(result), flush=True)
-        if args.json:
-            Path(args.json).write_text(json.dumps(result, indent=2))
-    return 0
+    return mpibench.main(
+        "scripts.bench_watchdog", argv, parse_args, run_under_mpi, format_table
+    )
 
 
 if __name__ == "__main__":

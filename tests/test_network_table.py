@@ -7,7 +7,7 @@ import json
 import pytest
 
 from research.comm.link import Link
-from research.studies import network, sparcml
+from research.studies import network, sparcml_bench
 
 
 def _job(link: str, exchange_gbps: float, rows: list[dict], ranks: int = 2) -> dict:
@@ -43,7 +43,7 @@ def test_the_sparse_strategy_adds_the_link_to_its_own_time():
     # Measured over TCP: the merges are CPU work between the transfers.
     assert network.emulated(0.2, 0.5, additive=True) == pytest.approx(0.7)
     link = Link.parse("1gbps:10us")
-    assert sparcml._emulated(0.02, 10**6, 3, link) == pytest.approx(
+    assert sparcml_bench._emulated(0.02, 10**6, 3, link) == pytest.approx(
         0.02 + link.sparse(10**6, 3)
     )
 

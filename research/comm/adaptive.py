@@ -136,7 +136,7 @@ class AdaptiveAverager(Averager):
     executor = "adaptive"
     name = "adaptive"
     #: Parses candidates, densities and plan before launch (numpy only).
-    options_check = "research.comm.adaptive_policy:check_text_options"
+    options_check = "research.comm.adaptive_candidates:check_text_options"
     option_ranges = {  # RANGES, as research.comm.declared reads them
         "interval": Range(ge=2, le=10**6),
         "probe_steps": Range(ge=1, le=10**4),

@@ -5,28 +5,9 @@ figures of a window of steps, rank 0 feeds them to :meth:`Policy.decide`, and
 the policy's whole state (:meth:`Policy.vector`) is broadcast, so every rank
 holds the same state and switches at the same step.
 
-Measured, per rank and step, by whoever runs the steps: the step's wall time,
-the time until the rank's gradient was ready (its *arrival*: computation and
-any injected delay) and the time it waited for communication. A window's
-:class:`Estimate` of the method that ran in it:
-
-* ``cost``: the slowest rank's mean step time (the pace every rank keeps), and
-  ``se`` its standard error;
-* ``comm``: the slowest rank's mean exposed communication per step;
-* ``imbalance``: the mean over steps of (latest arrival - mean arrival): what a
-  synchronous method waits for stragglers;
-* ``lag`` (top-k only, the guard's figure): the norm of this rank's
-  error-feedback residual over the norm of its gradient at the decision (of
-  the step about to run), the largest over ranks: how many gradients' worth
-  of update the model has not received yet. Error feedback keeps it bounded
-  when the density suits the gradients (1% top-k: about 2.5 here); when it
-  grows without bound the sparse updates fall behind the gradients, and
-  accuracy with them. Measured with one extra forward and backward pass of
-  the step's own batch per decision (the Trainer) or from the call's gradient
-  (``research.averaging``).
-
-The first step after a switch is not measured (compilation, the drain, the
-folded residual).
+What it decides from, the :class:`Estimate` of a window of steps, is defined
+in :mod:`research.comm.adaptive_estimate`; the candidates and the plan are read
+in :mod:`research.comm.adaptive_candidates` (both re-exported here).
 
 Deciding, every ``interval`` steps of the running method (a *window*):
 
@@ -70,156 +51,21 @@ from typing import Any
 
 import numpy as np
 
-DENSE, SPARSE, PARTIAL = "dense", "sparse", "partial"
-#: The registered strategies a candidate may be, and their kinds.
-KINDS = {"host": DENSE, "sparse": SPARSE, "majority": PARTIAL, "solo": PARTIAL}
+from research.comm.adaptive_candidates import (  # noqa: F401 - re-exported
+    DENSE,
+    KINDS,
+    PARTIAL,
+    SPARSE,
+    Candidate,
+    check_text_options,
+    parse_candidates,
+    parse_plan,
+)
+from research.comm.adaptive_estimate import Estimate, Window, estimate  # noqa: F401
+
 RUN, PROBE = 0, 1
 #: A step this far off its method's estimate (relative) is anomalous.
 JUMP = 0.25
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One method the strategy may run: ``host``, ``sparse:0.01``, ``solo``..."""
-
-    label: str
-    strategy: str
-    kind: str
-    density: float | None = None
-
-
-def parse_candidates(candidates: str, densities: str) -> list[Candidate]:
-    """The candidates, most accurate first (``sparse`` expands to each density,
-    densest first).
-
-    Raises:
-      ValueError: an unknown name, no ``host``, a bad or repeated density.
-    """
-    names = [n.strip() for n in candidates.split(",") if n.strip()]
-    unknown = [n for n in names if n not in KINDS]
-    if unknown:
-        raise ValueError(
-            f"adaptive: candidates {', '.join(unknown)} unknown; choose from "
-            + ", ".join(KINDS)
-        )
-    if "host" not in names:
-        raise ValueError("adaptive: candidates must include host (the dense method)")
-    if len(set(names)) != len(names):
-        raise ValueError(f"adaptive: a candidate is named twice in {candidates!r}")
-    try:
-        dens = sorted({float(d) for d in densities.split(",") if d.strip()})[::-1]
-    except ValueError:
-        raise ValueError(
-            f"adaptive: densities={densities!r} must be numbers such as 0.01,0.001"
-        ) from None
-    if "sparse" in names and (not dens or not all(0 < d <= 1 for d in dens)):
-        raise ValueError(f"adaptive: densities={densities!r} must lie in (0, 1]")
-    order = sorted(names, key=list(KINDS).index)  # dense, sparse, majority, solo
-    out: list[Candidate] = []
-    for name in order:
-        if name == "sparse":
-            out += [Candidate(f"sparse:{d:g}", "sparse", SPARSE, d) for d in dens]
-        else:
-            out.append(Candidate(name, name, KINDS[name]))
-    return out
-
-
-def check_text_options(options: dict[str, Any]) -> str | None:
-    """The problem with the adaptive strategy's free-text options (candidates,
-    densities, plan) in one line, or None: checked before launch
-    (``research.comm.registry.check_options``), numpy only."""
-    try:
-        cands = parse_candidates(
-            str(options.get("candidates", "host,sparse,majority,solo")),
-            str(options.get("densities", "0.01")),
-        )
-        parse_plan(str(options.get("plan", "")), [c.label for c in cands])
-    except ValueError as e:
-        return str(e)
-    return None
-
-
-def parse_plan(plan: str, labels: list[str]) -> list[tuple[int, int]]:
-    """``"host@0,sparse:0.01@40"`` as ``[(step, candidate index)]``, by step."""
-    out: list[tuple[int, int]] = []
-    for part in (p.strip() for p in plan.split(",") if p.strip()):
-        label, _, step = part.rpartition("@")
-        if not label or not step.isdigit():
-            raise ValueError(
-                f"adaptive: plan entry {part!r} must be METHOD@STEP, "
-                "e.g. sparse:0.01@40"
-            )
-        if label not in labels:
-            raise ValueError(
-                f"adaptive: plan names {label!r}; the candidates are "
-                + ", ".join(labels)
-            )
-        out.append((int(step), labels.index(label)))
-    steps = [s for s, _ in out]
-    if len(set(steps)) != len(steps):
-        raise ValueError(f"adaptive: plan {plan!r} names a step twice")
-    return sorted(out)
-
-
-@dataclass
-class Window:
-    """One rank's figures for the steps since the last decision."""
-
-    step_s: list[float] = field(default_factory=list)
-    arrive_s: list[float] = field(default_factory=list)
-    comm_s: list[float] = field(default_factory=list)
-    lag: float | None = None
-
-    def add(self, step_s: float, arrive_s: float, comm_s: float) -> None:
-        self.step_s.append(step_s)
-        self.arrive_s.append(arrive_s)
-        self.comm_s.append(comm_s)
-
-
-@dataclass
-class Estimate:
-    """What one window of a method measured (see the module docstring)."""
-
-    cost: float = math.nan
-    se: float = math.nan
-    comm: float = math.nan
-    comm_se: float = math.nan
-    imbalance: float = math.nan
-    lag: float = math.nan
-    at: int = -1  # the step it was measured at; -1: never
-
-    FIELDS = ("cost", "se", "comm", "comm_se", "imbalance", "lag", "at")
-
-    @property
-    def known(self) -> bool:
-        return self.at >= 0 and math.isfinite(self.cost)
-
-    def ms(self) -> str:
-        return f"{self.cost * 1e3:.1f} +- {self.se * 1e3:.1f} ms"
-
-
-def _mean_se(xs: list[float]) -> tuple[float, float]:
-    a = np.asarray(xs, np.float64)
-    if a.size == 0:
-        return math.nan, math.nan
-    se = float(a.std(ddof=1) / math.sqrt(a.size)) if a.size > 1 else float(a[0])
-    return float(a.mean()), se
-
-
-def estimate(windows: list[Window], step: int) -> Estimate:
-    """The agreed estimate from every rank's window (rank order)."""
-    per = [(_mean_se(w.step_s), _mean_se(w.comm_s)) for w in windows]
-    if not per or not windows[0].step_s:
-        return Estimate(at=-1)
-    slowest = max(range(len(per)), key=lambda r: per[r][0][0])
-    (cost, se), _ = per[slowest]
-    comm_r = max(range(len(per)), key=lambda r: per[r][1][0])
-    comm, comm_se = per[comm_r][1]
-    arrive = np.asarray([w.arrive_s for w in windows], np.float64)
-    imbalance = float((arrive.max(axis=0) - arrive.mean(axis=0)).mean())
-    lags = [w.lag for w in windows if w.lag is not None]
-    lag = max(lags) if lags else math.nan
-    return Estimate(cost, se, comm, comm_se, imbalance, lag, step)
 
 
 @dataclass
