@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from research.checkpoint.manifest import committed_steps, read_manifest
 from research.checkpoint.integrity import remove_tree
+from research.checkpoint.manifest import committed_steps, read_manifest
 from research.checkpoint.tiers import default_fast_root
 from research.rundir import read_metrics
 
