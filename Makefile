@@ -8,14 +8,20 @@ STAMP := $(VENV)/.installed
 run: $(STAMP)
 	$(PY) -m experiments.eager_sgd --seeds 0 1 2
 
+# Two pytest-xdist workers: a third of the suite's time is waiting (timeouts,
+# signals, processes starting) that the other worker fills (tests/conftest.py).
+# More cores: `make test WORKERS=4`; one process: `make test WORKERS=0`.
+WORKERS ?= 2
+XDIST   := -n $(WORKERS) --dist loadgroup
+
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest $(XDIST)
 
 # The edit-test loop: every test that starts no MPI job. A test that tries to
 # (through research.launch or tests/test_mpi.py) fails instead: mark it
 # @pytest.mark.launches and it runs in `make test` only.
 test-fast: $(STAMP)
-	RESEARCH_NO_MPIEXEC=1 $(PY) -m pytest -m "not launches"
+	RESEARCH_NO_MPIEXEC=1 $(PY) -m pytest $(XDIST) -m "not launches"
 
 # The batch templates under a one-node Slurm on localhost (Debian's slurm-wlm,
 # installed here when missing; skipped with the reason where it cannot start),

@@ -8,6 +8,17 @@ The environment set here is inherited by every process a test starts: XLA gets
 one intra-op thread per process (ranks oversubscribe 2 cores), and all processes
 share a persistent compilation cache, since ranks and runs compile the same
 programs and compiling is most of this suite's time.
+
+``make test`` runs the suite on two workers (pytest-xdist, ``--dist loadgroup``):
+about a third of its time is spent waiting (timeouts, signals, processes
+starting), which the other worker fills. What that asks of the tests is here:
+the longest tests are handed out first (:func:`pytest_collection_modifyitems`);
+each worker keeps its own private folder for node-local data, so a test that
+checks a run left nothing there sees only its own worker's runs; ranks that wait
+sleep now and then instead of spinning (MPICH's progress throttle), so a job
+waiting on one worker leaves the cores to the other; and a test file whose
+tests share a module fixture (a local cluster, a trained model) keeps them on
+one worker with ``pytest.mark.xdist_group(name)``.
 """
 
 import os
@@ -32,6 +43,12 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _compile_cache()
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# A rank waiting in MPICH's progress loop sleeps 1 us after a run of polls that
+# found nothing, instead of spinning: with more ranks than cores (and another
+# worker's job beside this one) the spinning ranks took the cores that the
+# working ones need (-18% CPU for tests/mpi at 4 ranks here). Tests only: the
+# experiments' measurements were made with MPICH's defaults.
+os.environ.setdefault("MPIR_CVAR_CH4_PROGRESS_THROTTLE", "1")
 # sparse_allreduce(auto) decides with the documented defaults, not whatever
 # this machine's cache holds, and measures nothing on first use (the tests of
 # that set the variable themselves: tests/mpi/test_sparse.py).
@@ -49,11 +66,81 @@ if not os.environ.get("RESEARCH_FAULT_TESTS"):  # `make test-faults` runs them
 collect_ignore = [] if os.environ.get("RESEARCH_SITE_MPI_TESTS") else ["site_mpi"]
 
 
-def pytest_sessionfinish(session, exitstatus):
-    """What killed jobs cannot remove: MPICH's and DeepFreeze's files in /dev/shm."""
-    if not os.environ.get("RESEARCH_UNDER_MPI"):
-        from research.checkpoint.deepfreeze import remove_stale_transfer_files
-        from research.launch import remove_orphaned_shm
+#: This process's xdist worker ("gw0", "gw1", ...), None when not one.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 
-        remove_orphaned_shm()
-        remove_stale_transfer_files()
+
+def _worker_shm() -> str | None:
+    """A private /dev/shm folder for this worker's node-local data (its runs'
+    fast tiers and transfer files; ``research.privdir`` reads
+    ``RESEARCH_SHM_DIR``), so that tests on two workers do not see each other's."""
+    if not WORKER or "RESEARCH_SHM_DIR" in os.environ or not os.path.isdir("/dev/shm"):
+        return None
+    path = f"/dev/shm/pytest-{os.getuid()}-{WORKER}"
+    try:
+        privdir.make(path)
+    except OSError:
+        return None
+    return path
+
+
+WORKER_SHM = _worker_shm()
+if WORKER_SHM:
+    os.environ["RESEARCH_SHM_DIR"] = WORKER_SHM
+
+
+def _longest_first(item) -> int:
+    """The MPI suite's launches, then the other tests that launch jobs, then
+    the rest: handed out in this order, the two workers end together."""
+    if item.nodeid.startswith("tests/test_mpi.py::test_under_mpiexec["):
+        return 0
+    return 1 if item.get_closest_marker("launches") else 2
+
+
+def pytest_collection_modifyitems(config, items):
+    """Longest first (:func:`_longest_first`); the tests of one
+    ``xdist_group`` stay together, where the first of them goes, so a module
+    fixture they share is made once."""
+    if os.environ.get("RESEARCH_UNDER_MPI"):
+        return
+    where: dict[str, tuple[int, int]] = {}
+    keys = []
+    for i, item in enumerate(items):
+        mark = item.get_closest_marker("xdist_group")
+        key = (_longest_first(item), i)
+        if mark is not None:
+            group = mark.args[0] if mark.args else mark.kwargs.get("name")
+            key = where[group] = min(where.get(group, key), key)
+        keys.append(key)
+    order = sorted(range(len(items)), key=lambda i: (keys[i], i))
+    items[:] = [items[i] for i in order]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """What killed jobs cannot remove: MPICH's and DeepFreeze's files in
+    /dev/shm, and the workers' folders (naming what a test left in them).
+
+    Once, after every worker has finished: files of a job still running on
+    another worker must not be taken for orphans."""
+    if os.environ.get("RESEARCH_UNDER_MPI") or WORKER:
+        return
+    import glob
+    import shutil
+
+    for folder in sorted(glob.glob(f"/dev/shm/pytest-{os.getuid()}-gw*")):
+        left = [
+            os.path.relpath(os.path.join(d, n), folder)
+            for d, dirs, files in os.walk(folder)
+            for n in files
+        ]
+        if left:
+            print(
+                f"\ntests left node-local files in {folder} (removed now): {left[:10]}"
+            )
+        shutil.rmtree(folder, ignore_errors=True)
+
+    from research.checkpoint.deepfreeze import remove_stale_transfer_files
+    from research.launch import remove_orphaned_shm
+
+    remove_orphaned_shm()
+    remove_stale_transfer_files()

@@ -57,7 +57,9 @@ class Outcome:
 
 def env_for(cluster) -> dict[str, str]:
     env = dict(os.environ)
-    for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI"):
+    # A worker's own /dev/shm folder (tests/conftest.py) is not on the nodes:
+    # each has its own /dev/shm.
+    for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI", "RESEARCH_SHM_DIR"):
         env.pop(var, None)
     env.update(COMPILE_CACHE_ENV)
     env.update(

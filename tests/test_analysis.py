@@ -20,6 +20,8 @@ from research.trace import Tracer, merge_traces
 from research.trace_analysis import TraceError, analyze, classify, format_table
 from research.trace_analysis.intervals import intersect, subtract, total, union
 
+# One worker: the traced run of the module fixture is made once.
+pytestmark = pytest.mark.xdist_group("test_analysis")
 ROOT = Path(__file__).parent.parent
 MS = 1e-3
 

@@ -23,7 +23,11 @@ from research.checkpoint.leaves import Flattener, unnest
 from tests.checkpoint_state import host, identical, state_at
 from tests.test_mpi import run_under_mpiexec
 
-pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
+pytestmark = [
+    pytest.mark.launches,  # MPI jobs: not in make test-fast
+    # One worker: a checkpoint written once (a module fixture).
+    pytest.mark.xdist_group("test_checkpoint_load"),
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 

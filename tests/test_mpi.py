@@ -189,15 +189,11 @@ INTRUDER = "ringintruder"
 
 
 def _intruder_uid() -> int:
-    import pwd
+    from tests.test_shared_node import _user  # retries: two workers may race
 
     if os.getuid() != 0:
         pytest.skip("needs root to create a second local user (useradd)")
-    try:
-        return pwd.getpwnam(INTRUDER).pw_uid
-    except KeyError:
-        subprocess.run(["useradd", "--no-create-home", INTRUDER], check=True)
-        return pwd.getpwnam(INTRUDER).pw_uid
+    return _user(INTRUDER)
 
 
 @pytest.mark.parametrize("where", ["world-writable-cache", "library-of-another"])

@@ -21,7 +21,11 @@ import pytest
 
 from tests.test_mpi import COMPILE_CACHE_ENV
 
-pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
+pytestmark = [
+    pytest.mark.launches,  # MPI jobs: not in make test-fast
+    # One worker: one local cluster (a module fixture).
+    pytest.mark.xdist_group("test_multinode"),
+]
 ROOT = Path(__file__).parent.parent
 NAME = f"t{os.getpid() % 100000}"  # this run's cluster, apart from a user's "rs"
 #: Strategies whose result depends on timing (which gradients make a round).
@@ -50,8 +54,11 @@ def cluster():
 
 def _env(cluster) -> dict[str, str]:
     env = dict(os.environ)
+    # A worker's own /dev/shm folder (tests/conftest.py) is not on the nodes:
+    # each has its own /dev/shm.
     for var in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"):
         env.pop(var, None)
+    env.pop("RESEARCH_SHM_DIR", None)
     env.update(COMPILE_CACHE_ENV)
     env.update(
         XLA_FLAGS="--xla_cpu_multi_thread_eigen=false",

@@ -25,7 +25,11 @@ from research.comm import watchdog
 from research.rundir import read_metrics
 from tests.node_faults import Outcome, make_cluster, remove_cluster, run_with_fault
 
-pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
+pytestmark = [
+    pytest.mark.launches,  # MPI jobs: not in make test-fast
+    # One worker: one local cluster (a module fixture).
+    pytest.mark.xdist_group("test_node_faults"),
+]
 
 NAME = f"w{os.getpid() % 100000}"
 TIMEOUT_S = 10.0
