@@ -212,7 +212,11 @@ def test_waiting_does_not_spin(world, comm):
     # s). A busy-polling thread would run a round every few microseconds. A count
     # of wake-ups, not CPU time: a loaded machine lowers it, never raises it.
     assert rounds < wall / 100e-6, f"{rounds} rounds of polls in {wall:.3f} s"
-    assert busy < 0.25 * wall, f"the waiting thread was runnable {busy:.3f} s"
+    if world.rank != 0:
+        # The ranks that waited 0.5 s for rank 0 (rank 0 itself slept, then
+        # found the others there: its runnable time is the wake-up's queueing on
+        # a loaded machine, 0.29 of 0.79 s once with another worker's job beside).
+        assert busy < 0.25 * wall, f"the waiting thread was runnable {busy:.3f} s"
 
 
 def test_emulated_link_takes_at_least_the_model(world):
