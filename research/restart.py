@@ -176,7 +176,8 @@ def cause_of(run_dir: str | os.PathLike, attempt: int, code: int) -> dict[str, A
         if first.get("quiet_s") is not None:  # the watchdog: stalled since then
             out["stalled_since"] = first["time"] - first["quiet_s"]
         return out
-    return {"cause": "exit", "message": f"mpiexec ended with {_exit_words(code)}"}
+    words = _exit_words(code)
+    return {"cause": "exit", "message": f"the job (mpiexec or srun) ended with {words}"}
 
 
 def _exit_words(code: int) -> str:
@@ -334,9 +335,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--np-before", type=int, required=True)
     p.add_argument("--np-after", type=int, required=True)
     p.add_argument("--lost", default="", help="lost nodes, comma-separated")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="-- the job's flags")
-    ns = p.parse_args(argv)
-    args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
+    p.epilog = "Then -- and the job's own flags."
+    # The job's flags after "--", split off by hand: a REMAINDER positional
+    # after "command" would swallow this parser's own options too.
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    ns = p.parse_args(argv[:cut])
+    args = argv[cut + 1 :]
     cfg = importlib.import_module(ns.module).parse(args)
     train = cfg.train
     if not train.run_dir:

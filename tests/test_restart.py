@@ -230,3 +230,19 @@ def test_a_restart_without_a_checkpoint_starts_over_and_is_on_the_timeline(tmp_p
 
 def _metrics(run: Path) -> list[dict]:
     return [r for r in read_metrics(run) if r.get("kind") != "eval"]
+
+
+def test_the_batch_templates_call_records_and_resizes(tmp_path, capsys):
+    """``python -m research.restart after-failure ... -- FLAGS`` as
+    scripts/slurm.sbatch calls it between attempts (its options before ``--``,
+    the job's flags after): one node of two lost, the global batch kept."""
+    from research.restart import main
+
+    run = tmp_path / "run"
+    main(["after-failure", "--module", "experiments.train", "--attempt", "0",
+          "--exit-code", "137", "--np-before", "4", "--np-after", "2",
+          "--lost", "n2", "--", *ARGS[4:], "--run-dir", str(run)])  # fmt: skip
+    assert capsys.readouterr().out.split() == ["--batch-size", "32", "--lr", "0.05"]
+    (rec,) = json.loads((run / "restarts.json").read_text())
+    assert rec["lost_nodes"] == ["n2"] and rec["exit_code"] == 137, rec
+    assert rec["global_batch_before"] == rec["global_batch_after"] == 64, rec
