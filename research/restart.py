@@ -327,7 +327,9 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
     import importlib
 
-    p = argparse.ArgumentParser(prog="python -m research.restart")
+    p = argparse.ArgumentParser(
+        prog="python -m research.restart", epilog="Then -- and the job's own flags."
+    )
     p.add_argument("command", choices=["after-failure"])
     p.add_argument("--module", required=True, help="experiments.NAME")
     p.add_argument("--attempt", type=int, required=True)
@@ -335,7 +337,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--np-before", type=int, required=True)
     p.add_argument("--np-after", type=int, required=True)
     p.add_argument("--lost", default="", help="lost nodes, comma-separated")
-    p.epilog = "Then -- and the job's own flags."
     # The job's flags after "--", split off by hand: a REMAINDER positional
     # after "command" would swallow this parser's own options too.
     argv = sys.argv[1:] if argv is None else list(argv)

@@ -103,15 +103,19 @@ def pytest_collection_modifyitems(config, items):
     fixture they share is made once."""
     if os.environ.get("RESEARCH_UNDER_MPI"):
         return
-    where: dict[str, tuple[int, int]] = {}
-    keys = []
-    for i, item in enumerate(items):
+
+    def group(item):
         mark = item.get_closest_marker("xdist_group")
-        key = (_longest_first(item), i)
-        if mark is not None:
-            group = mark.args[0] if mark.args else mark.kwargs.get("name")
-            key = where[group] = min(where.get(group, key), key)
-        keys.append(key)
+        if mark is None:
+            return None
+        return mark.args[0] if mark.args else mark.kwargs.get("name")
+
+    keys = [(_longest_first(item), i) for i, item in enumerate(items)]
+    first: dict[str, tuple[int, int]] = {}  # a group's place: its earliest key
+    for item, key in zip(items, keys, strict=True):
+        if (g := group(item)) is not None:
+            first[g] = min(first.get(g, key), key)
+    keys = [first.get(group(item), key) for item, key in zip(items, keys, strict=True)]
     order = sorted(range(len(items)), key=lambda i: (keys[i], i))
     items[:] = [items[i] for i in order]
 
@@ -130,7 +134,7 @@ def pytest_sessionfinish(session, exitstatus):
     for folder in sorted(glob.glob(f"/dev/shm/pytest-{os.getuid()}-gw*")):
         left = [
             os.path.relpath(os.path.join(d, n), folder)
-            for d, dirs, files in os.walk(folder)
+            for d, _, files in os.walk(folder)
             for n in files
         ]
         if left:
