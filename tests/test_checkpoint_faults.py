@@ -154,6 +154,18 @@ def test_full_disk_and_unwritable_tier_surface_on_every_rank(tmp_path):
             and "persistent" in r["error"]
         )
     assert _committed(tmp_path / "notdir")["persistent"] == []
+    # close() met on every rank although only the last one still had a failure
+    # to raise; the steps only the fast tier holds stay there for a restart.
+    closes = {r["case"]: [] for r in res if r["case"].endswith("-close")}
+    for r in res:
+        if r["case"] in closes:
+            closes[r["case"]].append(r["closed"])
+    assert closes == {
+        "enospc-close": ["ok"] * NP,
+        "notdir-close": ["ok"] + ["raised"] * (NP - 1),
+    }
+    assert _committed(tmp_path / "notdir")["fast"]
+    assert not (tmp_path / "enospc" / "fast" / "manifest.json").exists()
     # The failed step is never committed; the checkpoints after it still are.
     persisted = _committed(tmp_path / "enospc")["persistent"]
-    assert persisted and 2 not in persisted and max(persisted) == 6
+    assert persisted and 2 not in persisted and max(persisted) == 7

@@ -163,8 +163,11 @@ class Checkpointer:
     def close(self) -> None:
         """Finish outstanding work and release the communicator. Collective.
 
-        Subclasses call it only once their own work finished without error: on
-        an error path another rank may never reach this barrier.
+        Subclasses call it whenever every rank reached their ``close``, and
+        raise their own failures after it: which failures a rank still holds
+        differs between ranks, so raising first would leave the others in this
+        barrier. Only where a rank cannot know that the others reach it (its
+        background thread broke off mid-round) does a subclass skip it.
         """
         if self.comm != MPI.COMM_NULL:
             # After this barrier every manifest update of this instance is on disk.

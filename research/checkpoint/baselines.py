@@ -296,9 +296,13 @@ class OrbaxAsyncRank0(_Base):
         self._raise()
 
     def close(self) -> None:
-        try:
-            self.wait()
-        finally:  # local: Orbax's own threads
-            if self._ckptr is not None:
-                self._ckptr.close()
-        super().close()  # collective: on success only
+        """Finish rank 0's save, then the collective part, then raise its failure.
+
+        Only rank 0 can hold a failure, so raising it before the barrier would
+        leave every other rank waiting there for a rank 0 that never comes.
+        """
+        self._join()
+        if self._ckptr is not None:
+            self._ckptr.close()  # local: Orbax's own threads
+        super().close()
+        self._raise()

@@ -330,36 +330,57 @@ class DeepFreeze(Background, Checkpointer):
             if self._broken is not None:
                 raise CheckpointError("the checkpoint thread stopped") from self._broken
 
-    def wait(self) -> None:
-        """Block until every requested checkpoint is committed or failed; raise."""
+    def _drain(self) -> None:
+        """Block until no checkpoint is in flight (or the thread broke off)."""
         with get_tracer().span("wait for checkpoints", "checkpoint"), self._cv:
             while self._inflight > 0 and self._broken is None:
                 self._cv.wait(0.5)
+
+    def wait(self) -> None:
+        """Block until every requested checkpoint is committed or failed; raise."""
+        self._drain()
         self._raise_errors()
 
     def close(self) -> None:
-        """Finish outstanding checkpoints (raising failures), stop. Collective.
+        """Finish outstanding checkpoints, stop, then raise failures. Collective.
 
-        On success the fast tier is removed (its committed steps are in the
-        persistent tier too; it is memory when it is ``/dev/shm``) unless it is
-        the only tier. When a checkpoint failed the failure is raised and
-        nothing collective runs: the background thread may be blocked in a
-        commit round that another rank never joins, so it is not waited for.
+        Every rank runs the same collective part whatever failed: a failure
+        travels in the commit round, so once nothing is in flight every rank
+        knows the same committed steps. Which failures a rank has already
+        raised depends on timing (one per ``save``/``wait`` call), so those
+        not yet raised here are raised after the collective part, never
+        instead of it. Only a background thread that broke off mid-round
+        makes ``close`` raise at once with nothing collective run: the other
+        ranks may be blocked in a round it never joins.
+
+        The fast tier is removed (it is memory when it is ``/dev/shm``) unless
+        it is the only tier, ``keep_fast_tier`` is set, or it holds committed
+        steps the persistent tier lacks (a flush failed): then it stays, so a
+        restart finds them.
         """
         if self._closed:
             return
         self._closed = True
-        try:
-            self.wait()
-        except BaseException:
-            self._queue.put(None)
-            raise
+        self._drain()
         self._queue.put(None)
+        if self._broken is not None:
+            raise CheckpointError("the checkpoint thread stopped") from self._broken
         self._thread.join()
         for tier in self.tiers:  # recycled files are no checkpoint: never left
             remove_tree(tier.rank_dir(self.rank) / SPARE)
+        unflushed = self._only_in_fast()
+        if unflushed and self.rank == 0:
+            warnings.warn(
+                f"the fast tier ({self.tiers[0].root}) is kept: steps {unflushed} "
+                "are committed there but not to the persistent tier (their flush "
+                "failed); a restart restores them from it",
+                CheckpointWarning,
+                stacklevel=2,
+            )
         fast = (
-            self.tiers[0] if len(self.tiers) > 1 and not self.keep_fast_tier else None
+            self.tiers[0]
+            if len(self.tiers) > 1 and not self.keep_fast_tier and not unflushed
+            else None
         )
         if fast is not None:
             remove_tree(fast.rank_dir(self.rank))
@@ -374,3 +395,14 @@ class DeepFreeze(Background, Checkpointer):
         # Again at the end: ranks killed just before this run started may
         # have been alive (dying) when it swept at its start.
         remove_stale_transfer_files()
+        self._raise_errors()  # failures not yet raised on this rank
+
+    def _only_in_fast(self) -> list[int]:
+        """Committed fast-tier steps newer than the newest persisted one: their
+        flush failed (the same list on every rank: both come from the commit
+        rounds). Older fast steps the persistent tier dropped do not count."""
+        if len(self.tiers) < 2:
+            return []
+        persisted = self.committed_steps(self.tiers[-1].name)
+        newest = max(persisted, default=-1)
+        return [s for s in self.committed_steps(self.tiers[0].name) if s > newest]
