@@ -156,10 +156,10 @@ def test_full_disk_and_unwritable_tier_surface_on_every_rank(tmp_path):
     assert _committed(tmp_path / "notdir")["persistent"] == []
     # close() met on every rank although only the last one still had a failure
     # to raise; the steps only the fast tier holds stay there for a restart.
-    closes = {r["case"]: [] for r in res if r["case"].endswith("-close")}
+    closes: dict[str, list[str]] = {}
     for r in res:
-        if r["case"] in closes:
-            closes[r["case"]].append(r["closed"])
+        if r["case"].endswith("-close"):
+            closes.setdefault(r["case"], []).append(r["closed"])
     assert closes == {
         "enospc-close": ["ok"] * NP,
         "notdir-close": ["ok"] + ["raised"] * (NP - 1),

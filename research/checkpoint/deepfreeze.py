@@ -400,9 +400,8 @@ class DeepFreeze(Background, Checkpointer):
     def _only_in_fast(self) -> list[int]:
         """Committed fast-tier steps newer than the newest persisted one: their
         flush failed (the same list on every rank: both come from the commit
-        rounds). Older fast steps the persistent tier dropped do not count."""
-        if len(self.tiers) < 2:
-            return []
+        rounds). Older fast steps the persistent tier dropped do not count;
+        with one tier, both are the same list and none is."""
         persisted = self.committed_steps(self.tiers[-1].name)
         newest = max(persisted, default=-1)
         return [s for s in self.committed_steps(self.tiers[0].name) if s > newest]
