@@ -200,16 +200,19 @@ def test_a_frozen_rank_ends_the_job_within_the_bound(tmp_path):
 @pytest.mark.launches
 def test_a_slow_rank_does_not_trip_it(tmp_path):
     """The last rank runs 2% of the time (stopped 0.5 s, running 0.01 s) through
-    a 64 MB ring allreduce that takes longer than the 3 s timeout: bytes keep
-    moving (the ring's counter, inside jit), so the job finishes."""
-    proc, _ = run_case("slow-fused", 2, 3, tmp_path)
+    a 64 MB ring allreduce that takes longer than the 2 s timeout: bytes keep
+    moving (the ring's counter, inside jit), so the job finishes. (It took
+    3.1-3.6 s here alone and 2.7 s beside the rest of the suite, where the
+    throttling child wakes late and the rank runs longer: a 3 s timeout was
+    not always shorter than the allreduce, and the test then proved nothing.)"""
+    proc, _ = run_case("slow-fused", 2, 2, tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "ending the job" not in out, out[-4000:]
     took = [float(t) for t in re.findall(r"TOOK (\d+\.\d+)", proc.stdout)]
     quiet = [float(q) for q in re.findall(r"QUIET (\d+\.\d+)", proc.stdout)]
-    assert len(took) == 2 and max(took) > 3, proc.stdout  # slower than the timeout
-    assert max(quiet) < 3, proc.stdout
+    assert len(took) == 2 and max(took) > 2, proc.stdout  # slower than the timeout
+    assert max(quiet) < 2, proc.stdout
 
 
 # -- helpers ----------------------------------------------------------------------
