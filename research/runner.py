@@ -7,6 +7,7 @@ from typing import Any
 from research.comm.world import get_world, install_abort_on_error
 from research.rundir import default_run_dir
 from research.train.config import TrainConfig
+from research.train.process import freeze_imports
 
 
 def run_training(
@@ -20,6 +21,7 @@ def run_training(
     """
     world = get_world()
     install_abort_on_error()
+    freeze_imports()
     if not cfg.run_dir:
         cfg.run_dir = world.bcast(
             default_run_dir(experiment) if world.rank == 0 else None

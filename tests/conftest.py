@@ -49,6 +49,11 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # working ones need (-18% CPU for tests/mpi at 4 ranks here). Tests only: the
 # experiments' measurements were made with MPICH's defaults.
 os.environ.setdefault("MPIR_CVAR_CH4_PROGRESS_THROTTLE", "1")
+# And a rank that yields MPICH's lock (thread level MULTIPLE: every progress
+# poll yields it) sleeps briefly instead of calling sched_yield, which on an
+# oversubscribed core hands the CPU straight back to the spinning rank: the
+# 3-rank MPI run took 107 CPU-s instead of 147 here (perf stat, bench lock).
+os.environ.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
 # sparse_allreduce(auto) decides with the documented defaults, not whatever
 # this machine's cache holds, and measures nothing on first use (the tests of
 # that set the variable themselves: tests/mpi/test_sparse.py).

@@ -96,10 +96,12 @@ def run_job(cfg: Any, root: Path) -> dict[str, Any]:
     (``cfg``: ``experiments.deepfreeze.Config``)."""
     from research.comm.world import get_world, install_abort_on_error
     from research.studies.checkpoint_bench import run_interleaved
+    from research.train.process import freeze_imports
 
     logging.getLogger("absl").setLevel(logging.ERROR)  # Orbax's per-save chatter
     world = get_world()
     install_abort_on_error()
+    freeze_imports()
     job = "ranks" if cfg.job == "ranks" else "main"
     train = dataclasses.replace(
         cfg.train,

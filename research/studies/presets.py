@@ -84,12 +84,14 @@ def start_job(
     """
     from research.comm.world import get_world, install_abort_on_error
     from research.launch import set_threads
+    from research.train.process import freeze_imports
 
     set_threads(threads)
     if compile_cache:
         enable_compile_cache()
     world = get_world()
     install_abort_on_error()
+    freeze_imports()
     root = run_root(run_dir, world, experiment)
     if world.rank == 0:
         from research.provenance import record_job
