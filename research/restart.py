@@ -162,10 +162,18 @@ def _ended_well(proc: subprocess.Popen, end: float) -> bool:
 
 def cause_of(run_dir: str | os.PathLike, attempt: int, code: int) -> dict[str, Any]:
     """What ended attempt ``attempt``: its earliest failure record, else the
-    exit code."""
+    exit code.
+
+    A rank's MPI error (``mpi-error``) is what it saw of another's end, not a
+    cause of its own: a rank killed with SIGKILL records nothing, and its peer
+    fails reading from it a moment later. So such records count only when no
+    other was written, and then as the exit code's cause, with what the rank
+    saw in the message.
+    """
     recs = failures.read(run_dir, attempt)
-    if recs:
-        first = recs[0]
+    own = [r for r in recs if r.get("cause") != failures.MPI_ERROR]
+    if own:
+        first = own[0]
         out = {
             "cause": first.get("cause"),
             "message": first.get("message"),
@@ -177,7 +185,12 @@ def cause_of(run_dir: str | os.PathLike, attempt: int, code: int) -> dict[str, A
             out["stalled_since"] = first["time"] - first["quiet_s"]
         return out
     words = _exit_words(code)
-    return {"cause": "exit", "message": f"the job (mpiexec or srun) ended with {words}"}
+    out = {"cause": "exit", "message": f"the job (mpiexec or srun) ended with {words}"}
+    if recs:  # only what the ranks saw of it
+        seen = recs[0]
+        out["message"] += f"; r{seen.get('rank')} then: {seen.get('message')}"
+        out["failed_at"] = seen.get("time")
+    return out
 
 
 def _exit_words(code: int) -> str:

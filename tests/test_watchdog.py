@@ -115,6 +115,42 @@ def test_failure_records(tmp_path, monkeypatch):
     assert failures.read(tmp_path, 0) == []
 
 
+def test_an_mpi_error_is_what_a_rank_saw_not_the_cause(tmp_path, monkeypatch):
+    """A rank killed with SIGKILL writes nothing; its peer then fails in MPI
+    (seen in make test: ``process_vm_readv failed (errno 3)``). The restart
+    record names the exit, with what the peer saw; any other record wins."""
+    from mpi4py import MPI
+
+    from research.comm.world import _from_mpi
+    from research.restart import cause_of
+
+    try:
+        try:
+            raise MPI.Exception(MPI.ERR_OTHER)
+        except MPI.Exception as e:
+            raise RuntimeError("partial allreduce failed in the background") from e
+    except RuntimeError as e:
+        assert _from_mpi(e)
+    assert not _from_mpi(ValueError("bad shard"))
+
+    failures.set_dir(tmp_path)
+    try:
+        monkeypatch.setenv(failures.ATTEMPT_ENV, "0")
+        failures.record(failures.MPI_ERROR, "process_vm_readv failed", rank=0)
+        monkeypatch.setenv(failures.ATTEMPT_ENV, "1")
+        failures.record(failures.MPI_ERROR, "process_vm_readv failed", rank=0)
+        failures.record("exception", "injected", rank=1)  # later, but a cause
+    finally:
+        failures.set_dir(None)
+    seen = cause_of(tmp_path, 0, 9)
+    assert seen["cause"] == "exit", seen
+    assert seen["message"].endswith("; r0 then: process_vm_readv failed"), seen
+    assert seen["failed_at"] == failures.read(tmp_path, 0)[0]["time"]
+    own = cause_of(tmp_path, 1, 1)
+    assert (own["cause"], own["failed_rank"]) == ("exception", 1), own
+    assert cause_of(tmp_path, 2, 1)["message"].startswith("the job (mpiexec")
+
+
 def test_a_child_dies_with_its_parent(tmp_path):
     """PR_SET_PDEATHSIG: a rank (here a grandchild) goes when its proxy (the
     child) is killed with SIGKILL, which no handler can catch."""

@@ -2,15 +2,21 @@
 
 A rank that ends the job (the communication watchdog, an uncaught exception)
 writes one small JSON file, ``<dir>/failures/attempt<N>-r<rank>.json``, before
-it aborts: the cause (``comm-timeout``, ``exception``), its one-line message,
-the rank, its host, the step and the time (UTC seconds). ``<dir>`` is the run
-folder (:func:`set_dir`, called by the Trainer); ``N`` the launcher's attempt
-(``RESEARCH_ATTEMPT``, 0 for the first). The launcher reads them back with
-:func:`read` once ``mpiexec`` has returned (``research.restart``).
+it aborts: the cause (``comm-timeout``, ``exception``, ``mpi-error``), its
+one-line message, the rank, its host, the step and the time (UTC seconds).
+``<dir>`` is the run folder (:func:`set_dir`, called by the Trainer); ``N`` the
+launcher's attempt (``RESEARCH_ATTEMPT``, 0 for the first). The launcher reads
+them back with :func:`read` once ``mpiexec`` has returned (``research.restart``).
 
 Writing is best effort and bounded: the folder may be on the file system that
 failed, so a failed write is ignored, and the abort path that calls it has its
 own time limit (:data:`research.comm.world.ABORT_FALLBACK_S`).
+
+An ``mpi-error`` (an exception raised from MPI's own error) is as a rule what
+a rank saw of another's end: a peer killed with SIGKILL writes nothing, and the
+rank reading from it then fails with, say, ``process_vm_readv failed``. The
+launcher takes it for the cause only when nothing else was recorded
+(``research.restart.cause_of``).
 """
 
 from __future__ import annotations
@@ -40,6 +46,10 @@ def attempt() -> int:
         return int(os.environ.get(ATTEMPT_ENV, "0"))
     except ValueError:
         return 0
+
+
+#: The cause recorded for an exception raised from MPI's own error.
+MPI_ERROR = "mpi-error"
 
 
 def record(cause: str, message: str, **fields: Any) -> None:

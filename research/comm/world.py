@@ -334,6 +334,17 @@ def _unlink_my_shm() -> None:
                 os.unlink(os.path.join(SHM_DIR, path))
 
 
+def _from_mpi(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an exception it was raised from, is MPI's own error."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, MPI.Exception):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def install_abort_on_error() -> None:
     """Make an uncaught exception in any thread of any rank end the whole job.
 
@@ -356,7 +367,8 @@ def install_abort_on_error() -> None:
         from research.comm import failures
 
         line = "".join(traceback.format_exception_only(exc_type, exc)).strip()
-        failures.record("exception", line.splitlines()[-1] if line else "", rank=rank)
+        cause = failures.MPI_ERROR if _from_mpi(exc) else "exception"
+        failures.record(cause, line.splitlines()[-1] if line else "", rank=rank)
 
     def _hook(exc_type, exc, tb):
         if issubclass(exc_type, KeyboardInterrupt):
