@@ -66,6 +66,9 @@ def run_under_mpiexec(
     np_: int, args: list[str], timeout: float = 300, env_extra: dict | None = None
 ) -> subprocess.CompletedProcess:
     env = dict(os.environ)
+    # The outer pytest's options (say --durations, -q) are not the ranks': the
+    # summary line this file reads must stay as it is.
+    env.pop("PYTEST_ADDOPTS", None)
     env.update(
         RESEARCH_UNDER_MPI="1",
         XLA_FLAGS="--xla_cpu_multi_thread_eigen=false",

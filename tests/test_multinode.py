@@ -59,6 +59,7 @@ def _env(cluster) -> dict[str, str]:
     for var in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"):
         env.pop(var, None)
     env.pop("RESEARCH_SHM_DIR", None)
+    env.pop("PYTEST_ADDOPTS", None)  # the outer pytest's, not the ranks'
     env.update(COMPILE_CACHE_ENV)
     env.update(
         XLA_FLAGS="--xla_cpu_multi_thread_eigen=false",
