@@ -1,12 +1,17 @@
 """One failing rank ends the whole job, in every phase, with tracing on.
 
-Each case runs a real MPI job (``tests/fail_driver.py``) in which one rank of 2
-or of 4 fails at one step in one phase (data loading, the jitted step, the
+Each case runs a real MPI job (``tests/fail_driver.py``) in which one rank of 3
+fails at one step in one phase (data loading, the jitted step, the
 partial collective on the progress thread, a callback, DeepFreeze's background
 thread, its writer process, evaluation, writing the run folder). The job must
 exit non-zero well before the launch's own timeout (a hang runs into it), with
 the failing rank's traceback printed once; before the fix, a failure with
 tracing on hung in the tracer's closing barrier until killed.
+
+Three ranks, not two and four as until 2026-11-27: the failing rank is the last
+(rank 0 for the run folder, which only it writes), so two others must be taken
+down, one of them not rank 0, at a rank count that is not a power of two; that
+is what the 2- and the 4-rank jobs asked between them, in half the launches.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
 FAIL_STEP = 4  # even: DeepFreeze checkpoints every 2 steps in the driver
 
 
-@pytest.mark.parametrize("np_", [2, 4])
+@pytest.mark.parametrize("np_", [3])
 @pytest.mark.parametrize("phase", PHASES)
 def test_one_failing_rank_ends_the_job(phase, np_, tmp_path):
     rank = 0 if phase == "rundir" else np_ - 1  # only rank 0 writes the run folder

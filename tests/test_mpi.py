@@ -89,12 +89,14 @@ def run_under_mpiexec(
     )
 
 
-#: The communication files, also run at 3 ranks.
+#: The communication files, also run at 3 ranks. Not test_overlap.py: its
+#: 3-rank run reached no line of research/ that the other runs did not
+#: (coverage.py on every rank, 2026-11-27), for 33 CPU-s; the contract test
+#: still runs the overlapped strategies at 3 ranks.
 COMMUNICATION = {
     "test_adaptive.py",
     "test_api.py",
     "test_contract.py",
-    "test_overlap.py",
     "test_ring.py",
     "test_dense.py",
     "test_partial.py",
