@@ -24,6 +24,7 @@ one worker with ``pytest.mark.xdist_group(name)``.
 import os
 
 from research import privdir
+from tests.test_mpi import XLA_TEST_FLAGS
 
 
 def _compile_cache() -> str:
@@ -37,7 +38,7 @@ def _compile_cache() -> str:
         return str(privdir.base() / "jax-cache")
 
 
-os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
+os.environ.setdefault("XLA_FLAGS", XLA_TEST_FLAGS)
 os.environ.setdefault("NPROC", "1")  # XLA:CPU's intra-op pool: one thread
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _compile_cache()

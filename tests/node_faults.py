@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.test_mpi import COMPILE_CACHE_ENV
+from tests.test_mpi import COMPILE_CACHE_ENV, XLA_TEST_FLAGS
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = [
@@ -63,7 +63,7 @@ def env_for(cluster) -> dict[str, str]:
         env.pop(var, None)
     env.update(COMPILE_CACHE_ENV)
     env.update(
-        XLA_FLAGS="--xla_cpu_multi_thread_eigen=false",
+        XLA_FLAGS=XLA_TEST_FLAGS,
         NPROC="1",
         PYTHONUNBUFFERED="1",
         PYTHONPATH=str(ROOT),

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_mpi import XLA_TEST_FLAGS
+
 pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +34,7 @@ TINY = [
 
 def _run(args: list[str], tmp_path: Path, extra_env: dict | None = None):
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    env.update(XLA_FLAGS="--xla_cpu_multi_thread_eigen=false", NPROC="1")
+    env.update(XLA_FLAGS=XLA_TEST_FLAGS, NPROC="1")
     env.update(extra_env or {})
     for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI"):
         env.pop(var, None)  # the module must launch its own jobs

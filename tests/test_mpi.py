@@ -36,6 +36,13 @@ COMPILE_CACHE_ENV = {
     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
 }
+#: XLA for every process the suite starts: one intra-op thread per process
+#: (ranks oversubscribe 2 cores), and LLVM at -O0: the suite's programs are
+#: small and run briefly, so compiling them is what costs. From an empty
+#: compile cache, tests/mpi's contract, train and overlap files at 2 ranks took
+#: 67 CPU-s instead of 92 (perf stat, bench lock). Tests only: the
+#: experiments compile at XLA's default level.
+XLA_TEST_FLAGS = "--xla_cpu_multi_thread_eigen=false --xla_backend_optimization_level=0"
 FILES = sorted(p.name for p in (HERE / "mpi").glob("test_*.py"))
 
 
@@ -71,7 +78,7 @@ def run_under_mpiexec(
     env.pop("PYTEST_ADDOPTS", None)
     env.update(
         RESEARCH_UNDER_MPI="1",
-        XLA_FLAGS="--xla_cpu_multi_thread_eigen=false",
+        XLA_FLAGS=XLA_TEST_FLAGS,
         NPROC="1",  # XLA:CPU's intra-op pool: one thread per rank
         # sparse_allreduce(auto) uses its documented defaults, not whatever
         # calibration this machine's user cache holds (tests/conftest.py).
@@ -180,7 +187,7 @@ def test_ranks_agree_when_one_cannot_build(tmp_path):
     script = tmp_path / "t.py"
     script.write_text(AVERAGE_SCRIPT)
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    env.update(XLA_FLAGS="--xla_cpu_multi_thread_eigen=false", NPROC="1")
+    env.update(XLA_FLAGS=XLA_TEST_FLAGS, NPROC="1")
     env.update(COMPILE_CACHE_ENV)
     py = sys.executable
     cmd = [mpiexec(), "-n", "1", "env", "RESEARCH_NATIVE_CACHE=/proc/no-such-dir"]

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.test_mpi import COMPILE_CACHE_ENV
+from tests.test_mpi import COMPILE_CACHE_ENV, XLA_TEST_FLAGS
 
 pytestmark = [
     pytest.mark.launches,  # MPI jobs: not in make test-fast
@@ -62,7 +62,7 @@ def _env(cluster) -> dict[str, str]:
     env.pop("PYTEST_ADDOPTS", None)  # the outer pytest's, not the ranks'
     env.update(COMPILE_CACHE_ENV)
     env.update(
-        XLA_FLAGS="--xla_cpu_multi_thread_eigen=false",
+        XLA_FLAGS=XLA_TEST_FLAGS,
         NPROC="1",
         PYTHONUNBUFFERED="1",
         PYTHONPATH=str(ROOT),
