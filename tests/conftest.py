@@ -2,12 +2,13 @@
 
 Files under tests/mpi/ are meant to run inside ``mpiexec`` (every rank runs
 pytest); plain ``pytest`` reaches them through tests/test_mpi.py, which launches
-them with 2 and 4 ranks. They are not collected directly.
+them with 2, 3 and 4 ranks. They are not collected directly.
 
 The environment set here is inherited by every process a test starts: XLA gets
-one intra-op thread per process (ranks oversubscribe 2 cores), and all processes
-share a persistent compilation cache, since ranks and runs compile the same
-programs and compiling is most of this suite's time.
+one intra-op thread per process (ranks oversubscribe 2 cores) and compiles at
+LLVM -O0 (``tests.test_mpi.XLA_TEST_FLAGS``), and all processes share a
+persistent compilation cache, since ranks and runs compile the same programs
+and compiling is most of this suite's time.
 
 ``make test`` runs the suite on two workers (pytest-xdist, ``--dist loadgroup``):
 about a third of its time is spent waiting (timeouts, signals, processes
@@ -15,10 +16,10 @@ starting), which the other worker fills. What that asks of the tests is here:
 the longest tests are handed out first (:func:`pytest_collection_modifyitems`);
 each worker keeps its own private folder for node-local data, so a test that
 checks a run left nothing there sees only its own worker's runs; ranks that wait
-sleep now and then instead of spinning (MPICH's progress throttle), so a job
-waiting on one worker leaves the cores to the other; and a test file whose
-tests share a module fixture (a local cluster, a trained model) keeps them on
-one worker with ``pytest.mark.xdist_group(name)``.
+sleep now and then instead of spinning (MPICH's progress throttle and heavy
+yield), so a job waiting on one worker leaves the cores to the other; and a
+test file whose tests share a module fixture (a local cluster, a trained model)
+keeps them on one worker with ``pytest.mark.xdist_group(name)``.
 """
 
 import os

@@ -1,6 +1,7 @@
-"""Runs every tests/mpi/test_*.py file under a real ``mpiexec`` with 2 and 4 ranks,
-and the communication files also with 3 (a rank count that is not a power of
-two: the ring's uneven chunks, recursive doubling's extra ranks).
+"""Runs every tests/mpi/test_*.py file under a real ``mpiexec`` with 2 ranks, the
+communication files also with 3 (a rank count that is not a power of two: the
+ring's uneven chunks, recursive doubling's extra ranks) and those whose
+algorithms change shape at a power of two also with 4 (:data:`GROUPS`).
 
 One launch per rank count runs all of its files: each rank runs pytest on the
 files in the same order, and the job passes only if every rank passes (a
