@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import time
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -104,6 +107,39 @@ def test_writer_process_priority(idle):
         assert os.getpriority(os.PRIO_PROCESS, pid) >= min(19, 10 + os.nice(0))
     finally:
         proc.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="Linux /proc")
+def test_writer_survives_a_job_signal_while_it_starts():
+    # A batch system signals every process of the job, the writer too, maybe
+    # while it still imports (CI once: SIGUSR1 3 steps in killed both ranks'
+    # writers, exit -10, and the stop's checkpoint failed). It starts with the
+    # signals blocked and ignores them before it unblocks them.
+    from research.checkpoint.writer import WriterProcess
+
+    proc = WriterProcess(nice=0)
+    try:
+        pid = proc.proc.pid
+        for sig in (signal.SIGUSR1, signal.SIGTERM) * 20:  # through its start-up
+            os.kill(pid, sig)
+            time.sleep(0.01)
+        assert proc.request({"op": "remove", "paths": []}, lambda event: None)
+        os.kill(pid, signal.SIGUSR1)  # and once it runs
+        assert proc.request({"op": "remove", "paths": []}, lambda event: None)
+        assert proc.proc.poll() is None
+        blocked = int(
+            next(
+                line.split()[1]
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                if line.startswith("SigBlk:")
+            ),
+            16,
+        )
+        assert not blocked & (1 << (signal.SIGUSR1 - 1) | 1 << (signal.SIGTERM - 1))
+    finally:
+        proc.close()
+    # The rank's own mask is as it was.
+    assert signal.SIGUSR1 not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
 
 @pytest.mark.parametrize("algo", ["crc32", "crc32c"])

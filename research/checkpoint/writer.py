@@ -237,6 +237,22 @@ class Writer:
 _NOT_PASSED = ("PMI_", "PMIX_", "OMPI_", "MPI_LOCAL", "HYDRA_", "MPIR_", "I_MPI_")
 
 
+#: What a batch system sends every process of a job before it ends it.
+_JOB_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+@contextlib.contextmanager
+def _signals_blocked(signals):
+    if not hasattr(signal, "pthread_sigmask"):  # not POSIX: nothing to block
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 class WriterProcess:
     """Starts the helper process and sends it requests (one at a time).
 
@@ -274,14 +290,20 @@ class WriterProcess:
             RESEARCH_WRITER_IDLE="1" if idle else "0",
             PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
         )
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "research.checkpoint.writer"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-            text=True,
-            bufsize=1,
-        )
+        # Started with the job's stop signals blocked (the mask survives exec):
+        # a batch system's signal that comes while the helper imports would
+        # otherwise kill it before :func:`main` ignores it. Blocked here only
+        # in this thread and only for the fork; a signal meant for the rank
+        # goes to another thread or waits the microseconds until unblocked.
+        with _signals_blocked(_JOB_SIGNALS):
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "research.checkpoint.writer"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+                text=True,
+                bufsize=1,
+            )
         self._ready = False
         self._lock = threading.Lock()
 
@@ -375,8 +397,12 @@ def main() -> None:
     _die_with_parent()
     # A batch system signals every process of the job; the rank decides when
     # its writer finishes (research.train.preemption), so the writer stays.
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
+    # They came blocked from the rank (WriterProcess): ignoring them drops any
+    # that arrived during start-up, then they are unblocked.
+    for sig in _JOB_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _JOB_SIGNALS)
     nice = int(os.environ.get("RESEARCH_WRITER_NICE", "0"))
     if nice:
         os.nice(nice)
