@@ -59,7 +59,16 @@ def env_for(cluster) -> dict[str, str]:
     env = dict(os.environ)
     # A worker's own /dev/shm folder (tests/conftest.py) is not on the nodes:
     # each has its own /dev/shm.
-    for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI", "RESEARCH_SHM_DIR"):
+    # Nor does anything of an MPI job or pytest run this one may be inside.
+    for var in (
+        "PMI_RANK",
+        "PMI_SIZE",
+        "OMPI_COMM_WORLD_SIZE",
+        "PMIX_RANK",
+        "RESEARCH_UNDER_MPI",
+        "RESEARCH_SHM_DIR",
+        "PYTEST_ADDOPTS",  # the outer pytest's, not the ranks'
+    ):
         env.pop(var, None)
     env.update(COMPILE_CACHE_ENV)
     env.update(

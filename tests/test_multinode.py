@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.test_mpi import COMPILE_CACHE_ENV, XLA_TEST_FLAGS
+from tests.node_faults import env_for
 
 pytestmark = [
     pytest.mark.launches,  # MPI jobs: not in make test-fast
@@ -52,26 +52,6 @@ def cluster():
         assert f"{NAME}-" not in links.stdout
 
 
-def _env(cluster) -> dict[str, str]:
-    env = dict(os.environ)
-    # A worker's own /dev/shm folder (tests/conftest.py) is not on the nodes:
-    # each has its own /dev/shm.
-    for var in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"):
-        env.pop(var, None)
-    env.pop("RESEARCH_SHM_DIR", None)
-    env.pop("PYTEST_ADDOPTS", None)  # the outer pytest's, not the ranks'
-    env.update(COMPILE_CACHE_ENV)
-    env.update(
-        XLA_FLAGS=XLA_TEST_FLAGS,
-        NPROC="1",
-        PYTHONUNBUFFERED="1",
-        PYTHONPATH=str(ROOT),
-        RESEARCH_SPARSE_COST=f"/nonexistent/research-sparse-cost-{os.getuid()}.json",
-    )
-    env.update(cluster.env())
-    return env
-
-
 def on_nodes(cluster, layout: list[int], args: list[str], timeout: float = 240,
              env: dict | None = None) -> subprocess.CompletedProcess:  # fmt: skip
     """Run ``python ARGS`` with ``layout[i]`` ranks on node ``n{i+1}``."""
@@ -82,7 +62,7 @@ def on_nodes(cluster, layout: list[int], args: list[str], timeout: float = 240,
     return subprocess.run(
         [*cmd, *args],
         cwd=ROOT,
-        env={**_env(cluster), **(env or {})},
+        env={**env_for(cluster), **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -158,7 +138,7 @@ def test_train_with_hosts_resumes_on_fewer_nodes(cluster, tmp_path):
             "synthetic_tabular", "--data-opt", "features=256", "--batch-size", "4",
             "--eval-every", "0", "--checkpoint", "deepfreeze",
             "--checkpoint-every", "3", "--run-dir", str(run_dir)]  # fmt: skip
-    env = _env(cluster)
+    env = env_for(cluster)
     for var in ("RESEARCH_UNDER_MPI",):
         env.pop(var, None)
     first = subprocess.run(
