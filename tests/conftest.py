@@ -6,7 +6,8 @@ them with 2, 3 and 4 ranks. They are not collected directly.
 
 The environment set here is inherited by every process a test starts: XLA gets
 one intra-op thread per process (ranks oversubscribe 2 cores) and compiles at
-LLVM -O0 (``tests.test_mpi.XLA_TEST_FLAGS``), and all processes share a
+LLVM -O1 (``tests.test_mpi.XLA_TEST_FLAGS``; tests/mpi's ranks at -O0,
+``XLA_MPI_TEST_FLAGS``), and all processes share a
 persistent compilation cache, since ranks and runs compile the same programs
 and compiling is most of this suite's time.
 
