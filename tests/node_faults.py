@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.test_mpi import COMPILE_CACHE_ENV, XLA_TEST_FLAGS
+from tests.test_mpi import COMPILE_CACHE_ENV, MPI_JOB_VARS, XLA_TEST_FLAGS
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = [
@@ -60,16 +60,8 @@ def env_for(cluster) -> dict[str, str]:
     # A worker's own /dev/shm folder (tests/conftest.py) is not on the nodes:
     # each has its own /dev/shm.
     # Nor does anything of an MPI job or pytest run this one may be inside.
-    for var in (
-        "PMI_RANK",
-        "PMI_SIZE",
-        "OMPI_COMM_WORLD_SIZE",
-        "PMIX_RANK",
-        "RESEARCH_UNDER_MPI",
-        "RESEARCH_SHM_DIR",
-        "PYTEST_ADDOPTS",  # the outer pytest's, not the ranks'
-    ):
-        env.pop(var, None)
+    for var in (*MPI_JOB_VARS, "RESEARCH_SHM_DIR", "PYTEST_ADDOPTS"):
+        env.pop(var, None)  # PYTEST_ADDOPTS: the outer pytest's, not the ranks'
     env.update(COMPILE_CACHE_ENV)
     env.update(
         XLA_FLAGS=XLA_TEST_FLAGS,

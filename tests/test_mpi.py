@@ -46,17 +46,25 @@ COMPILE_CACHE_ENV = {
 #: / a warm one: -O0 144 / 69, -O1 141 / 51, default 153 / 61 (bench lock,
 #: 2026-11-27). One level for every process that trains: a test compares their
 #: numbers with its own bit for bit.
-XLA_TEST_FLAGS = "--xla_cpu_multi_thread_eigen=false --xla_backend_optimization_level=1"
+_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false"
+XLA_TEST_FLAGS = f"{_ONE_THREAD} --xla_backend_optimization_level=1"
 #: tests/mpi's ranks (:func:`test_under_mpiexec`): many small programs, each
 #: compiled once and run briefly, so compiling is what costs and LLVM -O0 pays.
 #: Never for a job whose numbers a test compares with its own process's: the
 #: two levels round differently (a checkpoint of a 4-rank job differed from the
 #: same state computed in the test in the last bit). From an empty compile cache
 #: the 2-rank run took 161 CPU-s instead of 212 at -O1 (83 both from a warm one).
-XLA_MPI_TEST_FLAGS = (
-    "--xla_cpu_multi_thread_eigen=false --xla_backend_optimization_level=0"
-)
+XLA_MPI_TEST_FLAGS = f"{_ONE_THREAD} --xla_backend_optimization_level=0"
 FILES = sorted(p.name for p in (HERE / "mpi").glob("test_*.py"))
+#: What marks a process as one of an MPI job's ranks: a process a test starts
+#: outside mpiexec drops them, or it would take itself for a rank.
+MPI_JOB_VARS = (
+    "PMI_RANK",
+    "PMI_SIZE",
+    "OMPI_COMM_WORLD_SIZE",
+    "PMIX_RANK",
+    "RESEARCH_UNDER_MPI",
+)
 
 
 def mpiexec() -> str:

@@ -10,18 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_mpi import MPI_JOB_VARS
+
 ROOT = Path(__file__).parent.parent
 
 
 def run(args: list[str], timeout: float = 240, **kw) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
-    for var in (
-        "PMI_RANK",
-        "PMI_SIZE",
-        "OMPI_COMM_WORLD_SIZE",
-        "PMIX_RANK",
-        "RESEARCH_UNDER_MPI",
-    ):
+    for var in MPI_JOB_VARS:
         env.pop(var, None)
     return subprocess.run(
         [sys.executable, *args],
