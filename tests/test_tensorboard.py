@@ -295,3 +295,45 @@ def test_without_tensorboardx_one_line_and_the_run_goes_on(tmp_path):
     assert proc.stdout.count(note) == 1, proc.stdout
     assert [r["step"] for r in read_metrics(run_dir)][:2] == [1, 2]
     assert not list(run_dir.glob("events.out.tfevents.*"))
+
+
+def _events(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of the run's event files, read by TensorBoard's own loader."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.util.tensor_util import make_ndarray
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(run_dir.glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():  # scalars as tensors
+            for v in event.summary.value:
+                if v.metadata.plugin_data.plugin_name == "scalars":
+                    value = float(make_ndarray(v.tensor))
+                    out.setdefault(v.tag, []).append((event.step, value))
+    return out
+
+
+def test_per_rank_tags_gathered_just_before_close_are_written(tmp_path):
+    """The end of a run gathers the ranks' figures and closes the board at once.
+    On a loaded machine the writer thread reached the gathered figures after the
+    close was queued: they were queued again behind it and lost (a run's last
+    per-rank points, seen by test_eager_sgd_arms_side_by_side in CI). Here the
+    writer thread is held until the close is queued."""
+    pytest.importorskip("tensorboardX")
+    import threading
+
+    from research.train.tensorboard import EventWriter, _write_per_rank
+
+    writer = EventWriter(tmp_path)
+    held = threading.Event()
+    writer.call(lambda _: held.wait(60))  # a writer thread that is behind
+    gathered = [
+        [(4, 1.0, {"step/delay_s": 0.02})],  # rank 0's figures
+        [(4, 1.0, {"step/delay_s": 0.0})],  # rank 1's
+    ]
+    writer.call(_write_per_rank, set(), gathered)
+    writer.close(timeout_s=0)  # queued behind them, as Trainer.run does
+    held.set()
+    writer.close()  # waits for the writer thread
+    events = _events(tmp_path)
+    assert events.get("per_rank/step/delay_s/rank0") == [(4, pytest.approx(0.02))]
+    assert events.get("per_rank/step/delay_s/rank1") == [(4, 0.0)]

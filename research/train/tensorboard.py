@@ -145,8 +145,20 @@ class EventWriter:
         self._queue.put(("layout", step, layout, time.time()))
 
     def call(self, fn: Any, *args: Any) -> None:
-        """Run ``fn(self, *args)`` on the writer thread (rank 0's bookkeeping)."""
+        """Run ``fn(self, *args)`` on the writer thread (rank 0's bookkeeping).
+        ``fn`` writes with :meth:`write_now` and :meth:`write_layout_now`."""
         self._queue.put(("call", fn, args, None))
+
+    def write_now(self, step: int, values: dict[str, float], walltime: float) -> None:
+        """Write at once, on the writer thread (from a :meth:`call`). Not
+        :meth:`put`: that queues behind a ``close`` already queued (the end of a
+        run gathers, then closes), and what it queued was lost."""
+        if values:
+            self._write(("scalars", step, values, walltime))
+
+    def write_layout_now(self, step: int, layout: dict[str, Any]) -> None:
+        """:meth:`put_layout` at once, on the writer thread (see :meth:`write_now`)."""
+        self._write(("layout", step, layout, time.time()))
 
     def _work(self) -> None:
         try:
@@ -343,14 +355,14 @@ def _write_per_rank(
     for r, rows in enumerate(gathered):
         for step, walltime, tags in rows:
             out = {f"per_rank/{t}/rank{r}": v for t, v in tags.items() if t in differ}
-            writer.put(step, out, walltime)
+            writer.write_now(step, out, walltime)
             last = max(last, step)
     if grown:
         charts = {
             tag: ["Multiline", [rf"^per_rank/{re.escape(tag)}/rank\d+$"]]
             for tag in sorted(differ)
         }
-        writer.put_layout(last, {"per rank": charts})
+        writer.write_layout_now(last, {"per rank": charts})
 
 
 def _all_equal(vals: list[float]) -> bool:
