@@ -317,8 +317,7 @@ def test_per_rank_tags_gathered_just_before_close_are_written(tmp_path):
     On a loaded machine the writer thread reached the gathered figures after the
     close was queued: they were queued again behind it and lost (a run's last
     per-rank points: test_eager_sgd_arms_side_by_side failed so in a fresh-clone
-    run of .ci/run). Here the
-    writer thread is held until the close is queued."""
+    run of .ci/run). Here the writer thread is held until the close is queued."""
     pytest.importorskip("tensorboardX")
     import threading
 
