@@ -140,10 +140,6 @@ class EventWriter:
         if values:
             self._queue.put(("scalars", step, values, walltime))
 
-    def put_layout(self, step: int, layout: dict[str, Any]) -> None:
-        """A Custom Scalars layout (``tensorboardX.summary.custom_scalars``)."""
-        self._queue.put(("layout", step, layout, time.time()))
-
     def call(self, fn: Any, *args: Any) -> None:
         """Run ``fn(self, *args)`` on the writer thread (rank 0's bookkeeping).
         ``fn`` writes with :meth:`write_now` and :meth:`write_layout_now`."""
@@ -157,7 +153,8 @@ class EventWriter:
             self._write(("scalars", step, values, walltime))
 
     def write_layout_now(self, step: int, layout: dict[str, Any]) -> None:
-        """:meth:`put_layout` at once, on the writer thread (see :meth:`write_now`)."""
+        """A Custom Scalars layout (``tensorboardX.summary.custom_scalars``),
+        written at once on the writer thread (see :meth:`write_now`)."""
         self._write(("layout", step, layout, time.time()))
 
     def _work(self) -> None:
