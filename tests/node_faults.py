@@ -49,7 +49,7 @@ class Outcome:
     out: str
     left: dict[str, list[int]]
     run_dir: Path
-    fault_step: int
+    fault_step: int  # the last step the job logged once the fault was made
 
     def summary(self) -> dict:
         return json.loads((self.run_dir / "summary.json").read_text())
@@ -122,9 +122,9 @@ def run_with_fault(
                     + (job.stdout.read() if job.poll() is not None else "")[-4000:]
                 )
             time.sleep(0.05)
-        step = last_step(run_dir)
         t0 = time.time()
         fault()
+        step = _settled_step(run_dir)
         out, _ = job.communicate(timeout=max(1.0, deadline - time.monotonic()))
     finally:
         if job.poll() is None:
@@ -143,6 +143,21 @@ def run_with_fault(
                 pass
             f.write(json.dumps(rec) + "\n")
     return Outcome(job.returncode, took, out, left, run_dir, step)
+
+
+def _settled_step(run_dir: Path, quiet_s: float = 1.0) -> int:
+    """The last step the job logs once the fault is made: the step read
+    before it is not a bound, since killing a node (listing its processes,
+    signalling them) took long enough under load for the job to finish two
+    more steps and commit a checkpoint. After the fault no step completes past
+    the one in flight; its row may still be on its way, so this waits until
+    the count is still for ``quiet_s``."""
+    step, since = last_step(run_dir), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        time.sleep(0.05)
+        if (now := last_step(run_dir)) != step:
+            step, since = now, time.monotonic()
+    return step
 
 
 def _up(cluster, host: str) -> bool:
