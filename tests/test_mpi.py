@@ -48,14 +48,22 @@ COMPILE_CACHE_ENV = {
 #: 2026-11-27). One level for every process that trains: a test compares their
 #: numbers with its own bit for bit.
 _ONE_THREAD = "--xla_cpu_multi_thread_eigen=false"
-XLA_TEST_FLAGS = f"{_ONE_THREAD} --xla_backend_optimization_level=1"
+#: And XLA:CPU's older elemental emitters instead of its MLIR fusion emitters,
+#: which took most of a small program's compile time: from an empty cache
+#: ResNet-tiny's gradient compiled in 1.2 CPU-s instead of 2.0 at -O1 (0.5
+#: instead of 1.5 at -O0), 80 one-op programs in 0.6 instead of 1.4 (-O0), and
+#: tests/mpi/test_dense's 120-leaf average in 0.5 instead of 1.3 (-O0). At -O1
+#: the small CNN's, VGG-tiny's and P1B2's steps ran as fast, the ResNets' 7%
+#: (tiny) and 16% (ResNet-50) slower (bench lock, 2026-11-27).
+_COMPILE_FAST = "--xla_cpu_use_fusion_emitters=false"
+XLA_TEST_FLAGS = f"{_ONE_THREAD} {_COMPILE_FAST} --xla_backend_optimization_level=1"
 #: tests/mpi's ranks (:func:`test_under_mpiexec`): many small programs, each
 #: compiled once and run briefly, so compiling is what costs and LLVM -O0 pays.
 #: Never for a job whose numbers a test compares with its own process's: the
 #: two levels round differently (a checkpoint of a 4-rank job differed from the
 #: same state computed in the test in the last bit). From an empty compile cache
 #: the 2-rank run took 161 CPU-s instead of 212 at -O1 (83 both from a warm one).
-XLA_MPI_TEST_FLAGS = f"{_ONE_THREAD} --xla_backend_optimization_level=0"
+XLA_MPI_TEST_FLAGS = f"{_ONE_THREAD} {_COMPILE_FAST} --xla_backend_optimization_level=0"
 FILES = sorted(p.name for p in (HERE / "mpi").glob("test_*.py"))
 #: What marks a process as one of an MPI job's ranks: a process a test starts
 #: outside mpiexec drops them, or it would take itself for a rank.
