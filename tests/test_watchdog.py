@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +25,8 @@ from research.comm import failures, lifeline, traffic, watchdog
 from research.launch import JOB_ENV, job_processes, reap_job
 from research.restart import resized
 from tests.test_mpi import run_under_mpiexec
+
+ROOT = Path(__file__).resolve().parent.parent
 
 #: Seconds from the fault to the job's end beyond the timeout: one tick of the
 #: watchdog, the roll call's wait, MPI_Abort's grace and mpiexec's kill
@@ -132,6 +135,21 @@ def test_an_mpi_error_is_what_a_rank_saw_not_the_cause(tmp_path, monkeypatch):
     except RuntimeError as e:
         assert _from_mpi(e)
     assert not _from_mpi(ValueError("bad shard"))
+    # The ring allreduce's MPI failure, raised through XLA inside jit (seen in
+    # make test: a restart blamed rank 0's "exception"), and its own argument
+    # errors, which are not MPI's.
+    import jax
+
+    source = (ROOT / "research/comm/native/ring_allreduce.cc").read_text()
+    assert f'"{failures.RING_MPI_ERROR}"' in source
+    seen_in_jit = (
+        f"INTERNAL: {failures.RING_MPI_ERROR}Other MPI error, error stack:\n"
+        "copy_iovs(224).........: process_vm_readv failed (errno 3)"
+    )
+    assert _from_mpi(jax.errors.JaxRuntimeError(seen_in_jit))
+    assert not _from_mpi(
+        ValueError("ring allreduce: divisor needs a float32/float64 SUM")
+    )
 
     failures.set_dir(tmp_path)
     try:

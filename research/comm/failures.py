@@ -14,7 +14,8 @@ own time limit (:data:`research.comm.world.ABORT_FALLBACK_S`).
 
 An ``mpi-error`` (an exception raised from MPI's own error) is as a rule what
 a rank saw of another's end: a peer killed with SIGKILL writes nothing, and the
-rank reading from it then fails with, say, ``process_vm_readv failed``. The
+rank reading from it then fails with, say, ``process_vm_readv failed``
+(through mpi4py, or in the ring allreduce: :data:`RING_MPI_ERROR`). The
 launcher takes it for the cause only when nothing else was recorded
 (``research.restart.cause_of``).
 """
@@ -50,6 +51,11 @@ def attempt() -> int:
 
 #: The cause recorded for an exception raised from MPI's own error.
 MPI_ERROR = "mpi-error"
+#: What the ring allreduce's message says before MPI's error string
+#: (research/comm/native/ring_allreduce.cc). Raised inside ``jit`` it reaches
+#: Python as XLA's runtime error, on the host path as a RuntimeError: neither
+#: is ``MPI.Exception``, so the words are how a rank tells it was MPI's.
+RING_MPI_ERROR = "ring allreduce: MPI error: "
 
 
 def record(cause: str, message: str, **fields: Any) -> None:

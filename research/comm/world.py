@@ -335,10 +335,14 @@ def _unlink_my_shm() -> None:
 
 
 def _from_mpi(exc: BaseException | None) -> bool:
-    """Whether ``exc``, or an exception it was raised from, is MPI's own error."""
+    """Whether ``exc``, or an exception it was raised from, is MPI's own error:
+    mpi4py's, or the ring allreduce's (its message says so, see
+    :data:`research.comm.failures.RING_MPI_ERROR`)."""
+    from research.comm.failures import RING_MPI_ERROR
+
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
-        if isinstance(exc, MPI.Exception):
+        if isinstance(exc, MPI.Exception) or RING_MPI_ERROR in str(exc):
             return True
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__

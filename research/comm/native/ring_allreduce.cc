@@ -246,7 +246,10 @@ std::string Describe(int rc, const char* why) {
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, msg, &len);
-  return std::string("ring allreduce: ") + std::string(msg, len);
+  // The words before MPI's own string tell a rank's failure record that MPI
+  // failed (research.comm.failures.RING_MPI_ERROR): raised through XLA, the
+  // error has no type of its own to tell it by.
+  return std::string("ring allreduce: MPI error: ") + std::string(msg, len);
 }
 
 ffi::Error RingAllreduce(ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> out,
