@@ -91,16 +91,28 @@ def test_registry_names_and_errors(world) -> None:
 # -- values ------------------------------------------------------------------
 
 
+#: Each case names its allreduce: with ``auto`` every case compiled both
+#: candidates' programs besides its own step, three programs where one tests
+#: the averaging (``auto`` itself: tests/mpi/test_ring.py and the contract).
+#: Both paths run, with and without division folded into the ring.
 @pytest.mark.parametrize(
     "options",
     [
-        MIXED_SMALL,
-        dict(bucket_bytes=16_384, alone_bytes=None),
-        dict(bucket_bytes=1 << 30),
-        dict(bucket_bytes=16_384, sequential=False),
-        dict(**MIXED_SMALL, prescale=False),
+        dict(**MIXED_SMALL, allreduce="ring"),
+        dict(bucket_bytes=16_384, alone_bytes=None, allreduce="mpi"),
+        dict(bucket_bytes=1 << 30, allreduce="ring"),
+        dict(bucket_bytes=16_384, sequential=False, allreduce="mpi"),
+        dict(**MIXED_SMALL, prescale=False, allreduce="ring"),
+        dict(**MIXED_SMALL, prescale=False, allreduce="mpi"),
     ],
-    ids=["solo+fused", "all-fused", "one-bucket", "unsequenced", "divide-after"],
+    ids=[
+        "solo+fused",
+        "all-fused",
+        "one-bucket",
+        "unsequenced",
+        "divide-after-ring",
+        "divide-after-mpi",
+    ],
 )
 def test_fused_is_exact_mean(world, options) -> None:
     tree = rank_tree(world.rank)
@@ -114,6 +126,7 @@ def test_fused_is_exact_mean(world, options) -> None:
     assert_mean(out, tree, exact_mean(world, tree))
     assert_identical_on_all_ranks(world, out)
     assert avg.plan(tree).nbytes > 0
+    assert avg.allreduce_choice["path"] == options["allreduce"]
 
 
 def test_host_is_exact_mean_and_reports(world) -> None:
@@ -154,8 +167,11 @@ def test_host_on_an_emulated_link_takes_at_least_the_model(world) -> None:
 
 def test_fused_and_host_agree(world) -> None:
     tree = rank_tree(world.rank, n_leaves=120)
-    fused = jax.jit(FusedAllreduce(world, **MIXED_SMALL).average_in_jit)(tree)
-    host, _ = HostAllreduce(world, bucket_bytes=40_000).reduce(tree)
+    # Across paths: the ring inside jit against MPI's allreduce on the host.
+    fused = jax.jit(
+        FusedAllreduce(world, **MIXED_SMALL, allreduce="ring").average_in_jit
+    )(tree)
+    host, _ = HostAllreduce(world, bucket_bytes=40_000, allreduce="mpi").reduce(tree)
     for a, b in zip(jax.tree.leaves(fused), jax.tree.leaves(host), strict=True):
         tol = 2**-7 if np.dtype(a.dtype) == np.dtype(jnp.bfloat16) else 1e-6
         np.testing.assert_allclose(
