@@ -41,6 +41,11 @@ def _compile_cache() -> str:
 
 
 os.environ.setdefault("XLA_FLAGS", XLA_TEST_FLAGS)
+# The ~400 processes the suite starts import the project's modules. Where the
+# environment sets PYTHONDONTWRITEBYTECODE (container images often do), each
+# one compiled them from source again (about 0.08 CPU-s a process here); the
+# suite's processes write and share bytecode in __pycache__ (ignored by git).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 os.environ.setdefault("NPROC", "1")  # XLA:CPU's intra-op pool: one thread
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _compile_cache()
@@ -76,6 +81,18 @@ collect_ignore = [] if os.environ.get("RESEARCH_SITE_MPI_TESTS") else ["site_mpi
 
 #: This process's xdist worker ("gw0", "gw1", ...), None when not one.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+#: The pytest run this process belongs to: the controller's process id, handed
+#: to its workers in the environment. The workers' folders carry it, so a run
+#: ending removes its own folders only, not those of a run beside it (a second
+#: `make test`, or one test file run by hand while the suite runs: that once
+#: removed the suite's folders, and its runs fell back to /tmp/research-<user>).
+RUN = os.environ.setdefault("RESEARCH_TEST_RUN", str(os.getpid()))
+
+
+def _worker_folders(run: str = RUN) -> list[str]:
+    import glob
+
+    return sorted(glob.glob(f"/dev/shm/pytest-{os.getuid()}-{run}-gw*"))
 
 
 def _worker_shm() -> str | None:
@@ -84,7 +101,7 @@ def _worker_shm() -> str | None:
     ``RESEARCH_SHM_DIR``), so that tests on two workers do not see each other's."""
     if not WORKER or "RESEARCH_SHM_DIR" in os.environ or not os.path.isdir("/dev/shm"):
         return None
-    path = f"/dev/shm/pytest-{os.getuid()}-{WORKER}"
+    path = f"/dev/shm/pytest-{os.getuid()}-{RUN}-{WORKER}"
     try:
         privdir.make(path)
     except OSError:
@@ -137,9 +154,19 @@ def pytest_sessionfinish(session, exitstatus):
     if os.environ.get("RESEARCH_UNDER_MPI") or WORKER:
         return
     import glob
+    import re
     import shutil
 
-    for folder in sorted(glob.glob(f"/dev/shm/pytest-{os.getuid()}-gw*")):
+    # This run's folders, and those of runs whose controller is gone (killed:
+    # /dev/shm is memory); never those of a run still going beside this one.
+    mine = set(_worker_folders())
+    for folder in glob.glob(f"/dev/shm/pytest-{os.getuid()}-*-gw*"):
+        found = re.fullmatch(
+            rf"pytest-{os.getuid()}-(\d+)-gw\d+", os.path.basename(folder)
+        )
+        if found and not os.path.exists(f"/proc/{found[1]}"):
+            mine.add(folder)
+    for folder in sorted(mine):
         left = [
             os.path.relpath(os.path.join(d, n), folder)
             for d, _, files in os.walk(folder)
