@@ -22,7 +22,9 @@ candle_nt3         CANDLE NT3 Conv1D x2, dense 200-20            (60483, 1)
 candle_nt3_tiny    NT3 with 16 filters, dense 32-16              (512, 1)
 =================  ===========================================  ===============
 
-Importing the package changes nothing in the process. The XLA:CPU flag its
+Importing the package changes nothing in the process, and imports neither JAX
+nor Flax: the model classes load when first used (``models.ResNet50``,
+``get_model``), so a launcher can check a model's name quickly. The XLA:CPU flag its
 models train faster with (``models.xla_cpu``: convolutions on Eigen's thread
 pool instead of single-threaded YNNPACK) is set by the project's launchers and
 experiments for their own ranks; in your own program call
@@ -31,11 +33,29 @@ experiments for their own ranks; in your own program call
 This package imports nothing from ``research`` or ``experiments``.
 """
 
+import importlib
+
 from models import xla_cpu  # noqa: F401 - models.xla_cpu.apply() for users
-from models.candle import NT3, P1B2
 from models.registry import count_params, get_model, input_shape, list_models
-from models.resnet import ResNet, ResNet18, ResNet50, ResNetTiny
-from models.vgg import VGG, VGG16
+
+#: The model classes, imported on first use (PEP 562): each module imports Flax.
+_CLASSES = {
+    "NT3": "models.candle",
+    "P1B2": "models.candle",
+    "ResNet": "models.resnet",
+    "ResNet18": "models.resnet",
+    "ResNet50": "models.resnet",
+    "ResNetTiny": "models.resnet",
+    "VGG": "models.vgg",
+    "VGG16": "models.vgg",
+}
+
+
+def __getattr__(name: str):
+    if name in _CLASSES:
+        return getattr(importlib.import_module(_CLASSES[name]), name)
+    raise AttributeError(f"module 'models' has no attribute {name!r}")
+
 
 __all__ = [
     "NT3",

@@ -9,28 +9,35 @@ serves ``get_model``, ``input_shape`` and ``count_params``.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import flax.linen as nn
-import jax
-import jax.numpy as jnp
-import numpy as np
+if TYPE_CHECKING:
+    import flax.linen as nn
 
-from models import candle, resnet, vgg
-
-_REGISTRY: dict[str, Callable[..., nn.Module]] = {
-    "resnet18": resnet.ResNet18,
-    "resnet50": resnet.ResNet50,
-    "resnet_tiny": resnet.ResNetTiny,
-    "vgg16": vgg.VGG16,
-    "vgg_tiny": vgg.VGGTiny,
-    "cnn_small": vgg.CNNSmall,
-    "candle_p1b2": candle.P1B2,
-    "candle_p1b2_tiny": candle.P1B2Tiny,
-    "candle_nt3": candle.NT3,
-    "candle_nt3_tiny": candle.NT3Tiny,
+#: Every model by name: the module that defines it and the factory's name there.
+#: Names are known without importing them, so ``list_models`` needs neither JAX
+#: nor Flax: a launcher checks a ``--model`` before it starts any rank, and
+#: importing JAX and Flax was most of its start (0.7 of about 1 CPU-s).
+_MODELS: dict[str, tuple[str, str]] = {
+    "resnet18": ("models.resnet", "ResNet18"),
+    "resnet50": ("models.resnet", "ResNet50"),
+    "resnet_tiny": ("models.resnet", "ResNetTiny"),
+    "vgg16": ("models.vgg", "VGG16"),
+    "vgg_tiny": ("models.vgg", "VGGTiny"),
+    "cnn_small": ("models.vgg", "CNNSmall"),
+    "candle_p1b2": ("models.candle", "P1B2"),
+    "candle_p1b2_tiny": ("models.candle", "P1B2Tiny"),
+    "candle_nt3": ("models.candle", "NT3"),
+    "candle_nt3_tiny": ("models.candle", "NT3Tiny"),
 }
+
+
+def _factory(name: str) -> Callable[..., nn.Module]:
+    module, attr = _MODELS[name]
+    return getattr(importlib.import_module(module), attr)
+
 
 # Fields every linen Module has that are not model options.
 _NOT_OPTIONS = {"parent", "name"}
@@ -38,7 +45,7 @@ _NOT_OPTIONS = {"parent", "name"}
 
 def list_models() -> list[str]:
     """Names accepted by ``get_model``, sorted."""
-    return sorted(_REGISTRY)
+    return sorted(_MODELS)
 
 
 def _options_of(factory: Callable[..., nn.Module]) -> list[str]:
@@ -66,11 +73,11 @@ def get_model(name: str, num_classes: int | None = None, **options: Any) -> nn.M
     Raises:
         ValueError: for an unknown name or option; the message lists valid ones.
     """
-    if name not in _REGISTRY:
+    if name not in _MODELS:
         raise ValueError(
             f"unknown model {name!r}; valid models: {', '.join(list_models())}"
         )
-    factory = _REGISTRY[name]
+    factory = _factory(name)
     valid = _options_of(factory)
     unknown = sorted(set(options) - set(valid))
     if unknown:
@@ -79,6 +86,8 @@ def get_model(name: str, num_classes: int | None = None, **options: Any) -> nn.M
             f"valid options: {', '.join(valid)}"
         )
     if isinstance(options.get("dtype"), str):
+        import jax.numpy as jnp
+
         options["dtype"] = jnp.dtype(options["dtype"])
     if num_classes is not None:
         options["num_classes"] = num_classes
@@ -110,6 +119,10 @@ def count_params(model: nn.Module, shape: tuple[int, ...] | None = None) -> int:
     Returns:
         The parameter count (batch statistics excluded).
     """
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
     shape = tuple(shape or model.input_shape)
     x = jax.ShapeDtypeStruct((1, *shape), jnp.float32)
     rngs = {"params": jax.random.key(0), "dropout": jax.random.key(1)}

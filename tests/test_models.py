@@ -170,3 +170,30 @@ def test_bad_stem_is_rejected():
     model = models.get_model("resnet_tiny", stem="mnist")
     with pytest.raises(ValueError, match="stem"):
         _init(model)
+
+
+def test_names_are_known_without_jax_and_classes_load_on_use():
+    """``import models`` and ``list_models()`` import neither JAX nor Flax (a
+    launcher checks ``--model`` with them); a class loads when first used."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, models\n"
+        "names = models.list_models()\n"
+        "assert 'resnet50' in names and len(names) == 10, names\n"
+        "assert not {'jax', 'flax'} & set(sys.modules), 'imported too soon'\n"
+        "from models.resnet import ResNet50\n"
+        "assert models.ResNet50 is ResNet50\n"
+        "try:\n"
+        "    models.NoSuchModel\n"
+        "except AttributeError as e:\n"
+        "    assert 'NoSuchModel' in str(e)\n"
+        "else:\n"
+        "    raise AssertionError('no AttributeError')\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
