@@ -1,4 +1,5 @@
-"""Dense allreduce of a ResNet-50 gradient: our strategies vs one raw MPI call.
+"""Dense allreduce of a ResNet-50 gradient (or --model's): our strategies vs
+one raw MPI call.
 
 For each rank count (default 2 and 4) it times, in one run, with warm-up and
 interleaved repetitions (median of the slowest rank per repetition):
@@ -106,11 +107,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="kept (default): malloc keeps freed memory, as in every rank of "
         "ours (research/comm/malloc.py); default: glibc's own thresholds (diagnosis)",
     )
-    p.add_argument(
-        "--synthetic",
-        action="store_true",
-        help="use the built-in ResNet-50 shapes even if models/ exists",
-    )
+    mpibench.add_tree_args(p)
     p.add_argument(
         "--hosts",
         default="",
@@ -118,7 +115,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the nodes of scripts/cluster/localnet.sh",
     )
     p.add_argument("--json", metavar="PATH", help="save all numbers as JSON here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    mpibench.check_tree_args(p, args)
+    return args
 
 
 # -- timing under MPI ----------------------------------------------------------
@@ -144,7 +143,7 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
 
     world = get_world()
     comm, rank, size = world.comm, world.rank, world.size
-    shapes, source = gradient_shapes(args.synthetic)
+    shapes, source = gradient_shapes(args.synthetic, args.model)
     rng = np.random.default_rng(rank)
     tree = jax.tree.map(
         lambda s: jnp.asarray(rng.standard_normal(s.shape, np.float32)), shapes

@@ -1,8 +1,8 @@
 """The communication watchdog's cost on a healthy step (``make bench``, issue 30).
 
 In one MPI job (2 ranks by default) it averages a ResNet-50 gradient (25.6M
-float32, 102 MB) as training does, each call inside the watch the training
-step opens (``research/train/executors.py``):
+float32, 102 MB; another model's with ``--model``) as training does, each call
+inside the watch the training step opens (``research/train/executors.py``):
 
 * ``fused``: ``FusedAllreduce.average_in_jit`` inside ``jit``
   (``allreduce=auto``), the whole call watched as the fused step is;
@@ -48,13 +48,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--blocks", type=int, default=8, help="blocks of each (default 8)")
     p.add_argument("--calls", type=int, default=4, help="calls per path per block")
     p.add_argument("--warmup", type=int, default=2, help="untimed calls per path")
-    p.add_argument(
-        "--synthetic",
-        action="store_true",
-        help="use the built-in ResNet-50 shapes even if models/ exists",
-    )
+    mpibench.add_tree_args(p)
     p.add_argument("--json", metavar="PATH", help="save all numbers as JSON here")
     args = p.parse_args(argv)
+    mpibench.check_tree_args(p, args)
     if args.blocks < 1 or args.calls < 1 or args.warmup < 0:
         p.error("--blocks and --calls must be >= 1, --warmup >= 0")
     return args
@@ -76,7 +73,7 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
 
     world = get_world()
     comm = world.comm
-    shapes, source = gradient_shapes(args.synthetic)
+    shapes, source = gradient_shapes(args.synthetic, args.model)
     rng = np.random.default_rng(world.rank)
     tree = jax.tree.map(
         lambda s: jnp.asarray(rng.standard_normal(s.shape, np.float32)), shapes

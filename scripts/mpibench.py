@@ -8,9 +8,9 @@ writing its table as JSON to a temporary file, and saves them all
 (``{"runs": [...]}``) to ``--json``; started by mpiexec, it times in the job
 (the script's ``run_under_mpi``) and rank 0 prints the table and saves it.
 Both average the tree of :func:`gradient_shapes`: ResNet-50's parameters
-(25.6M float32, 102 MB). ``scripts.bench_link`` (:func:`drop_values`,
-:func:`root_on_path`) and ``scripts.bench_handles`` (:func:`root_on_path`)
-launch their own jobs.
+(25.6M float32, 102 MB), or another model's (``--model``).
+``scripts.bench_link`` (:func:`drop_values`, :func:`root_on_path`) and
+``scripts.bench_handles`` (:func:`root_on_path`) launch their own jobs.
 
 Not a benchmark itself: nothing to run here.
 """
@@ -60,8 +60,10 @@ def resnet50_shapes() -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def gradient_shapes(synthetic: bool) -> tuple[object, str]:
-    """ShapeDtypeStructs of ResNet-50's parameters, and where they came from."""
+def gradient_shapes(synthetic: bool, model: str = "resnet50") -> tuple[object, str]:
+    """ShapeDtypeStructs of ``model``'s parameters (ResNet-50's by default), and
+    where they came from. ``synthetic``: ResNet-50's built-in list, without
+    Flax (where ``models/`` cannot be used)."""
     import jax
     import jax.numpy as jnp
 
@@ -69,13 +71,15 @@ def gradient_shapes(synthetic: bool) -> tuple[object, str]:
         try:
             import models
 
-            model = models.get_model("resnet50", num_classes=1000)
-            x = jnp.zeros((1, *model.input_shape), jnp.float32)
+            built = models.get_model(model)
+            x = jnp.zeros((1, *built.input_shape), jnp.float32)
             variables = jax.eval_shape(
-                lambda: model.init(jax.random.PRNGKey(0), x, train=False)
+                lambda: built.init(jax.random.PRNGKey(0), x, train=False)
             )
-            return variables["params"], "models.get_model('resnet50')"
+            return variables["params"], f"models.get_model({model!r})"
         except Exception as exc:  # noqa: BLE001 - any failure: use the built-in list
+            if model != "resnet50":
+                raise
             print(
                 f"models/ unusable ({exc!r}); using built-in ResNet-50 shapes",
                 file=sys.stderr,
@@ -84,6 +88,30 @@ def gradient_shapes(synthetic: bool) -> tuple[object, str]:
         k: jax.ShapeDtypeStruct(s, jnp.float32) for k, s in resnet50_shapes().items()
     }
     return tree, "built-in ResNet-50 shapes"
+
+
+def add_tree_args(p: argparse.ArgumentParser) -> None:
+    """``--model`` and ``--synthetic``: whose gradient the benchmark averages."""
+    import models
+
+    p.add_argument(
+        "--model",
+        default="resnet50",
+        choices=models.list_models(),
+        metavar="NAME",
+        help="average this model's gradient (default resnet50, the papers'; "
+        f"one of {', '.join(models.list_models())}: a small one for a quick run)",
+    )
+    p.add_argument(
+        "--synthetic",
+        action="store_true",
+        help="use the built-in ResNet-50 shapes even if models/ exists",
+    )
+
+
+def check_tree_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.synthetic and args.model != "resnet50":
+        p.error(f"--synthetic is ResNet-50's built-in shapes, not --model {args.model}")
 
 
 # -- launching -----------------------------------------------------------------
