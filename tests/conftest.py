@@ -89,12 +89,6 @@ WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 RUN = os.environ.setdefault("RESEARCH_TEST_RUN", str(os.getpid()))
 
 
-def _worker_folders(run: str = RUN) -> list[str]:
-    import glob
-
-    return sorted(glob.glob(f"/dev/shm/pytest-{os.getuid()}-{run}-gw*"))
-
-
 def _worker_shm() -> str | None:
     """A private /dev/shm folder for this worker's node-local data (its runs'
     fast tiers and transfer files; ``research.privdir`` reads
@@ -159,14 +153,14 @@ def pytest_sessionfinish(session, exitstatus):
 
     # This run's folders, and those of runs whose controller is gone (killed:
     # /dev/shm is memory); never those of a run still going beside this one.
-    mine = set(_worker_folders())
-    for folder in glob.glob(f"/dev/shm/pytest-{os.getuid()}-*-gw*"):
+    mine = []
+    for folder in sorted(glob.glob(f"/dev/shm/pytest-{os.getuid()}-*-gw*")):
         found = re.fullmatch(
             rf"pytest-{os.getuid()}-(\d+)-gw\d+", os.path.basename(folder)
         )
-        if found and not os.path.exists(f"/proc/{found[1]}"):
-            mine.add(folder)
-    for folder in sorted(mine):
+        if found and (found[1] == RUN or not os.path.exists(f"/proc/{found[1]}")):
+            mine.append(folder)
+    for folder in mine:
         left = [
             os.path.relpath(os.path.join(d, n), folder)
             for d, _, files in os.walk(folder)

@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -25,8 +24,6 @@ from research.comm import failures, lifeline, traffic, watchdog
 from research.launch import JOB_ENV, job_processes, reap_job
 from research.restart import resized
 from tests.test_mpi import run_under_mpiexec
-
-ROOT = Path(__file__).resolve().parent.parent
 
 #: Seconds from the fault to the job's end beyond the timeout: one tick of the
 #: watchdog, the roll call's wait, MPI_Abort's grace and mpiexec's kill
@@ -140,8 +137,9 @@ def test_an_mpi_error_is_what_a_rank_saw_not_the_cause(tmp_path, monkeypatch):
     # errors, which are not MPI's.
     import jax
 
-    source = (ROOT / "research/comm/native/ring_allreduce.cc").read_text()
-    assert f'"{failures.RING_MPI_ERROR}"' in source
+    from research.comm.ring_build import SOURCE
+
+    assert f'"{failures.RING_MPI_ERROR}"' in SOURCE.read_text()
     seen_in_jit = (
         f"INTERNAL: {failures.RING_MPI_ERROR}Other MPI error, error stack:\n"
         "copy_iovs(224).........: process_vm_readv failed (errno 3)"
