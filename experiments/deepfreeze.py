@@ -3,99 +3,39 @@
 Paper: B. Nicolae, J. Li, J. M. Wozniak, G. Bosilca, M. Dorier, F. Cappello,
 *DeepFreeze: Towards Scalable Asynchronous Checkpointing of Deep Learning
 Models*, CCGrid'20 (https://doi.org/10.1109/CCGrid49817.2020.00-76). Claims:
-checkpointing the way data-parallel codes do it (rank 0 serializes the model
-and writes it, the others wait) stalls training; capturing each layer
-between its update and its next update (fine-grain snapshots), splitting the
-checkpoint evenly over all ranks, and writing it in the background, first to
-node-local storage and then to the parallel file system, makes checkpoints
-nearly free and scales with the ranks. Anchors of later work: CheckFreq
-(FAST'21) keeps the overhead under 3.5%; Gemini (SOSP'23) checkpoints every
-iteration with no measurable overhead.
+checkpointing as data-parallel codes do it (rank 0 writes the model, the others
+wait) stalls training; fine-grain snapshots, a checkpoint split evenly over all
+ranks and written in the background, first to node-local storage and then to
+the parallel file system, make checkpoints nearly free and scale with the
+ranks. Anchors: CheckFreq (FAST'21) keeps the overhead under 3.5%; Gemini
+(SOSP'23) checkpoints every iteration with no measurable overhead.
 
-What runs: one MPI job trains one model once, and its steps are shared out in
-periods of ``--window`` steps among the arms (saver x interval) in shuffled
-rounds, with periods without checkpoints as a placebo
-(``research.studies.checkpoint_bench``; ``research/checkpoint/overhead.py``). Savers:
-``rank0-blocking`` (rank 0 writes the whole state, blocking: Horovod/Keras),
-``orbax-blocking`` (every rank writes its shard with Orbax's blocking
-Checkpointer), ``orbax-async-rank0`` (rank 0 with Orbax's AsyncCheckpointer)
-and ``deepfreeze`` (``research.checkpoint.deepfreeze``: zero-copy snapshot of
-this rank's shard, written to ``/dev/shm`` by a niced helper process with
-CRC-32C, commit agreed over MPI, background flush to the run folder). Training
-averages with ``--strategy sync`` (sleeping waits leave the core to background
-work). It prints one table (blocking time, time to commit on each tier,
-overhead at ``--interval`` with its 90% interval and that of its difference
-from DeepFreeze's, restore time, bytes and writer CPU per checkpoint), the
-targets with PASS/FAIL (DeepFreeze blocking <= 10% of rank0-blocking, overhead
-<= 5% at interval 10, lowest of all with every difference above zero, writer
-CPU <= 1.5 ms per MB), the in-flight policies (wait, skip) and figures.
+What runs: one MPI job trains one model once, its steps shared out in periods of
+``--window`` steps among the arms (saver x interval) in shuffled rounds, with
+periods without checkpoints as a placebo (``research.studies.checkpoint_bench``).
+Savers: ``rank0-blocking`` (Horovod/Keras), ``orbax-blocking`` (every rank its
+shard), ``orbax-async-rank0`` and ``deepfreeze`` (``research.checkpoint.deepfreeze``).
+It prints one table (blocking time, time to commit on each tier, overhead at
+``--interval`` with 90% intervals, restore time, bytes and writer CPU), the
+targets with PASS/FAIL, the in-flight policies (wait, skip) and figures. On 2
+shared cores no core is idle, so DeepFreeze's background work is taken from
+training (the paper's accelerators leave host cores idle); blocking time is the
+robust comparison, overheads move with the machine's load.
 
 Commands::
 
-    # laptop, the default: 4 ranks (+ 1 and 2 for the ranks figure), CANDLE
-    # P1B2 at 4096 features (4.9M parameters, 39 MB of state with momentum),
-    # checkpoint every 10 steps; table + figures in about 5 minutes
-    python -m experiments.deepfreeze
-    # other models (laptop-sized variants), interval, tiers, ranks
+    python -m experiments.deepfreeze        # 4 ranks, CANDLE P1B2, about 5 minutes
     python -m experiments.deepfreeze --model resnet50 --interval 20 --window 20
     python -m experiments.deepfreeze --model vgg16 --tiers persistent
     python -m experiments.deepfreeze --model candle_nt3 --np 2 --sweep-ranks 1
-    # figures again from a finished run
-    python -m scripts.plot_deepfreeze runs/deepfreeze-<time>
-    # a cluster: the paper's models at full size, one job per rank count into
-    # one folder (--job ranks adds a point to the ranks figure), then the table
+    python -m scripts.plot_deepfreeze runs/deepfreeze-<time>   # figures again
+    # a cluster: full-size models, one job per rank count into one folder
     sbatch -N 16 --ntasks-per-node=4 scripts/slurm.sbatch experiments.deepfreeze \\
         --model resnet50 --paper-scale --run-dir runs/df --fast-dir "$TMPDIR/df"
     sbatch -N 4 --ntasks-per-node=4 scripts/slurm.sbatch experiments.deepfreeze \\
         --model resnet50 --paper-scale --run-dir runs/df --job ranks
-    python -m scripts.plot_deepfreeze runs/df
 
-What this machine can and cannot show: 4 ranks on 2 cores leave no idle core,
-so DeepFreeze's background work is taken from training, and through the
-synchronous allreduce from every rank; the paper's setting (training on
-accelerators, idle host cores) is where it is free. Ranks are bound to cores
-(``--bind core``): unbound, the scheduler moves ranks, writers and Orbax's
-threads between the cores and the result moves with it. Blocking time is the
-robust comparison; overheads move with the machine's load.
-
-Current results: the default run of 2026-11-25 (this 2-core CPU machine,
-nothing else running; 4 ranks, CANDLE P1B2, reference step 59 ms); full table
-and figures in ``docs/results/deepfreeze.md``, earlier runs in
-``docs/journal.md``::
-
-    saver              blocking ms  overhead@10 [90% CI]     writer CPU ms/ckpt
-    none (placebo)               -   -0.0% [-0.6%, +0.5%]                     -
-    rank0-blocking           114.6  +18.4% [+16.7%, +20.2%]                62.7
-    orbax-blocking            90.7  +14.8% [+13.7%, +16.0%]                29.2
-    orbax-async-rank0         33.6  +22.6% [+20.8%, +24.4%]               125.6
-    deepfreeze                 1.0   +3.8% [+2.9%, +4.7%]       6.6 (0.68/MB)
-
-All four targets PASS (blocking 0.9% of rank0-blocking's). With a checkpoint every
-step, the wait policy made 23 of 30 requests wait and the skip policy dropped
-17. Earlier runs (2026-11-23, four bound runs, also quiet) had DeepFreeze at
-+2.3% to +3.5% against orbax-async-rank0's +7.6% to +12.0%.
-
-Real network (2026-11-26, 2 nodes of ``scripts/cluster/localnet.sh`` on this
-machine at 1 Gb/s per node, TCP; 4 ranks as 2 nodes x 2, the fast tier in each
-node's own /dev/shm, the persistent tier in the shared run folder; 10 rounds
-instead of 28; reference step 283 ms; section "Real network (local cluster)" of
-``docs/results/deepfreeze.md``)::
-
-    saver              blocking ms  overhead@10 [90% CI]     writer CPU ms/ckpt
-    none (placebo)               -   -2.4% [-3.4%, -1.5%]                     -
-    rank0-blocking           146.8   +7.1% [+5.5%, +8.6%]                82.8
-    orbax-blocking           122.3   +7.6% [+5.3%, +10.4%]               39.9
-    orbax-async-rank0         43.1   +6.7% [+5.4%, +8.0%]               153.3
-    deepfreeze                 1.0   +2.6% [+2.1%, +3.1%]       7.8 (0.79/MB)
-
-Verdict: REPRODUCED on the network, all four targets PASS: DeepFreeze blocks
-0.7% of rank0-blocking's time and its overhead is the lowest, separated from
-every other saver's (differences' 90% CIs above zero). DeepFreeze's blocking
-stayed at 1 ms or less at 1, 2 and 4 ranks (1 rank on n1, 1 and 2 per node),
-the others' at 17-190 ms. The others' overheads are smaller than on one node
-(+7% against +15-23%) because the step is 4.8x longer (283 against 59 ms) while
-their cost per checkpoint grew 1.4-2.4x (DeepFreeze's 3.2x, 73 against 22 ms);
-with a checkpoint every step no request waited (on one node 23 of 30 did).
+Results: ``docs/results/deepfreeze.md``; earlier runs: ``docs/journal.md``.
 """
 
 from __future__ import annotations

@@ -8,90 +8,34 @@ ResNet-50 on ImageNet 1.29x faster than synchronous allreduce SGD (1.27x for an
 LSTM on UCF101) and 2.64x faster than an asynchronous parameter server, without
 losing accuracy.
 
-What runs: one MPI job trains the same model for the same number of epochs under
-the same injected imbalance with each arm, one after the other: ``allreduce``
-(synchronous SGD, ``--allreduce-strategy``, default ``sync``: exact, with sleeping
-waits like the eager arms), ``solo`` and ``majority`` (eager-SGD,
+What runs: one MPI job trains the same model for the same epochs under the same
+injected imbalance with each arm in turn: ``allreduce`` (synchronous SGD,
+``--allreduce-strategy``), ``solo`` and ``majority`` (eager-SGD,
 ``research.comm.partial``, staleness bound ``--full-every``), ``ps`` (an
-asynchronous parameter server on rank 0, ``research.comm.ps``) and ``balanced``
-(a short synchronous run without imbalance: the "no-imbalance step time";
-``--reference-steps``, 0 skips it). It prints one table (samples/s, median step,
-step without the rank's own delay, time to ``--target-acc``, final test
-accuracy, fresh contributors per round, gradient age; mean +- std over
+asynchronous parameter server, ``research.comm.ps``) and ``balanced`` (no
+imbalance: the reference step). It prints one table (throughput, step times,
+time to ``--target-acc``, accuracy, contributors, gradient age; mean +- std over
 ``--seeds``) and the checks, and writes ``table.md``, ``results.json`` and the
-figures. Laptop defaults against the paper: ``--full-every 4`` (paper 32: with
-4 ranks and 1 straggler a rank is late in 25% of steps, not ~2%), momentum 0.7
-(paper 0.9: heavy-ball SGD with stale gradients is stable only at a much smaller
-rate), and a delay as long as the measured no-imbalance step
-(``seconds=auto``), spun rather than slept (``how=spin``).
+figures. Laptop defaults against the paper: ``--full-every 4`` (paper 32),
+momentum 0.7 (paper 0.9), a delay as long as a balanced step, spun rather than
+slept (4 ranks share 2 cores: a sleeping straggler lends its core to the others,
+so allreduce grows by about the delay). The server is no bottleneck for a 0.6 MB
+model and 4 workers; the paper's 2.64x needs 64 workers pushing 100 MB through
+one server (``--sweep`` shows where it turns).
 
-Commands (every figure of a run comes from its one folder)::
+Commands::
 
-    # laptop, the default (2-5 minutes on 2 cores): 4 ranks, cnn_small on the
-    # embedded synthetic task, 4 epochs; each step 1 random rank is held up as
-    # long as a balanced step takes (random:k=1:seconds=auto:how=spin); table,
-    # checks and every figure:
-    # throughput.png, accuracy.png, contributors.png, timeline.png
-    python -m experiments.eager_sgd
-    # seeds (mean +- std), other imbalance models, other models
-    python -m experiments.eager_sgd --seeds 0 1 2
+    python -m experiments.eager_sgd                   # 4 ranks, 2-5 minutes
+    python -m experiments.eager_sgd --seeds 0 1 2     # mean +- std
     python -m experiments.eager_sgd --imbalance dist:exponential:mean=0.05
-    python -m experiments.eager_sgd --imbalance fixed:ranks=3:seconds=auto
-    # real data: the UCI handwritten digits inside scikit-learn's wheel
-    # (pip install -e '.[data]'); cnn_small on 8x8x1, lr 0.2, 20 epochs, target 95%
-    python -m experiments.eager_sgd --dataset digits --seeds 0 1 2
-    # where the parameter server loses: P1B2 grown from 3.7 to 36 MB on 2 and 4
-    # ranks (sweep.md, sweep.json, sweep.png); the paper's 118 MB and 8 ranks:
-    python -m experiments.eager_sgd --sweep
-    python -m experiments.eager_sgd --sweep --sweep-ranks 2 4 8 --link 10gbps
-    python -m experiments.eager_sgd --sweep-model-size 256 2048 8192 28204 \\
-        --sweep-ranks 2 4 8
-    python -m experiments.eager_sgd --model resnet18 --epochs 2   # also vgg16, candle
-    # the figures again, from a finished run folder
-    python -m scripts.plot_eager_sgd runs/eager_sgd-<time>
-    # the paper's scale in a batch job: ResNet-50 (224x224, 1000 classes), 64 ranks,
-    # random:k=1-2:seconds=0.32, full_every 32, momentum 0.9:
+    python -m experiments.eager_sgd --dataset digits --seeds 0 1 2   # real data
+    python -m experiments.eager_sgd --sweep           # where the server loses
+    python -m experiments.eager_sgd --model resnet18 --epochs 2   # vgg16, candle
+    python -m scripts.plot_eager_sgd runs/eager_sgd-<time>   # figures again
     sbatch -N 16 --ntasks-per-node=4 scripts/slurm.sbatch experiments.eager_sgd \\
-        --paper-scale
-    qsub -l select=16:ncpus=64:mpiprocs=4 \\
-        -v MODULE=experiments.eager_sgd,ARGS="--paper-scale" scripts/pbs.pbs
+        --paper-scale        # ResNet-50, 64 ranks, the paper's imbalance
 
-What this machine can and cannot show: 4 ranks share 2 cores, so a sleeping
-straggler would lend its core to the others; the delay is spun, so allreduce
-grows by about the delay (81-104% of it in the runs so far). The parameter server is no
-bottleneck for a 0.6 MB model and 4 workers, so here it beats every synchronous
-arm; the paper's 2.64x needs 64 workers pushing 100 MB through one server, a
-regime 2 cores cannot reach (``--sweep`` shows where it turns). Single runs move
-by 10-20% with the machine's load: compare with ``--seeds``.
-
-Current results: ``--seeds 0 1 2``, 2026-11-25, this 2-core CPU machine,
-nothing else running; full table, checks and figures in
-``docs/results/eager_sgd.md``, earlier runs in ``docs/journal.md``::
-
-    arm         samples/s  median step ms  w/o own delay  to 85% s       final acc
-    balanced    5783+-131       21.9+-1.0      23.8+-0.6         -               -
-    allreduce    2669+-22       48.4+-0.5      48.7+-0.5  4.3+-0.4  0.9059+-0.0037
-    solo         3879+-41       29.4+-1.0      22.0+-0.7  3.0+-0.3  0.9035+-0.0056
-    majority     3550+-97       37.7+-0.7      26.7+-0.7  3.2+-0.3  0.9036+-0.0054
-    ps          7713+-329       10.9+-1.2      21.3+-0.6  1.5+-0.1  0.9056+-0.0049
-
-Throughput over allreduce: solo 1.45x, majority 1.33x, ps 2.89x; allreduce's
-step grew by 104% of the 24.0 ms delay; solo and majority reached 85% sooner and
-ended within 0.02 of allreduce's accuracy. ``--sweep`` (2026-11-23, one seed,
-loaded machine; tables in the journal): at 4 ranks the server falls below
-allreduce between 11 and 36 MB (0.92x at 36 MB on the real link, 0.85x on an
-emulated 10 Gb/s one).
-
-Real network (2026-11-26, one seed; section "Real network (local cluster)" of
-``docs/results/eager_sgd.md``): 2 nodes x 2 ranks of ``scripts/cluster/localnet.sh``
-at 1 Gb/s (TCP), ``--imbalance random:k=1:seconds=auto:how=spin:group=2``, so
-each step one whole node (both its ranks) is held up by the no-imbalance step
-(32 ms). Throughput over allreduce: solo 1.26x, majority 1.24x (paper 1.29x
-and 1.27x: reproduced), both reaching 85% sooner (5.4 and 4.9 s against 5.9 s)
-and ending within 0.005 of allreduce's accuracy (0.8999, 0.8979 against
-0.9023); allreduce's step grew by 79% of the delay. The server claim is not
-reproduced, as on one node: ``ps`` ran 2.42x allreduce (0.6 MB of gradients
-are no load for one server over 1 Gb/s). One seed: single runs move by 10-20%.
+Results: ``docs/results/eager_sgd.md``; earlier runs: ``docs/journal.md``.
 """
 
 from __future__ import annotations

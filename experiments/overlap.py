@@ -8,29 +8,18 @@ allgathers that the next forward pass waits for layer by layer, VGG-16 and
 ResNet-50 scale to 8192 Cori KNL cores with 2516x and 2734x speedups (baseline
 not stated; most likely one process).
 
-What runs: for each rank count (one mpiexec job each) and each model, a few
-training steps with each strategy: ``host`` (blocking allreduce after the whole
-backward pass), ``fused`` (inside the jitted step), ``layerwise`` (DDP buckets,
-an allreduce started as each fills; ``research.train.layerwise``), ``overlap``
-(the SC18 scheme; ``research.comm.overlap``, ``research.train.overlapped``) and,
-for VGG-16, ``overlap-fcx``: ``overlap`` whose fc stages allgather their layers'
-inputs and output errors instead of reducing gradients, so every rank computes
-their exact gradient and update (``research.train.activation_exchange``). All
-on the real (shared-memory) link and on an emulated one (``auto``: the
-bandwidth at which host's allreduce takes as long as its compute, measured first
-in the same job; ``fused`` cannot run on it). One table per model (median step,
-compute, communication, hidden fraction, exposed communication, speedup over
-``host``, efficiency against ``host`` on 1 rank, optimizer memory per rank;
-rows ``lw <n>MB`` are layerwise's bucket sweep), the issue's targets as
-PASS/FAIL lines, and figures ``breakdown.png``, ``speedup.png`` and
-``timeline-<model>.png``. Default (about 6 minutes on 2 cores): the full VGG-16
-and ResNet-50 on 32x32 inputs, 10 classes, batch 2 per rank, 4 steps of which
-the first 2 are left out; ranks 1 (``host`` and ``overlap`` only), 2 and 4; the
-emulated link at 2 and 4 ranks; the bucket sweep (1, 4, 25, 100 MiB) for VGG-16
-at 2 ranks on the emulated link, DDP's 25 MiB elsewhere. Flags: ``--ranks``,
-``--models``, ``--strategies``, ``--links``, ``--emulated-ranks``,
-``--bucket-mb``, ``--sweep-ranks``, ``--sweep-models``, ``--steps``,
-``--batch-size``, ``--no-trace``, ``--no-plots``.
+What runs: for each rank count (one mpiexec job each) and model, a few training
+steps with each strategy: ``host`` (blocking allreduce after the backward pass),
+``fused`` (inside the jitted step), ``layerwise`` (DDP buckets), ``overlap`` (the
+SC18 scheme; ``research.train.overlapped``) and, for VGG-16, ``overlap-fcx`` (fc
+stages exchange activations instead of gradients), on the real (shared-memory)
+link and an emulated one (``auto``: where host's allreduce takes as long as its
+compute). One table per model (step, compute, communication, hidden fraction,
+speedup over ``host``, efficiency, optimizer memory), PASS/FAIL targets and
+figures. Default (about 6 minutes): full VGG-16 and ResNet-50 on 32x32 inputs,
+ranks 1, 2, 4. On 2 shared cores moving bytes costs the CPU time the computation
+needs, so on the real link overlap can hide the waiting, not the copying; the
+emulated link is where the claims can be checked.
 
 Commands::
 
@@ -45,59 +34,7 @@ Commands::
     sbatch -N 64 --ntasks-per-node=4 scripts/slurm.sbatch experiments.overlap \\
         --paper-scale
 
-What this machine can and cannot show: 4 ranks share 2 cores and memory, so
-on the real link moving bytes costs the CPU time the computation needs, and
-overlap can at best hide the waiting, not the copying; the emulated link sleeps
-on the progress thread as a NIC would move bytes (after the real, shared-memory
-transfer), which is where the claims can be checked. At 4 ranks the cores are
-oversubscribed, which bends every comparison; step figures move by 20-30%
-between runs. The paper's scale (8192 cores, 2516x and 2734x) is not measurable
-here; ``--paper-scale`` is the batch job for a cluster.
-
-Current results: the default run of 2026-11-25 (this 2-core CPU machine,
-nothing else running); full tables, checks and figures in
-``docs/results/overlap.md``, earlier runs in ``docs/journal.md``. ``overlap``
-against ``host`` on the emulated link, ms::
-
-    model      ranks  step  vs host  hidden  exposed  (host exposed)
-    VGG-16       2   498.8   1.44x    88%      37.8      320.5
-    VGG-16       4  1010.1   1.26x    62%     363.8      834.3
-    ResNet-50    2   226.1   1.18x   100%       0.6      123.2
-    ResNet-50    4   547.9   0.97x    61%     196.7      233.4
-
-Failed targets: at 4 ranks both models hide less than 80% (VGG-16 62%,
-ResNet-50 61%) and stay under 1.3x host (1.26x, 0.97x); every target at 2
-ranks is met. ``overlap`` holds 1/P of the optimizer state
-(VGG-16: 64.2 / 32.1 MB per rank at 2 / 4 ranks against 128.3). The
-FC-activation exchange hands MPI 84.3 instead of 192.5 MB per step at 2 ranks
-and ran at 0.92x / 1.00x overlap's speed at 2 / 4 ranks (emulated), for 100.3
-against 64.2 MB of optimizer state per rank at 2 ranks. On the real link
-``overlap`` ran 0.77-0.92x host at 2 and 4 ranks.
-
-Real network (2026-11-26, nodes of ``scripts/cluster/localnet.sh`` on this
-machine, TCP through shaped links, 1 rank per node unless stated; section "Real
-network (local cluster)" of ``docs/results/overlap.md``). ``overlap`` against
-``host``, ms::
-
-    link     model      nodes x ranks  step  vs host  hidden  compute  comm
-    1 Gb/s   ResNet-50      2 x 1     895.1   1.32x    40%     290.9   906.7
-    1 Gb/s   VGG-16         2 x 1    1435.0   1.33x    45%     563.1  1488.0
-    10 Gb/s  ResNet-50      2 x 1     326.2   0.87x    90%     243.7   280.2
-    10 Gb/s  VGG-16         2 x 1     566.9   1.02x    76%     456.4   269.1
-    10 Gb/s  ResNet-50      4 x 1     848.4   0.91x    86%     648.5   726.4
-    10 Gb/s  VGG-16         4 x 1    1485.3   0.94x    73%    1153.6   858.0
-    10 Gb/s  ResNet-50      2 x 2     731.2   1.02x    80%     523.3   613.6
-    10 Gb/s  VGG-16         2 x 2    1696.6   1.06x    88%    1424.6  1369.7
-
-Verdict: at 1 Gb/s the speed-up claim is reproduced (1.32x, 1.33x; at or
-ahead of layerwise) but not the hiding (40-45% against 80%): communication
-takes 3x the compute, and no schedule hides more than the compute it runs
-behind. At 10 Gb/s the hiding is reproduced for ResNet-50 (79.5-90%) and for
-VGG-16 at 2 x 2 (88%; 73-76% at 1 rank per node) but the speed-up is not
-(0.87-1.06x; at 2 x 2 VGG-16's layerwise ran 1.22x host): TCP's copies and the
-sharded update run on the same core as the compute (overlap's compute 244 ms
-against host's 149 ms for ResNet-50 at 2 x 1), which the emulated link, whose
-transfers cost no CPU, does not charge (there 1.18x and 1.44x at 2 ranks).
+Results: ``docs/results/overlap.md``; earlier runs: ``docs/journal.md``.
 """
 
 from __future__ import annotations

@@ -7,33 +7,19 @@ Findings: (1) pipelining backward, gradient reduction and weight update
 mitigates stragglers only partially; (2) there are large delays between weight
 updates, which can hide background work such as checkpointing.
 
-What runs (``research.studies.scalability``: points; ``..._report``: table;
-``..._plots``: figures): one mpiexec job per (ranks, threads) group, each
-training its configurations a few steps with the timeline on; every
-configuration appends a row to ``RUN_DIR/results.jsonl``, from which the table
-and figures are re-read. Sweeps (``--sweeps``):
-
-* ``ranks``: 1, 2, 4 ranks x host, layerwise, overlap; weak scaling (batch 8
-  per rank) and strong scaling (global batch 8); efficiency against 1 rank;
-* ``threads``: threads x ranks at ``--cores`` (2 here: 1x2 and 2x1), host;
-* ``batch``: batch per rank 4, 8, 16 at 2 ranks, host;
-* ``straggler``: the last of 2 ranks is held (spinning) 50 and 200 ms after its
-  backward pass, every measured step; host, layerwise, overlap on an emulated
-  1 Gb/s link (``--straggler-link``); delay absorbed = delay - increase of the
-  median step over the same run without delay;
-* ``checkpoint``: DeepFreeze every 3 steps at 2 ranks with host and overlap:
-  the update gaps without checkpointing, the checkpoint's blocking and
-  background time, the share of that background time outside every weight
-  update, and the step-time overhead.
-
-Laptop default (2 cores, about 6 minutes): NT3 on 1,024 features instead of
-60,483 (2.7 M parameters instead of 155 M), ResNet-50 on 32x32 inputs and 10
-classes; 5 steps per configuration (first 2 left out), 10 in the straggler and
-checkpoint sweeps (``--long-steps``); every sweep on NT3, ResNet-50 only in the
-weak-scaling ranks sweep with host and overlap (``--scope full`` runs
-everything for every model). ``--paper-scale``: full NT3 and 224x224 ResNet-50
-with 1000 classes, batch 32 per rank, 20 steps (5 left out), delays 0.1-0.4 s on
-the real link, for a cluster.
+What runs (``research.studies.scalability``): one mpiexec job per (ranks,
+threads) group, each training its configurations a few steps with the timeline
+on; every configuration appends a row to ``RUN_DIR/results.jsonl``, from which
+the table and figures are made. Sweeps (``--sweeps``): ``ranks`` (1, 2, 4 ranks
+x host, layerwise, overlap; weak and strong scaling), ``threads`` (threads x
+ranks at ``--cores``), ``batch`` (4, 8, 16 per rank), ``straggler`` (the last
+rank held 50 and 200 ms after its backward pass, on an emulated 1 Gb/s link:
+how much delay each strategy absorbs) and ``checkpoint`` (DeepFreeze every 3
+steps: how much of its background work falls between weight updates). Laptop
+default (about 6 minutes): NT3 on 1,024 features, ResNet-50 on 32x32 inputs;
+``--paper-scale`` is the full models for a cluster. On 2 shared cores 4 ranks
+halve each rank's CPU and background work competes with training; run-to-run
+noise is 20-30%.
 
 Commands::
 
@@ -47,55 +33,7 @@ Commands::
     bash runs/sc19/submit.sh                       # sbatch lines (qsub: the same)
     python -m experiments.scalability --merge runs/sc19
 
-What 2 shared cores can show: 4 ranks on 2 cores halve each rank's CPU, so
-weak-scaling efficiency at 4 ranks is at most 0.5 before any communication,
-strong scaling at 4 ranks (batch 2 per rank) is dominated by per-step
-overheads, and background work competes with training for the same cores;
-run-to-run noise is 20-30%. Rerun on a node of its own (or a cluster) before
-reading any ratio as a property of the strategies.
-
-Current results: the default run of 2026-11-25 (this 2-core CPU machine,
-nothing else running); full tables and figures in
-``docs/results/scalability.md``, earlier runs in ``docs/journal.md``. NT3,
-2 ranks unless stated::
-
-    weak scaling eff. 2 / 4 ranks  host 0.90 / 0.45  layerwise 0.85 / 0.38
-                                   overlap 0.79 / 0.40 (hides 98% / 54%)
-    straggler, 1 Gb/s, step ms at delay 0 / 50 / 200 (absorbed at 50 / 200)
-      host 179 / 224 / 374 (5 / 4)     layerwise 191 / 186 / 293 (55 / 98)
-      overlap 115 / 164 / 312 (0 / 2)
-    update gap 96 ms (host), 112 ms (overlap): 95% / 100% free of updates
-    DeepFreeze every 3 steps: background 295 / 115 ms per save, 98% / 99% of it
-      in the gaps; blocking 11 / 2 ms per save; overhead 54% / -0%
-
-(1) PARTLY REPRODUCED: no strategy absorbed all of a 200 ms straggler;
-layerwise absorbed about half of it (98 ms), host and overlap almost none
-(4 / 2 ms). (2) The gaps REPRODUCED: nearly all background work falls between
-updates. The hiding held with overlap (overhead -0%) and was NOT REPRODUCED
-with host (overhead 54%, although 98% of its background work fell in the gaps).
-
-Real network (2026-11-26, 2 nodes of ``scripts/cluster/localnet.sh`` on this
-machine at 1 Gb/s per node, TCP; 1 rank on n1, 2 ranks as 1 per node, 4 as
-2 per node; NT3 only, sweeps ranks, straggler and checkpoint, the straggler on
-the real link; section "Real network (local cluster)" of
-``docs/results/scalability.md``). 2 ranks unless stated::
-
-    weak scaling eff. 2 / 4 ranks  host 0.39 / 0.28  layerwise 0.40 / 0.28
-                                   overlap 0.57 / 0.32 (hides 89% / 51%)
-    straggler, 1 Gb/s, step ms at delay 0 / 50 / 200 (absorbed at 50 / 200)
-      host 235 / 280 / 435 (5 / -1)    layerwise 228 / 227 / 303 (51 / 126)
-      overlap 160 / 183 / 326 (27 / 34)
-    update gap 232 ms (host), 161 ms (overlap): 99% / 100% free of updates
-    DeepFreeze every 3: background 142 / 142 ms per save, 100% / 100% of it
-      in the gaps; blocking 1 / 6 ms per save; overhead -7% / -5%
-
-Verdict: (1) PARTLY REPRODUCED, as on one node: layerwise absorbed all of a
-50 ms straggler and 126 of 200 ms, overlap 27 / 34 ms, host none. (2)
-REPRODUCED, now also with host: the 10.8 MB allreduce takes 134 ms on the link
-(efficiency 0.39 at 2 ranks against 0.90 on one node), the gaps between updates
-grow to 232 ms, every checkpoint's background work falls in them, and with a
-core per rank that waits on the network it costs no step time (-7% / -5%, inside
-the 20-30% run-to-run noise; on one node host paid 54%).
+Results: ``docs/results/scalability.md``; earlier runs: ``docs/journal.md``.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ restores XLA's. It is used for every 1x1 kernel (any stride) and for kernels wit
 forward pass and the input gradient are always XLA's. The measurements (taken with
 XLA:CPU's convolutions on YNNPACK, before ``models.xla_cpu`` sent them to Eigen;
 ``scripts/bench_compute.py`` has the whole-step figures since) and what was tried
-and not kept are in ``docs/journal.md`` (2026-11-25).
+and not kept are in ``docs/journal.md``.
 
 The weight gradient of ``y = conv(x, w)`` (channels last, stride ``s``, padding
 ``p``) is ``dw[k, i, o] = sum_{n, q} xpad[n, s*q + k, i] * dy[n, q, o]``: for each

@@ -33,40 +33,18 @@ after PyTorch's, 775 ms with no PyTorch in the process).
 
 It re-executes itself with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (as our
 launchers start ranks, :mod:`research.comm.malloc`) unless that tunable is set;
-PyTorch's worker inherits it. The table below predates it (see the README).
+PyTorch's worker inherits it.
 
 PyTorch's steps run in a process of their own (:class:`TorchWorker`), on
 request, never at the same time as ours: in one process with PyTorch, our
 VGG-16 step measured 707-826 ms against 576-616 ms alone.
 
-Measured 2026-11-23 18:20-18:26 UTC on the 2-core machine (jax 0.10.2, torch
-2.13.0+cpu, 2 threads, in its own process), ``python -m scripts.bench_compute
---steps 7`` twice and ``--steps 9`` once, nothing else running (load 1.2-1.9),
-JAX matmul peak 273-301 GFLOP/s, with ``models.xla_cpu``'s flag (convolutions
-on Eigen) and ``models.pool``:
-
-==========  =====  ===========  ===========  ===========  ==============  ========
-model       GFLOP  old ms       new ms       torch ms     new/torch       %peak
-==========  =====  ===========  ===========  ===========  ==============  ========
-resnet50    97.1   964/954/972  775/772/781  671/678/678  1.16/1.14/1.15  43/42/43
-vgg16       60.0   625/626/599  635/594/640  555/550/548  1.14/1.08/1.17  33/34/32
-candle_nt3  23.9   125/120/122  130/119/127  144/153/149  0.90/0.77/0.85  63/68/64
-==========  =====  ===========  ===========  ===========  ==============  ========
-
-Sizes: ResNet-50 at 112x112, batch 16; VGG-16 at 64x64, batch 8 (torchvision's
-7x7 pooling, so 138M parameters); NT3 with 1500 features, batch 16. Both
-ResNet-50 and VGG-16 meet the 1.2x target in all three runs (with PyTorch in
-our process they measured 1.20-1.25x and 1.02-1.15x). The 40%-of-peak check
-fails for VGG-16, where PyTorch reaches 37% too: its 25088x4096 fc layer (411
-MB of weights) is bound by memory bandwidth, 200 ms for its three products and
-110 ms for the momentum update. Before the flag and the pool (load 2.9-3.7): ResNet-50
-1058 ms against PyTorch's 727 (1.46x), VGG-16 732 against 576 (1.27x). What is
-left in ResNet-50's step (``scripts.profile_step``): XLA's 3x3 and stem kernel
-gradients with their transposing copies of activations and kernels (about
-120 ms of copies), and BatchNorm's elementwise passes and reductions (about
-250 ms of thunk time). A contended machine flatters our ratio to PyTorch: at
-load 6-7 its step slowed 14x and ours 3x (the script warns when the load
-average exceeds the core count).
+The figures (with huge pages on both sides, three runs: ResNet-50 1.08-1.13x
+PyTorch's step at 43-45% of the matmul peak, VGG-16 1.03-1.11x at 34-37%: its
+411 MB fc layer is bound by memory bandwidth, PyTorch's too), the earlier table
+and what was tried and not kept are in ``docs/journal.md``. A
+contended machine flatters our ratio to PyTorch: the script warns when the load
+average exceeds the core count.
 
 Both frameworks' step functions stay here, beside the sizes they share, so the
 like-for-like setup cannot drift.

@@ -49,7 +49,7 @@ __all__ = [
 
 #: The name that means "no checkpoints".
 NONE = "none"
-#: Names before 2026-11-25, accepted for one release with a one-line note.
+#: Names before the savers' rename, accepted for one release with a one-line note.
 RENAMED_SAVERS = {"rank0-sync": "rank0-blocking", "orbax-sync": "orbax-blocking"}
 DECORATOR = "register_saver"
 _HERE = Path(__file__).resolve().parent

@@ -15,51 +15,14 @@ Two strategies, same values (to the last bit or so):
   (recycled): large leaves are read where they lie, small ones packed first;
   the result is views into the buckets.
 
-Why one mpi4jax allreduce of 100 MB took ~2x mpi4py's (measured with
-``python -m scripts.bench_allreduce --diagnose``, 2 ranks, quiet machine, ResNet-50
-sized: 102 MB):
-
-=====================================================  ========  =====  ======
-one allreduce of 102 MB                                median    ratio  faults
-=====================================================  ========  =====  ======
-mpi4py ``Allreduce(IN_PLACE, buf)`` (the baseline)     44.4 ms   1.00   12,480
-mpi4jax ``allreduce`` inside ``jit``                   105.0 ms  2.37   37,439
-mpi4py out of place, result buffer reused              53.0 ms   1.19   12,480
-mpi4py out of place, fresh result with 4 KiB pages     108.7 ms  2.45   37,439
-=====================================================  ========  =====  ======
-
-mpi4py reproduces mpi4jax's time and its exact page-fault count once it is made
-to do what XLA does, so neither mpi4jax's FFI path, nor MPICH's algorithm, nor
-XLA's threads (unpinned: 2.29x) are the cause. Two things are:
-
-1. XLA gives the custom call a *fresh output buffer* on every call. It comes
-   from malloc, and glibc serves anything above 32 MiB (the cap of its dynamic
-   mmap threshold) with a new ``mmap`` that ``free`` unmaps again; transparent
-   huge pages are in ``madvise`` mode and XLA does not madvise (numpy does). So
-   102 MB are first-touched in 25,000 4-KiB page faults, every call: ~55 ms, more
-   than the allreduce itself. With ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``
-   (huge pages for malloc's mmaps) the faults drop to 709 and the gap closes.
-2. mpi4jax never passes ``MPI_IN_PLACE`` (its FFI handler takes distinct send
-   and receive buffers), so MPICH first copies the input into the output: ~9 ms.
-
-The baseline pays the same kind of cost too: MPICH's 51 MB temporary for the
-reduce-scatter is a fresh mmap (the 12,480 faults, about half its time).
-
-What routes around it here: no buffer of 32 MiB or more on any call. Buckets
-stay below it, so malloc recycles them and MPICH's temporaries; the fused path
-hands large leaves to its ring whole (no packing copy; the ring reads the leaf
-and writes the result, dividing the chunk it finishes) and orders its work (see
-:mod:`research.comm.chain`); the host path reuses its buckets and returns views
-of them (1 copy in, 0 out). And every rank keeps its freed heap
-(:mod:`research.comm.malloc`): XLA's results (161 fresh leaves per call) otherwise
-come from memory that glibc handed back after the previous call.
-
-Measured with ``python -m scripts.bench_allreduce`` (2 ranks, one XLA thread
-each, 2026-11-23 20:11 UTC, nothing else running): raw ``Allreduce`` 40.1 ms;
-fused 32.9 ms (0.82x, 0 faults); the same chain through mpi4jax 55.8 ms (1.39x:
-its copy of every input, and the divide as a pass of its own); host 45.7 ms
-(1.14x). With glibc's malloc defaults (``--malloc default``) fused took 61.6 ms
-(1.56x, 21,132 faults per call: its results faulted in anew).
+Why no buffer of 32 MiB or more on any call: XLA gives a custom call a fresh
+output buffer each time, and glibc serves more than 32 MiB with a new ``mmap``,
+first touched in 4 KiB page faults (102 MB: ~25,000 faults, ~55 ms, more than
+the allreduce); and mpi4jax never passes ``MPI_IN_PLACE`` (a ~9 ms copy). So
+buckets stay below it, large leaves go to the ring whole, and every rank keeps
+its freed heap (:mod:`research.comm.malloc`). With ``python -m
+scripts.bench_allreduce`` (2 ranks, ResNet-50's 102 MB) fused takes 0.82x raw
+``Allreduce``'s time and host 1.14x; the investigation is in ``docs/journal.md``.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ table, its date and machine: ``docs/results/network.md``):
 ==================  =======  ===================================================
 
 The measured error of the model, collective by collective at 1 and 10 Gb/s, 2
-and 4 nodes, is in ``docs/results/network.md`` (2026-11-26, two sweeps): where the
+and 4 nodes, is in ``docs/results/network.md`` (two sweeps): where the
 link is slower than the host (1 Gb/s) a median error of 4-5% at 2 nodes and 5-21%
 at 4 (2 cores serve 4 nodes there), more than 10% off where MPI runs an algorithm
 that moves more than the ring (MPICH's allreduce at 4 ranks: -37% at 100 MB);

@@ -372,7 +372,7 @@ class PartialAverager(Averager):
         "full_every": Range(ge=1),
         "max_sleep": Range(gt=0, le=1),
     }
-    #: ``sync_every`` before 2026-11-26 ("sync" now names only the strategy).
+    #: ``sync_every`` before the rename ("sync" now names only the strategy).
     renamed_options = {"sync_every": "full_every"}
 
     def __init__(

@@ -46,13 +46,13 @@ The timeout (``--comm-timeout``, ``get_world(comm_timeout=...)``,
 ``research.averaging(..., comm_timeout=...)``, ``RESEARCH_COMM_TIMEOUT``): a
 number of seconds, ``off``, or ``auto`` (the default): :data:`DEFAULT_TIMEOUT_S`,
 raised to :data:`STEP_FACTOR` times the slowest training step measured so far.
-The longest healthy quiet wait measured here is in the journal (2026-11-26):
+The longest healthy quiet wait measured here is in the journal:
 first-step compilation and ``native=auto``'s timing while another rank still
 compiles, a few tens of seconds on a loaded 2-core machine; every run's own
 longest is in ``summary.json`` (``comm_watchdog``).
 
 Cost on a healthy step (``make bench``: ``scripts/bench_watchdog.py``, 2 ranks,
-ResNet-50's 102 MB allreduce, 2026-11-26): within the run's noise (fused 0.98x,
+ResNet-50's 102 MB allreduce): within the run's noise (fused 0.98x,
 host 1.02x running against stopped, noise 7-10%); one look of the thread 1-4 us
 once a second, a watch entered and left 0.7 us.
 """

@@ -143,7 +143,7 @@ def run_job(cfg: Any, root: Path) -> dict[str, Any]:
 
 # -- the table (no MPI) ----------------------------------------------------------------
 def _current(job: dict) -> dict:
-    """A job file in today's words: files written before 2026-11-25 say
+    """A job file in today's words: files written before the savers' rename say
     "strategy"/"strategies" and "rank0-sync"/"orbax-sync" for the savers."""
     from research.checkpoint.registry import RENAMED_SAVERS
 

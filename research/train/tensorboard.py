@@ -46,7 +46,7 @@ on a queue; a daemon thread turns rows into events and writes them, flushing
 every 2 s (a killed run loses at most its last 2 s). tensorboardX's own
 ``SummaryWriter`` was 180 us per scalar on the calling thread (a bounded
 multiprocessing queue); one event per row here costs 5 us per scalar.
-Measured cost, 2026-11-26, this 2-core machine (docs/journal.md): per logged
+Measured cost on a 2-core machine (docs/journal.md): per logged
 row 23.5 us on each rank's training thread and 113 us of rank 0's writer-thread
 CPU (25 tags). ``scripts/bench_tensorboard.py`` (4 ranks, ``cnn_small``,
 ``solo``, 300 steps, 6 rounds): the scalars' own time was 0.18% of training

@@ -15,7 +15,7 @@ decides and broadcasts, so every rank chooses alike):
   is measured afresh; a file whose recorded key differs is not used.
 * No file yet: every rank measures briefly (:func:`calibrate` with
   :data:`QUICK_REPS` timed repetitions: 0.65 s at 2 ranks and 1.2 s at 4 on
-  this 2-core machine, 2026-11-26, against 1.3 and 1.7 s with the full 9),
+  a 2-core machine, against 1.3 and 1.7 s with the full 9),
   once per machine, MPI and P; rank 0 saves it and the run goes on. Nothing
   is printed.
 * It cannot be measured or saved (an unwritable cache: the measured model is

@@ -52,7 +52,7 @@ class CostModel:
 
 
 #: Used where no calibration can be had (see ``calibration.py``): measured
-#: 2026-11-26 on this project's 2-core machine, 4 ranks of the mpich wheel over
+#: on this project's 2-core machine, 4 ranks of the mpich wheel over
 #: shared memory (``scripts.calibrate_sparse``, 9 repetitions, nothing else
 #: running), rounded.
 DEFAULTS = CostModel(
