@@ -22,24 +22,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.test_mpi import COMPILE_CACHE_ENV, MPI_JOB_VARS, XLA_TEST_FLAGS
-
-ROOT = Path(__file__).resolve().parent.parent
-TINY = [
-    "--model",
-    "cnn_small",
-    "--data-opt",
-    "n_train=4096",
-    "--data-opt",
-    "n_test=64",
-    "--batch-size",
-    "16",
-    "--eval-every",
-    "0",
-    "--log-every",
-    "1",
-    "--no-progress",
-]
+from tests.conftest import ROOT, run_env, tiny_train
+from tests.test_mpi import COMPILE_CACHE_ENV, XLA_TEST_FLAGS
 
 
 @dataclasses.dataclass
@@ -56,20 +40,16 @@ class Outcome:
 
 
 def env_for(cluster) -> dict[str, str]:
-    env = dict(os.environ)
-    # A worker's own /dev/shm folder (tests/conftest.py) is not on the nodes:
-    # each has its own /dev/shm.
-    # Nor does anything of an MPI job or pytest run this one may be inside.
-    for var in (*MPI_JOB_VARS, "RESEARCH_SHM_DIR", "PYTEST_ADDOPTS"):
-        env.pop(var, None)  # PYTEST_ADDOPTS: the outer pytest's, not the ranks'
-    env.update(COMPILE_CACHE_ENV)
-    env.update(
+    env = run_env(
         XLA_FLAGS=XLA_TEST_FLAGS,
         NPROC="1",
-        PYTHONUNBUFFERED="1",
-        PYTHONPATH=str(ROOT),
         RESEARCH_SPARSE_COST=f"/nonexistent/research-sparse-cost-{os.getuid()}.json",
+        **COMPILE_CACHE_ENV,
     )
+    # A worker's own /dev/shm folder (tests/conftest.py) is not on the nodes:
+    # each has its own /dev/shm. Nor the outer pytest's options (the ranks').
+    for var in ("RESEARCH_SHM_DIR", "PYTEST_ADDOPTS"):
+        env.pop(var, None)
     env.update(cluster.env())
     return env
 
@@ -102,8 +82,8 @@ def run_with_fault(
 ) -> Outcome:
     """Run the job, call ``fault()`` once it reached ``at_step`` (and ``when``,
     if given, holds), wait for its end."""
-    cmd = [sys.executable, "-m", "experiments.train", "--hosts", "n1,n2"]
-    cmd += ["--np", "4", "--run-dir", str(run_dir), *TINY, *args]
+    cmd = [sys.executable, *tiny_train("--hosts", "n1,n2", np=4, n_train=4096)]
+    cmd += ["--log-every", "1", "--run-dir", str(run_dir), *args]
     cmd += ["--comm-timeout", str(comm_timeout)]
     job = subprocess.Popen(
         cmd,

@@ -8,9 +8,6 @@ Times below are in milliseconds; the analyzer answers in seconds.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +16,7 @@ from research.trace import TRACKS as TRACK_IDS
 from research.trace import Tracer, merge_traces
 from research.trace_analysis import TraceError, analyze, classify, format_table
 from research.trace_analysis.intervals import intersect, subtract, total, union
+from tests.conftest import python
 
 # One worker: the traced run of the module fixture is made once.
 pytestmark = pytest.mark.xdist_group("test_analysis")
@@ -388,25 +386,6 @@ def test_dropped_events_and_thread_name_fallback():
 
 
 # -- a real run and the command line -------------------------------------------------
-def _env() -> dict:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
-    for var in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"):
-        env.pop(var, None)
-    env.pop("RESEARCH_UNDER_MPI", None)
-    return env
-
-
-def _python(args: list[str], timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=ROOT,
-        env=_env(),
-        text=True,
-        capture_output=True,
-        timeout=timeout,
-    )
-
-
 STEPS = 5
 
 
@@ -414,7 +393,7 @@ STEPS = 5
 def run_dir(tmp_path_factory) -> Path:
     """A traced single-process run of a tiny model (staged host averaging)."""
     out = tmp_path_factory.mktemp("traced") / "run"
-    proc = _python(
+    proc = python(
         ["-m", "experiments.train", "--np", "1", "--model", "cnn_small",
          "--data-opt", "n_train=256", "--data-opt", "n_test=64",
          "--steps", str(STEPS), "--batch-size", "16", "--eval-every", "0",
@@ -450,7 +429,7 @@ def test_real_trace_is_consistent(run_dir):
 
 
 def test_cli_writes_analysis_and_prints_table(run_dir):
-    proc = _python(["-m", "scripts.analyze_trace", str(run_dir)], timeout=120)
+    proc = python(["-m", "scripts.analyze_trace", str(run_dir)], timeout=120)
     assert proc.returncode == 0, proc.stderr
     written = json.loads((run_dir / "analysis.json").read_text())
     assert written == json.loads(json.dumps(analyze(run_dir)))
@@ -474,7 +453,7 @@ def test_cli_writes_analysis_and_prints_table(run_dir):
 def test_cli_bad_trace_one_line_exit_2(tmp_path, content, needle):
     if content is not None:
         (tmp_path / "trace.json").write_text(content)
-    proc = _python(["-m", "scripts.analyze_trace", str(tmp_path)], timeout=120)
+    proc = python(["-m", "scripts.analyze_trace", str(tmp_path)], timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "error:" in proc.stderr, proc.stderr
     assert needle in proc.stderr
@@ -482,7 +461,7 @@ def test_cli_bad_trace_one_line_exit_2(tmp_path, content, needle):
 
 
 def test_cli_missing_folder_one_line_exit_2(tmp_path):
-    proc = _python(["-m", "scripts.analyze_trace", str(tmp_path / "no")], timeout=120)
+    proc = python(["-m", "scripts.analyze_trace", str(tmp_path / "no")], timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "is not a folder" in proc.stderr
 

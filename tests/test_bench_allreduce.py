@@ -6,14 +6,10 @@ Timings are not judged here (a shared machine); the benchmark itself prints them
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import python, run_env
 
 
 def test_malloc_default_reaches_the_ranks(monkeypatch):
@@ -72,29 +68,10 @@ def _tiny_params() -> int:
 @pytest.mark.launches  # an MPI job: not in make test-fast
 def test_one_quick_run(tmp_path):
     out = tmp_path / "bench.json"
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "scripts.bench_allreduce",
-            "--ranks",
-            "2",
-            "--reps",
-            "1",
-            "--warmup",
-            "1",
-            "--model",
-            "resnet_tiny",
-            "--json",
-            str(out),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    env = {k: v for k, v in run_env().items() if k != "GLIBC_TUNABLES"}
+    args = ["-m", "scripts.bench_allreduce", "--ranks", "2", "--reps", "1"]
+    args += ["--warmup", "1", "--model", "resnet_tiny", "--json", str(out)]
+    proc = python(args, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = json.loads(out.read_text())["runs"]
     assert run["ranks"] == 2 and run["params"] == _tiny_params()

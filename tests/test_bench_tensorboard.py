@@ -6,29 +6,17 @@ Timings are not judged here (a shared machine); the benchmark prints them.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import python
 
 
 def test_tiny_run_reports_ratios(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI"):
-        env.pop(var, None)
-    proc = subprocess.run(
+    proc = python(
         [
-            sys.executable, "-m", "scripts.bench_tensorboard", "--np", "1",
+            "-m", "scripts.bench_tensorboard", "--np", "1",
             "--steps", "4", "--rounds", "2", "--log-every", "1",
             "--eval-every", "2", "--out", str(tmp_path),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+        ]
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "| log every | median step off (ms) | on / off |" in proc.stdout

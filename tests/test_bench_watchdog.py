@@ -6,15 +6,12 @@ Timings are not judged here (a shared machine); the benchmark prints them.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
+from tests.conftest import python
 
-ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
 
 
 def test_one_quick_run(tmp_path):
@@ -22,13 +19,9 @@ def test_one_quick_run(tmp_path):
     two thirds of the run from an empty compile cache (the default tree is
     tests/test_bench_allreduce.py's)."""
     out = tmp_path / "bench.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "scripts.bench_watchdog", "--model", "resnet_tiny"]
-        + ["--blocks", "2", "--calls", "1", "--warmup", "1", "--json", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    proc = python(
+        ["-m", "scripts.bench_watchdog", "--model", "resnet_tiny"]
+        + ["--blocks", "2", "--calls", "1", "--warmup", "1", "--json", str(out)]
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = json.loads(out.read_text())["runs"]

@@ -10,7 +10,6 @@ importing only Orbax and numpy restores, bit-identical again.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 
 from research.checkpoint.leaves import Flattener, unnest
 from tests.checkpoint_state import host, identical, state_at
+from tests.conftest import python
 from tests.test_mpi import run_under_mpiexec
 
 pytestmark = [
@@ -84,13 +84,7 @@ def test_load_without_mpi_or_template(saved):
         f"t = load({str(saved)!r}); "
         "print('mpi4py' in sys.modules, sorted(t))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", probe],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
-    )
+    out = python(["-c", probe])
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split(" ", 1)[0] == "False", out.stdout
 
@@ -106,23 +100,9 @@ def test_load_says_what_is_missing_or_broken(saved, tmp_path):
 
 def test_export_opens_with_orbax_alone(saved, tmp_path):
     out = tmp_path / "exported"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "scripts.export_checkpoint",
-            str(saved),
-            "--format",
-            "orbax",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=ROOT,
-    )
+    export = ["-m", "scripts.export_checkpoint", str(saved), "--format", "orbax"]
+    export.append(str(out))
+    proc = python(export)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "step 20 of" in proc.stdout
     # A process that imports Orbax and numpy only, as anyone else would.
@@ -146,20 +126,5 @@ def test_export_opens_with_orbax_alone(saved, tmp_path):
     assert got.stdout.strip() == "False"
     with np.load(npz) as z:
         same_bytes(dict(z), named(state_at(20)))
-    again = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "scripts.export_checkpoint",
-            str(saved),
-            "--format",
-            "orbax",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=ROOT,
-    )
+    again = python(export)
     assert again.returncode == 2 and "exists" in again.stderr

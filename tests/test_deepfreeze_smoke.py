@@ -9,21 +9,16 @@ written before the savers' rename (2026-11-25) gives the same table.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import python
 
 
 @pytest.mark.launches
 def test_default_pipeline_at_toy_size(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     cmd = [
-        sys.executable,
         "-m",
         "experiments.deepfreeze",
         "--np",
@@ -53,9 +48,7 @@ def test_default_pipeline_at_toy_size(tmp_path):
         "runs/df",  # relative, run from another folder, as users type it
     ]
     shm_before = _shm_entries()
-    proc = subprocess.run(
-        cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400
-    )
+    proc = python(cmd, cwd=tmp_path, timeout=400)
     root = tmp_path / "runs" / "df"
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     from research.checkpoint.registry import list_savers
@@ -107,12 +100,8 @@ def _shm_entries() -> set[str]:
 
 
 def test_unwritable_fast_tier_is_one_line_before_launch(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    env.pop("RESEARCH_UNDER_MPI", None)
-    cmd = [sys.executable, "-m", "experiments.deepfreeze", "--fast-dir", "/proc/nope"]
-    proc = subprocess.run(
-        cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
-    )
+    cmd = ["-m", "experiments.deepfreeze", "--fast-dir", "/proc/nope"]
+    proc = python(cmd, cwd=tmp_path, timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert (

@@ -5,29 +5,19 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT, python
+
 ARMS = ("balanced", "allreduce", "solo", "majority", "ps")
 
 
 def run(
     args: list[str], timeout: float = 400, cwd: Path = ROOT
 ) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI"):
-        env.pop(var, None)  # the module must launch its own mpiexec
-    return subprocess.run(
-        [sys.executable, "-m", "experiments.eager_sgd", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return python(["-m", "experiments.eager_sgd", *args], cwd=cwd, timeout=timeout)
 
 
 @pytest.mark.launches

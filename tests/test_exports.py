@@ -9,12 +9,9 @@ name of its ``__all__``.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT, python, run_env
+
 SCRIPT = r"""
 import importlib, json, sys
 out = {}
@@ -49,15 +46,7 @@ def packages() -> list[str]:
 def test_every_package_exports_what_it_names():
     names = packages()
     assert "research.checkpoint" in names and "research.comm.sparse" in names
-    env = dict(os.environ, PYTHONPATH=str(ROOT), RESEARCH_ABORT_ON_ERROR="0")
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, *names],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = python(["-c", SCRIPT, *names], env=run_env(RESEARCH_ABORT_ON_ERROR="0"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("EXPORTS "))
     problems = {k: v for k, v in json.loads(line[8:]).items() if v}

@@ -8,12 +8,7 @@ Run in a fresh interpreter of its own, without mpiexec (a world of one).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import python, run_env
 
 PROBE = """
 import os, sys
@@ -42,16 +37,8 @@ print("MODELS", mods)
 
 
 def test_checkpointer_changes_no_environment_and_imports_no_models(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RESEARCH_")}
-    env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.run(
-        [sys.executable, "-c", PROBE, str(tmp_path / "run")],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    env = {k: v for k, v in run_env().items() if not k.startswith("RESEARCH_")}
+    proc = python(["-c", PROBE, str(tmp_path / "run")], env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if " " in line)
     assert lines["CHANGED"] == "[]", lines["CHANGED"]

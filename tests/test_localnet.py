@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ import pytest
 from research import localnet
 from research.launch import UsageError, placement
 from research.localnet import cluster as cluster_mod
+from tests.conftest import python
 
 ROOT = Path(__file__).parent.parent
 SCRIPT = ROOT / "scripts" / "cluster" / "localnet.sh"
@@ -75,15 +75,8 @@ def test_fewer_ranks_than_hosts_take_the_first_hosts():
 
 
 def test_hosts_are_checked_before_launch():
-    cmd = [sys.executable, "-m", "experiments.train", "--hosts", "n1:2,n2:2"]
-    proc = subprocess.run(
-        [*cmd, "--np", "3"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    cmd = ["-m", "experiments.train", "--hosts", "n1:2,n2:2", "--np", "3"]
+    proc = python(cmd, timeout=120)
     assert proc.returncode == 2
     assert "places 4 ranks but --np is 3" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1

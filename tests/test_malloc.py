@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import python, run_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,16 +38,11 @@ if malloc.state() == "kept":
 
 
 def _probe(**env: str) -> list[str]:
-    full = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    full.pop("RESEARCH_MALLOC", None)
-    full.update(env, PYTHONPATH=str(ROOT))
-    out = subprocess.run(
-        [sys.executable, "-c", PROBE],
-        env=full,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    full = run_env(**env)
+    for var in ("GLIBC_TUNABLES", "RESEARCH_MALLOC"):
+        if var not in env:
+            full.pop(var, None)
+    out = python(["-c", PROBE], env=full, check=True)
     return out.stdout.split("\n")
 
 

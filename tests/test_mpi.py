@@ -102,23 +102,22 @@ def launcher() -> list[str]:
 def run_under_mpiexec(
     np_: int, args: list[str], timeout: float = 300, env_extra: dict | None = None
 ) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    # The outer pytest's options (say --durations, -q) are not the ranks': the
-    # summary line this file reads must stay as it is.
-    env.pop("PYTEST_ADDOPTS", None)
-    env.update(
+    from tests.conftest import run_env  # conftest imports this module
+
+    env = run_env(
         RESEARCH_UNDER_MPI="1",
         XLA_FLAGS=XLA_TEST_FLAGS,  # as the test's own process: bit-equal results
         NPROC="1",  # XLA:CPU's intra-op pool: one thread per rank
         # sparse_allreduce(auto) uses its documented defaults, not whatever
         # calibration this machine's user cache holds (tests/conftest.py).
         RESEARCH_SPARSE_COST="defaults",
-        PYTHONUNBUFFERED="1",
-        PYTHONPATH=str(ROOT),
+        # tests/mpi/conftest.py checks the world it gets against this.
+        RESEARCH_EXPECTED_NP=str(np_),
+        **COMPILE_CACHE_ENV,
     )
-    env.update(COMPILE_CACHE_ENV)
-    # tests/mpi/conftest.py checks the world it gets against this.
-    env["RESEARCH_EXPECTED_NP"] = str(np_)
+    # The outer pytest's options (say --durations, -q) are not the ranks': the
+    # summary line this file reads must stay as it is.
+    env.pop("PYTEST_ADDOPTS", None)
     env.update(env_extra or {})
     cmd = [*launcher(), "-n", str(np_), sys.executable, *args]
     return subprocess.run(
@@ -232,9 +231,9 @@ def test_ranks_agree_when_one_cannot_build(tmp_path):
     the ring); now every rank takes MPI_Allreduce and says why."""
     script = tmp_path / "t.py"
     script.write_text(AVERAGE_SCRIPT)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    env.update(XLA_FLAGS=XLA_TEST_FLAGS, NPROC="1")
-    env.update(COMPILE_CACHE_ENV)
+    from tests.conftest import run_env  # conftest imports this module
+
+    env = run_env(XLA_FLAGS=XLA_TEST_FLAGS, NPROC="1", **COMPILE_CACHE_ENV)
     py = sys.executable
     cmd = [mpiexec(), "-n", "1", "env", "RESEARCH_NATIVE_CACHE=/proc/no-such-dir"]
     cmd += [py, str(script), str(tmp_path), ":", "-n", "2"]

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import ROOT, python
 from tests.node_faults import env_for
 
 pytestmark = [
@@ -26,7 +27,6 @@ pytestmark = [
     # One worker: one local cluster (a module fixture).
     pytest.mark.xdist_group("test_multinode"),
 ]
-ROOT = Path(__file__).parent.parent
 NAME = f"t{os.getpid() % 100000}"  # this run's cluster, apart from a user's "rs"
 #: Strategies whose result depends on timing (which gradients make a round).
 TIMING_DEPENDENT = {"solo", "majority", "ps"}
@@ -139,21 +139,17 @@ def test_train_with_hosts_resumes_on_fewer_nodes(cluster, tmp_path):
             "--eval-every", "0", "--checkpoint", "deepfreeze",
             "--checkpoint-every", "3", "--run-dir", str(run_dir)]  # fmt: skip
     env = env_for(cluster)
-    for var in ("RESEARCH_UNDER_MPI",):
-        env.pop(var, None)
-    first = subprocess.run(
-        [sys.executable, *base, "--hosts", "n1,n2", "--np", "4", "--steps", "6"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+    first = python(
+        [*base, "--hosts", "n1,n2", "--np", "4", "--steps", "6"], env=env, timeout=240
+    )
     _ok(first, "experiments.train --hosts n1,n2 --np 4")
     config = json.loads((run_dir / "config.json").read_text())
     assert config["nodes"]["hosts"] == ["n1", "n2"]
     assert config["nodes"]["ranks_per_node"] == [2, 2]
     assert "real network link, 2 nodes at 10gbit" in config["link"]
-    second = subprocess.run(
-        [sys.executable, *base, "--hosts", "n2", "--np", "2", "--steps", "9"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+    second = python(
+        [*base, "--hosts", "n2", "--np", "2", "--steps", "9"], env=env, timeout=240
+    )
     _ok(second, "experiments.train --hosts n2 --np 2 (resume)")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["resumed_from"] == 6 and summary["steps"] == 9

@@ -4,16 +4,13 @@ module, file and results page it names exists."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import shlex
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT, python
+
 README = (ROOT / "README.md").read_text()
 MAX_LINES = 250
 
@@ -50,17 +47,7 @@ def test_quick_commands_run_as_written(command):
     # `.venv/bin/python` is this interpreter here (CI runs in the same .venv).
     argv = shlex.split(command)
     assert argv[0] == ".venv/bin/python", command
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI"):
-        env.pop(var, None)
-    proc = subprocess.run(
-        [sys.executable, *argv[1:]],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = python(argv[1:])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip()
 

@@ -22,50 +22,23 @@ from research.checkpoint.integrity import remove_tree
 from research.checkpoint.manifest import committed_steps, read_manifest
 from research.checkpoint.tiers import default_fast_root
 from research.rundir import read_metrics
+from tests.conftest import ROOT, run_env, tiny_train
 
-ROOT = Path(__file__).resolve().parent.parent
 STEPS = 40
-ARGS = [
-    "-m",
-    "experiments.train",
-    "--np",
-    "2",
-    "--model",
-    "cnn_small",
-    "--data-opt",
-    "n_train=512",
-    "--data-opt",
-    "n_test=64",
-    "--batch-size",
-    "16",
-    "--steps",
-    str(STEPS),
-    "--eval-every",
-    "0",
-    "--checkpoint",
-    "deepfreeze",
-    "--checkpoint-every",
-    "5",
-    "--no-progress",
-]
+ARGS = tiny_train(
+    "--steps", str(STEPS), "--checkpoint", "deepfreeze", "--checkpoint-every", "5"
+)  # fmt: skip
 #: Seconds from a SIGKILL of the launcher until none of its job's processes
 #: is left (measured 1-3 s here: mpiexec dies with the launcher, its proxy and
 #: ranks with it, writers with their ranks).
 LEFT_BEHIND_BOUND_S = 15.0
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI"):
-        env.pop(var, None)
-    return env
-
-
 def _start(run: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, *ARGS, "--run-dir", str(run), *extra],
         cwd=ROOT,
-        env=_env(),
+        env=run_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -203,7 +176,7 @@ def test_a_restart_without_a_checkpoint_starts_over_and_is_on_the_timeline(tmp_p
         [sys.executable, *args, "--run-dir", str(run), "--max-restarts", "1"]
         + ["--trace"],
         cwd=ROOT,
-        env=_env(),
+        env=run_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -3,36 +3,22 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
+from tests.conftest import python
 
-ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
 
 
 def test_tiny_sweeps_write_rows_table_and_figures(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI"):
-        env.pop(var, None)  # the module must launch its own mpiexec jobs
     run = tmp_path / "run"
     args = ["--models", "nt3", "--nt3-features", "512", "--ranks", "1", "2"]
     args += ["--sweeps", "ranks", "straggler", "checkpoint"]
     args += ["--strategies", "overlap", "--delays", "0.05"]
     args += ["--steps", "4", "--warmup", "1", "--batch-size", "4"]
     args += ["--checkpoint-every", "2", "--long-steps", "4", "--run-dir", str(run)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "experiments.scalability", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = python(["-m", "experiments.scalability", *args])
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     out = proc.stdout
     assert "[1/2] 1 rank(s) x 1 thread(s)" in out

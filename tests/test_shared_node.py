@@ -15,7 +15,6 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -25,8 +24,9 @@ import pytest
 from research import privdir
 from research.checkpoint import CheckpointConfig, CheckpointError
 from tests.checkpoint_state import initial
+from tests.conftest import python
 from tests.shared_node_driver import _entries
-from tests.test_mpi import ROOT, run_under_mpiexec
+from tests.test_mpi import run_under_mpiexec
 
 INTRUDER = "rsh25intruder"
 NEEDS_ROOT = pytest.mark.skipif(
@@ -199,22 +199,13 @@ def test_fast_dir_flags_refuse_a_planted_folder_before_launch(tmp_path):
     planted = Path("/dev/shm") / f"rsh25-flag-{os.getpid()}"
     shutil.rmtree(planted, ignore_errors=True)
     _plant_dir(planted)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    env.pop("RESEARCH_UNDER_MPI", None)
     try:
         for cmd in (
             ["experiments.deepfreeze", "--fast-dir", str(planted)],
             ["experiments.train", "--checkpoint", "deepfreeze"]
             + ["--fast-dir", str(planted)],
         ):
-            proc = subprocess.run(
-                [sys.executable, "-m", *cmd],
-                cwd=tmp_path,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
+            proc = python(["-m", *cmd], cwd=tmp_path, timeout=120)
             errors = [ln for ln in proc.stderr.splitlines() if ln.strip()]
             assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
             assert (

@@ -3,40 +3,22 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
+from tests.conftest import python, run_env
 
-ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
 
 
 def test_tiny_run_prints_both_tables_and_checks(tmp_path):
-    env = dict(
-        os.environ,
-        PYTHONPATH=str(ROOT),
-        PYTHONUNBUFFERED="1",
-        # A calibration of this run's own, not the user's cached one.
-        RESEARCH_SPARSE_COST=str(tmp_path / "cost.json"),
-    )
-    for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI"):
-        env.pop(var, None)  # the module must launch its own mpiexec
+    # A calibration of this run's own, not the user's cached one.
+    env = run_env(RESEARCH_SPARSE_COST=str(tmp_path / "cost.json"))
     args = ["--np", "2", "--dim", "50000", "--densities", "0.01", "0.5"]
     args += ["--reps", "1", "--steps", "4", "--eval-every", "2", "--no-progress"]
     args += ["--arms", "dense", "topk_ef", "--seeds", "0", "1"]
     args += ["--run-dir", str(tmp_path / "run")]
-    proc = subprocess.run(
-        [sys.executable, "-m", "experiments.sparcml", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
+    proc = python(["-m", "experiments.sparcml", *args], env=env, timeout=400)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     out = proc.stdout
     assert "micro-benchmark, dim 50000" in out
@@ -68,26 +50,12 @@ def test_tiny_communication_bound_comparison(tmp_path):
     twice measured a latency at which the dense algorithm wins, so top-k sent
     as many bytes as dense (181 us under the suite's heavy yield; again with
     MPICH's default yield in a fresh-clone run, 76,944 bytes against 76,904)."""
-    env = dict(
-        os.environ,
-        PYTHONPATH=str(ROOT),
-        PYTHONUNBUFFERED="1",
-        RESEARCH_SPARSE_COST="defaults",
-    )
-    for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI"):
-        env.pop(var, None)
+    env = run_env(RESEARCH_SPARSE_COST="defaults")
     args = ["--np", "2", "--skip-bench", "--arms", "--comm-bound"]
     args += ["--cb-models", "candle_p1b2_tiny", "--cb-links", "10gbps", "real"]
     args += ["--cb-steps", "3", "--cb-eval-every", "3", "--cb-target", "0.05"]
     args += ["--no-progress", "--no-plots", "--run-dir", str(tmp_path / "run")]
-    proc = subprocess.run(
-        [sys.executable, "-m", "experiments.sparcml", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
+    proc = python(["-m", "experiments.sparcml", *args], env=env, timeout=400)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "communication-bound training, 2 ranks" in proc.stdout
     assert "candle_p1b2_tiny, 10gbps: top-k + EF faster to 0.05" in proc.stdout

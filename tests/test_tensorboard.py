@@ -11,16 +11,14 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from research.rundir import read_metrics
+from tests.conftest import ROOT, python, run_env
 from tests.tensorboard_server import TensorBoard
 
-ROOT = Path(__file__).resolve().parent.parent
 # tag -> metrics.jsonl key, for every step row (and the keys of a strategy's
 # record when it has them)
 STEP_TAGS = {
@@ -43,17 +41,7 @@ EVAL_TAGS = {"eval/test_acc": "test_acc", "eval/test_loss": "test_loss"}
 
 
 def run(module: str, args: list[str], cwd: Path = ROOT, timeout: float = 400):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI"):
-        env.pop(var, None)  # the module launches its own mpiexec
-    proc = subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    proc = python(["-m", module, *args], cwd=cwd, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -251,17 +239,7 @@ def test_profile_window_parse_and_problems():
     ],
 )
 def test_bad_profile_flags_one_line_exit_2(args, needle):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI"):
-        env.pop(var, None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "experiments.train", "--np", "1", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = python(["-m", "experiments.train", "--np", "1", *args])
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     lines = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
     assert len(lines) == 1 and needle in lines[0], proc.stderr
@@ -273,22 +251,16 @@ def test_without_tensorboardx_one_line_and_the_run_goes_on(tmp_path):
     shim = tmp_path / "shim" / "tensorboardX"
     shim.mkdir(parents=True)
     (shim / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
-    env = dict(os.environ, PYTHONPATH=f"{shim.parent}{os.pathsep}{ROOT}")
-    for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI"):
-        env.pop(var, None)
+    env = run_env(PYTHONPATH=f"{shim.parent}{os.pathsep}{ROOT}")
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
+    proc = python(
         [
-            sys.executable, "-m", "experiments.train", "--np", "1",
+            "-m", "experiments.train", "--np", "1",
             "--data-opt", "n_train=128", "--data-opt", "n_test=32",
             "--steps", "2", "--batch-size", "16", "--log-every", "1",
             "--run-dir", str(run_dir), "--no-progress",
         ],
-        cwd=ROOT,
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     note = "TensorBoard scalars off: tensorboardX is not installed (pip install"

@@ -10,15 +10,13 @@ start-up (read as a flag-file name). The pool's threads are named
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from models import xla_cpu
 from research.launch import check_xla_flags, thread_env, xla_thread_flags
+from tests.conftest import python, run_env
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = (
@@ -33,15 +31,9 @@ PROBE = (
 def test_jax_starts_with_the_flags_threads_builds(threads, monkeypatch):
     # As inherited from a user's shell, including a stale token of old versions.
     monkeypatch.setenv("XLA_FLAGS", "intra_op_parallelism_threads=4")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), **thread_env(threads))
+    env = run_env(**thread_env(threads))
     assert check_xla_flags(env["XLA_FLAGS"]) is None
-    proc = subprocess.run(
-        [sys.executable, "-c", PROBE],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = python(["-c", PROBE], env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-1] == str(threads)
 
@@ -78,11 +70,8 @@ def test_a_bare_token_in_xla_flags_is_named():
 
 @pytest.mark.launches
 def test_threads_2_recorded_in_config(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI", "NPROC", "PJRT_NPROC"):
-        env.pop(var, None)
+    env = {k: v for k, v in run_env().items() if k not in ("NPROC", "PJRT_NPROC")}
     cmd = [
-        sys.executable,
         "-m",
         "experiments.train",
         "--np",
@@ -107,9 +96,7 @@ def test_threads_2_recorded_in_config(tmp_path):
         "run",
         "--no-progress",
     ]
-    proc = subprocess.run(
-        cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240
-    )
+    proc = python(cmd, cwd=tmp_path, env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["config"]["threads"] == 2

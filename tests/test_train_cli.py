@@ -3,59 +3,21 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.test_mpi import MPI_JOB_VARS
-
-ROOT = Path(__file__).parent.parent
-
-
-def run(args: list[str], timeout: float = 240, **kw) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
-    for var in MPI_JOB_VARS:
-        env.pop(var, None)
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=ROOT,
-        env=env,
-        text=True,
-        capture_output=True,
-        timeout=timeout,
-        **kw,
-    )
+from tests.conftest import ROOT, python, run_env, tiny_train
 
 
 @pytest.mark.launches
 def test_smoke_two_ranks_relaunch(tmp_path):
     run_dir = tmp_path / "run"
-    proc = run(
-        [
-            "-m",
-            "experiments.train",
-            "--np",
-            "2",
-            "--model",
-            "cnn_small",
-            "--data-opt",
-            "n_train=512",
-            "--data-opt",
-            "n_test=128",
-            "--steps",
-            "8",
-            "--batch-size",
-            "16",
-            "--eval-every",
-            "4",
-            "--trace",
-            "--run-dir",
-            str(run_dir),
-        ]
-    )
+    args = ["--data-opt", "n_test=128", "--steps", "8", "--eval-every", "4"]
+    args += ["--trace", "--run-dir", str(run_dir)]
+    proc = python(tiny_train(*args), timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     for name in (
         "config.json",
@@ -123,7 +85,7 @@ def test_bad_input_one_line_exit_2(args, needle, capsys):
 )
 def test_bad_input_as_a_user_types_it(args, needle):
     """``python -m experiments.train`` itself: one line, exit 2, no rank."""
-    proc = run(["-m", "experiments.train", *args], timeout=120)
+    proc = python(["-m", "experiments.train", *args], timeout=120)
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
     assert len(lines) == 1 and needle in lines[0], proc.stderr
@@ -134,20 +96,11 @@ def test_bad_input_as_a_user_types_it(args, needle):
 def test_bad_input_under_mpiexec_printed_once():
     from tests.test_mpi import mpiexec
 
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run(
-        [
-            mpiexec(),
-            "-n",
-            "2",
-            sys.executable,
-            "-m",
-            "experiments.train",
-            "--model",
-            "nope",
-        ],
+        [mpiexec(), "-n", "2", sys.executable, "-m", "experiments.train"]
+        + ["--model", "nope"],
         cwd=ROOT,
-        env=env,
+        env=run_env(),
         text=True,
         capture_output=True,
         timeout=120,
@@ -158,19 +111,8 @@ def test_bad_input_under_mpiexec_printed_once():
 
 @pytest.mark.launches
 def test_missing_data_files_named(tmp_path):
-    proc = run(
-        [
-            "-m",
-            "experiments.train",
-            "--np",
-            "2",
-            "--dataset",
-            "cifar10",
-            "--data-dir",
-            str(tmp_path),
-        ],
-        timeout=120,
-    )
+    args = ["--np", "2", "--dataset", "cifar10", "--data-dir", str(tmp_path)]
+    proc = python(["-m", "experiments.train", *args], timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
     assert len(errors) == 1 and "cifar-10-batches-py" in errors[0], proc.stderr[-3000:]
@@ -193,7 +135,7 @@ def test_flag_checks_before_relaunch_do_not_start_mpi_or_jax():
         "heavy = ('mpi4py', 'mpi4jax', 'jax', 'flax', 'optax', 'orbax')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
     )
-    proc = run(["-c", code], timeout=120)
+    proc = python(["-c", code], timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "[]"
 
@@ -238,7 +180,6 @@ def test_a_strategy_is_declared_in_its_own_module_only(tmp_path):
     executors, the CLI and the public API) names none of them (executor kinds,
     ``Averager.executor``, are names of their own)."""
     import re
-    from pathlib import Path
 
     from research.comm import declared
 

@@ -20,53 +20,18 @@ import pytest
 
 from research.checkpoint.manifest import committed_steps, read_manifest
 from research.checkpoint.tiers import default_fast_root
+from tests.conftest import python, run_env, tiny_train
 
 pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
 
-ROOT = Path(__file__).resolve().parent.parent
-ARGS = [
-    "-m",
-    "experiments.train",
-    "--np",
-    "2",
-    "--model",
-    "cnn_small",
-    "--data-opt",
-    "n_train=512",
-    "--data-opt",
-    "n_test=64",
-    "--batch-size",
-    "16",
-    "--steps",
-    "60",
-    "--strategy",
-    "host",
-    "--eval-every",
-    "0",
-    "--checkpoint",
-    "deepfreeze",
-    "--checkpoint-every",
-    "5",
-    "--no-progress",
-]
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI"):
-        env.pop(var, None)
-    return env
+ARGS = tiny_train(
+    "--steps", "60", "--strategy", "host",
+    "--checkpoint", "deepfreeze", "--checkpoint-every", "5",
+)  # fmt: skip
 
 
 def _train(cwd: Path, run_dir: str, *extra: str) -> dict:
-    proc = subprocess.run(
-        [sys.executable, *ARGS, "--run-dir", run_dir, *extra],
-        cwd=cwd,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = python([*ARGS, "--run-dir", run_dir, *extra], cwd=cwd)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads((cwd / run_dir / "summary.json").read_text())
 
@@ -90,7 +55,7 @@ def test_kill_9_then_same_command_resumes_bit_identically(tmp_path):
     job = subprocess.Popen(
         [sys.executable, *ARGS, "--run-dir", "run"],
         cwd=tmp_path,
-        env=_env(),
+        env=run_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # its own process group: mpiexec, ranks, writers

@@ -25,8 +25,8 @@ from research.checkpoint.tiers import default_fast_root
 from research.rundir import read_metrics
 from research.trace import read_rank_trace
 from research.train.preemption import STOP_EXIT
+from tests.conftest import python, run_env
 
-ROOT = Path(__file__).resolve().parent.parent
 # The issue's command; a run far longer than the test lets it go.
 COMMAND = [
     "-m",
@@ -47,18 +47,11 @@ START_LIMIT_S = 300
 END_LIMIT_S = 300
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    for var in ("PMI_RANK", "PMI_SIZE", "RESEARCH_UNDER_MPI"):
-        env.pop(var, None)
-    return env
-
-
 def _start(run: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, *COMMAND, "--run-dir", str(run), *extra],
         cwd=run.parent,
-        env=_env(),
+        env=run_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -135,19 +128,9 @@ def test_sigterm_checkpoints_the_agreed_step_and_the_same_command_resumes(
     summary = _stop_and_check(tmp_path, signal.SIGTERM)
     stop = summary["stopped"]["step"]
 
-    again = subprocess.run(
-        [
-            sys.executable,
-            *COMMAND,
-            "--run-dir",
-            str(tmp_path / "run"),
-            "--steps",
-            str(stop + 2),
-        ],
+    again = python(
+        [*COMMAND, "--run-dir", str(tmp_path / "run"), "--steps", str(stop + 2)],
         cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
         timeout=END_LIMIT_S,
     )
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
@@ -179,7 +162,7 @@ def test_sigkill_keeps_every_rank_timeline(tmp_path):
             str(run),
         ],
         cwd=tmp_path,
-        env=_env(),
+        env=run_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -220,14 +203,7 @@ def test_a_late_copy_of_the_stop_signal_does_not_kill_a_stopping_rank(tmp_path):
     and again through the launcher and Hydra; the second copy came after the
     agreement had put back the default action and killed the rank in its final
     checkpoint ("Terminated (signal 15)" instead of exit 143)."""
-    done = subprocess.run(
-        [sys.executable, "-c", _LATE_COPY],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = python(["-c", _LATE_COPY], cwd=tmp_path, timeout=120)
     assert done.returncode == STOP_EXIT["SIGTERM"], done.stdout + done.stderr
     assert "survived the late copy" in done.stdout
 

@@ -20,7 +20,8 @@ import pytest
 
 from research.checkpoint.manifest import committed_steps, read_manifest
 from research.checkpoint.tiers import default_fast_root
-from tests.test_train_resume import ARGS, _env
+from tests.conftest import python, run_env
+from tests.test_train_resume import ARGS
 
 pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
 
@@ -60,11 +61,11 @@ def _writers(root: int) -> list[int]:
 
 def test_killed_writer_ends_the_job_and_the_same_command_resumes(tmp_path):
     run = tmp_path / "run"
-    cmd = [sys.executable, *ARGS, "--run-dir", "run"]
+    args = [*ARGS, "--run-dir", "run"]
     job = subprocess.Popen(
-        cmd,
+        [sys.executable, *args],
         cwd=tmp_path,
-        env=_env(),
+        env=run_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -89,9 +90,7 @@ def test_killed_writer_ends_the_job_and_the_same_command_resumes(tmp_path):
     fast = default_fast_root(run / "checkpoints")
     last = max(_committed(run) + (_committed_in(fast) if fast.exists() else []))
 
-    again = subprocess.run(
-        cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=LIMIT_S
-    )
+    again = python(args, cwd=tmp_path, timeout=LIMIT_S)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["resumed_from"] == last

@@ -8,16 +8,10 @@ in a YNNPACK fusion (``__ynn``), which runs on one thread.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from models import xla_cpu
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import python, run_env
 
 PROBE = """
 import warnings
@@ -45,15 +39,9 @@ print("WARNED", any("already exists" in str(c.message) for c in caught))
 
 def _probe(mode: str, **env: str) -> dict[str, str]:
     clean = {
-        k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", xla_cpu.OPT_OUT)
+        k: v for k, v in run_env().items() if k not in ("XLA_FLAGS", xla_cpu.OPT_OUT)
     }
-    proc = subprocess.run(
-        [sys.executable, "-c", PROBE, mode],
-        env=dict(clean, PYTHONPATH=str(ROOT), **env),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = python(["-c", PROBE, mode], env=dict(clean, **env), timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = {}
     for line in proc.stdout.splitlines():
