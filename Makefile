@@ -31,11 +31,12 @@ test-cluster: $(STAMP) test-site-mpi
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge) || true
 	RESEARCH_CLUSTER_TESTS=1 $(PY) -m pytest tests/cluster -rs
 
-# The communication watchdog's fault matrix (tests/faults/): every stall case
-# on one machine, and on local nodes (network namespaces, scripts/cluster/
-# localnet.sh) where root can make them (skipped with the reason elsewhere).
+# The communication watchdog's fault matrix: every stall case on one machine
+# (tests/faults/), and on local nodes (tests/test_node_faults.py: network
+# namespaces, scripts/cluster/localnet.sh) where root can make them (skipped
+# with the reason elsewhere).
 test-faults: $(STAMP)
-	RESEARCH_FAULT_TESTS=1 $(PY) -m pytest tests/faults -rs
+	RESEARCH_FAULT_TESTS=1 $(PY) -m pytest tests/faults tests/test_node_faults.py -rs
 
 # A second MPI for real: Debian's Open MPI (installed here when missing) as the
 # site MPI, .venv-openmpi built the way the README tells a cluster user, the MPI
