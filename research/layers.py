@@ -31,6 +31,7 @@ UNITS: dict[str, tuple[str, ...]] = {
     "research.layers": _FOUNDATION,
     "research.option_spec": _FOUNDATION,  # what a declared option accepts
     "research.options": ("research.option_spec",),  # read from the source
+    "research.registry": ("research.option_spec",),  # names by class decorator
     "research.trace": _FOUNDATION,
     "research.privdir": _FOUNDATION,
     "research.periodic": _FOUNDATION,
@@ -42,7 +43,7 @@ UNITS: dict[str, tuple[str, ...]] = {
     "research.localnet": _FOUNDATION,  # nodes as network namespaces, one machine
     "models": _FOUNDATION,
     # Communication: MPI start-up, collectives, the strategies' communication.
-    "research.comm": ("research.options", "research.trace"),
+    "research.comm": ("research.options", "research.registry", "research.trace"),
     # Starting ranks: mpiexec, threads and heap settings of the processes.
     "research.launch": (
         "research.comm",
@@ -59,6 +60,7 @@ UNITS: dict[str, tuple[str, ...]] = {
         "research.options",
         "research.periodic",
         "research.privdir",
+        "research.registry",
         "research.trace",
     ),
     # Training: state, steps, executors, the loop and its hooks.

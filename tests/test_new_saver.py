@@ -57,13 +57,13 @@ def module_dir(tmp_path_factory):
     (folder / f"{NAME}.py").write_text(MODULE)
     sys.path.insert(0, str(folder))
     registry.add_saver_module(NAME)
-    registered = dict(registry._REGISTRY)
+    registered = set(registry._REGISTRY.names())
     yield folder
     # The saver is gone again for the tests that follow in this process.
     sys.path.remove(str(folder))
     registry.SAVER_MODULES.remove(NAME)
-    registry._REGISTRY.clear()
-    registry._REGISTRY.update(registered)
+    for name in set(registry._REGISTRY.names()) - registered:
+        registry._REGISTRY.forget(name)
     sys.modules.pop(NAME, None)
 
 

@@ -147,9 +147,9 @@ def test_builtin_strategy_names_match_what_the_modules_register():
 
     registry.list_averagers()  # imports every strategy module
     registered = {
-        name: f.__module__
-        for name, f in registry._REGISTRY.items()
-        if f.__module__.startswith("research.")
+        name: registry.averager_factory(name).__module__
+        for name in registry.list_averagers()
+        if registry.averager_factory(name).__module__.startswith("research.")
     }
     assert registered == {n: s.module for n, s in declared.strategies().items()}
     assert registry.builtin_modules() == sorted(set(registered.values()))
@@ -164,9 +164,9 @@ def test_builtin_options_match_the_constructors():
 
     registry.list_averagers()
     for name, strategy in declared.strategies().items():
-        factory = registry._REGISTRY[name]
-        params = inspect.signature(factory).parameters
-        assert set(registry._keywords(factory)) == set(strategy.options), name
+        params = inspect.signature(registry.averager_factory(name)).parameters
+        imported = registry._REGISTRY.declared(name, ("world",))
+        assert set(imported.options) == set(strategy.options), name
         for key, option in strategy.options.items():
             default = params[key].default
             assert isinstance(default, option.types), (name, key, default)

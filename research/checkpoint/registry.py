@@ -33,7 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from research.options import Declared, Option, Range, check, module_name, read
+from research.options import Declared, Range, check, module_name, read
+from research.registry import Registry
 
 __all__ = [
     "NONE",
@@ -58,7 +59,7 @@ _PROJECT = _HERE.parent.parent
 _POSITIONAL = ("world", "directory")
 #: Modules outside research/checkpoint that register savers.
 SAVER_MODULES: list[str] = []
-_REGISTRY: dict[str, Callable[..., Any]] = {}
+_REGISTRY = Registry("saver")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -97,7 +98,7 @@ def declared_saver(name: str) -> Declared | None:
 def list_savers() -> list[str]:
     """Every saver's name, sorted, without importing any saver module."""
     added = {n for m in SAVER_MODULES for n in _added(m)}
-    return sorted(set(_builtin()) | added | set(_REGISTRY))
+    return sorted(set(_builtin()) | added | set(_REGISTRY.names()))
 
 
 def add_saver_module(module: str) -> None:
@@ -124,20 +125,7 @@ def check_saver_options(name: str, options: dict[str, Any]) -> str | None:
         return None
     found = declared_saver(name)
     if found is None and name in _REGISTRY:  # registered by an import only
-        cls = _REGISTRY[name]
-        ranges = getattr(cls, "option_ranges", {})
-        import inspect
-
-        params = inspect.signature(cls).parameters.values()
-        found = Declared(
-            name,
-            cls.__module__,
-            {
-                p.name: Option((object,), range=ranges.get(p.name))
-                for p in params
-                if p.kind is p.KEYWORD_ONLY
-            },
-        )
+        found = _REGISTRY.declared(name, _POSITIONAL)
     if found is None:
         valid = ", ".join([NONE, *list_savers()])
         return f"unknown checkpoint saver {name!r}; valid: {valid}"
@@ -152,19 +140,7 @@ def register_saver(name: str) -> Callable[[F], F]:
     """
     if name == NONE:
         raise ValueError(f"{NONE!r} means no checkpoints; choose another name")
-
-    def deco(cls: F) -> F:
-        old = _REGISTRY.get(name)
-        if old is not None and _qualname(old) != _qualname(cls):
-            raise ValueError(
-                f"saver {name!r} is already registered by {_qualname(old)}"
-            )
-        _REGISTRY[name] = cls
-        if isinstance(cls, type) and cls.__dict__.get("name") in (None, "base"):
-            cls.name = name  # type: ignore[attr-defined]
-        return cls
-
-    return deco
+    return _REGISTRY.register(name)
 
 
 def saver_class(name: str) -> Callable[..., Any]:
@@ -185,7 +161,3 @@ def saver_class(name: str) -> Callable[..., Any]:
         valid = ", ".join(list_savers())
         raise ValueError(f"unknown checkpoint saver {name!r}; valid: {valid}")
     return _REGISTRY[name]
-
-
-def _qualname(obj: Any) -> str:
-    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', obj)}"

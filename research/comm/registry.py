@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from research.comm import declared as declared_mod
 from research.comm.base import Averager, renamed
 from research.options import Range, check
+from research.registry import Registry
 
 __all__ = [
     "Range",
@@ -100,15 +101,8 @@ def check_options(name: str, options: dict[str, Any]) -> str | None:
         return problem
     if name not in _REGISTRY:
         return None  # unknown strategy: reported by the name check
-    factory = _REGISTRY[name]
-    ranges = getattr(factory, "option_ranges", {})
-    known = {
-        k: declared_mod.Option((object,), range=ranges.get(k))
-        for k in _keywords(factory)
-    }
-    return check(
-        "strategy", name, options, known, getattr(factory, "renamed_options", {})
-    )
+    found = _REGISTRY.declared(name, ("world",))
+    return check("strategy", name, options, found.options, found.renamed)
 
 
 def check_link(name: str, spec: str) -> str | None:
@@ -132,19 +126,7 @@ def check_link(name: str, spec: str) -> str | None:
     return None
 
 
-def _keywords(factory: Callable[..., Any]) -> list[str]:
-    """Keyword arguments of a strategy's constructor (after ``world``)."""
-    import inspect
-
-    params = inspect.signature(factory).parameters.values()
-    return [
-        p.name
-        for p in params
-        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "world"
-    ]
-
-
-_REGISTRY: dict[str, Callable[..., Averager]] = {}
+_REGISTRY = Registry("averager")
 
 F = TypeVar("F", bound=Callable[..., Averager])
 
@@ -155,19 +137,7 @@ def register_averager(name: str) -> Callable[[F], F]:
     Re-registering the same object under the same name is allowed (a reloaded
     module); a different object under a taken name is an error.
     """
-
-    def deco(factory: F) -> F:
-        old = _REGISTRY.get(name)
-        if old is not None and _qualname(old) != _qualname(factory):
-            raise ValueError(
-                f"averager {name!r} is already registered by {_qualname(old)}"
-            )
-        _REGISTRY[name] = factory
-        if isinstance(factory, type) and factory.__dict__.get("name") in (None, "base"):
-            factory.name = name  # type: ignore[attr-defined]
-        return factory
-
-    return deco
+    return _REGISTRY.register(name)
 
 
 def add_strategy_module(module: str) -> None:
@@ -190,7 +160,7 @@ def _load_strategy_modules() -> None:
 def list_averagers() -> list[str]:
     """Names accepted by :func:`get_averager`, sorted."""
     _load_strategy_modules()
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def known_averagers() -> list[str]:
@@ -201,14 +171,14 @@ def known_averagers() -> list[str]:
     so far.
     """
     added = {n for m in STRATEGY_MODULES for n in declared_mod.strategies_in(m)}
-    return sorted(set(declared_mod.strategies()) | added | set(_REGISTRY))
+    return sorted(set(declared_mod.strategies()) | added | set(_REGISTRY.names()))
 
 
 def averager_factory(name: str) -> Callable[..., Averager]:
     """The class (or factory) registered as ``name``, e.g. to read its attributes."""
     _load_strategy_modules()
     if name not in _REGISTRY:
-        valid = ", ".join(sorted(_REGISTRY))
+        valid = ", ".join(_REGISTRY.names())
         raise ValueError(f"unknown averager {name!r}; valid averagers: {valid}")
     return _REGISTRY[name]
 
@@ -227,13 +197,9 @@ def get_averager(name: str, world: Any, **options: Any) -> Averager:
     """
     _load_strategy_modules()
     if name not in _REGISTRY:
-        valid = ", ".join(sorted(_REGISTRY))
+        valid = ", ".join(_REGISTRY.names())
         raise ValueError(f"unknown averager {name!r}; valid averagers: {valid}")
     return _REGISTRY[name](world, **options)
-
-
-def _qualname(obj: Any) -> str:
-    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', obj)}"
 
 
 def strategy_options(name: str, options: dict[str, Any], link: str) -> dict[str, Any]:
