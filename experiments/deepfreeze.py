@@ -47,14 +47,13 @@ from pathlib import Path
 from typing import Any
 
 from research.checkpoint.registry import list_savers, saver_name
-from research.cli import nested, override, parse_config
+from research.cli import nested, override, parse_config, without
 from research.launch import UsageError, fail_usage
 from research.studies.deepfreeze import (
     check_flags,
     launch_jobs,
     report,
     run_job,
-    without,
 )
 from research.studies.presets import ExperimentConfig, start_job, with_model
 from research.train.config import CKPT, OUTPUT, TrainConfig, flag

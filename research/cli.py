@@ -45,6 +45,19 @@ def parse_options(pairs: Sequence[str] | None, flag: str) -> dict[str, Any]:
     return out
 
 
+def without(argv: list[str], flag: str) -> list[str]:
+    """``argv`` minus ``flag VALUE`` and ``flag=VALUE``."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == flag:
+            skip = True
+        elif not a.startswith(flag + "="):
+            out.append(a)
+    return out
+
+
 def nested(factory: Callable[[], Any]) -> Any:
     """A field holding a nested config (an experiment's ``train: TrainConfig``):
     its flags join the parent's, in the nested class's own ``--help`` groups."""

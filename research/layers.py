@@ -4,8 +4,9 @@
 ``research.comm``, or a single module such as ``research.trace``), lowest
 first, each with the units it may import besides its own modules. A unit names
 only units listed before it, so the table is the layering and nothing imports
-upward: ``research.comm`` imports nothing of ours but the timeline and the
-declared-options reader (``research.options``);
+upward: ``research.comm`` imports nothing of ours but the timeline, the
+declared-options reader (``research.options``), the registry and the
+machine's description (``research.provenance``);
 ``research.checkpoint`` is a library below training (the Trainer's checkpoint
 hook lives in ``research.train.checkpointing``, the interleaved saver
 benchmark in ``research.studies.checkpoint_bench``); ``research`` never imports
@@ -43,7 +44,12 @@ UNITS: dict[str, tuple[str, ...]] = {
     "research.localnet": _FOUNDATION,  # nodes as network namespaces, one machine
     "models": _FOUNDATION,
     # Communication: MPI start-up, collectives, the strategies' communication.
-    "research.comm": ("research.options", "research.registry", "research.trace"),
+    "research.comm": (
+        "research.options",
+        "research.provenance",
+        "research.registry",
+        "research.trace",
+    ),
     # Starting ranks: mpiexec, threads and heap settings of the processes.
     "research.launch": (
         "research.comm",

@@ -30,7 +30,8 @@ from typing import Any
 FILE = "run.json"
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or what ``platform`` knows."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -103,7 +104,7 @@ def job_record(
         "job": job,
         "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         "host": platform.node(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "memory_gib": _memory_gib(),
         "load_average": [round(x, 2) for x in os.getloadavg()],

@@ -347,19 +347,6 @@ def _separation(df: dict, others: list[dict]) -> str:
     )
 
 
-def without(argv: list[str], flag: str) -> list[str]:
-    """``argv`` minus ``flag VALUE`` and ``flag=VALUE``."""
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == flag:
-            skip = True
-        elif not a.startswith(flag + "="):
-            out.append(a)
-    return out
-
-
 def launch_jobs(cfg: Any, argv: list[str], root: Path, module: str) -> int:
     """Start the main job and the ranks-sweep jobs under mpiexec, one at a time.
 

@@ -45,21 +45,11 @@ from typing import Any
 import numpy as np
 
 from research.comm.sparse.cost import DEFAULTS, CostModel
+from research.provenance import cpu_model
 
 _ENV = "RESEARCH_SPARSE_COST"
 #: Timed repetitions of the brief first-use calibration and of the full one.
 QUICK_REPS, FULL_REPS = 3, 9
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _mpi_library() -> str:
@@ -71,7 +61,7 @@ def _mpi_library() -> str:
 def cache_key(size: int, nodes: int = 1) -> dict[str, Any]:
     """What a calibration is valid for: machine, MPI library, ranks, nodes."""
     return {
-        "machine": f"{_cpu_model()} ({os.cpu_count()} logical cores, "
+        "machine": f"{cpu_model()} ({os.cpu_count()} logical cores, "
         f"{platform.machine()})",
         "mpi": _mpi_library(),
         "size": int(size),
