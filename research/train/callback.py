@@ -1,28 +1,70 @@
-"""Hooks into the training loop (``research.train.loop.Trainer``)."""
+"""Hooks into the training loop, and what they see of a run.
+
+:class:`Callback` is what a hook subclasses; :class:`Run` is what hooks and the
+run's records (``research.train.report``) may read of the run, so that they
+need nothing of the loop: :class:`research.train.loop.Trainer` is a ``Run``.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from research.train.loop import Trainer
+from research.train.config import TrainConfig
+from research.train.state import TrainState
+
+
+class Run(Protocol):
+    """A training run as its hooks see it (the Trainer's public face)."""
+
+    config: TrainConfig
+    world: Any  # research.comm.world.World
+    state: TrainState
+    dataset: Any
+    loader: Any
+    model: Any
+    averager: Any  # research.comm.base.Averager
+    executor: Any  # research.train.executors.Executor
+    imbalance: Any  # research.imbalance.Imbalance
+    stop: Any  # research.train.preemption.StopAgreement
+    tracer: Any  # research.trace.Tracer or NullTracer
+    schedule: Any
+    callbacks: list[Callback]
+    run_dir: Path
+    step: int  # completed steps
+    total_steps: int
+    train_time: float  # seconds in training steps, evaluation excluded
+    t_start: float  # when the first step began (perf_counter)
+    logged: tuple[int, float]  # (step, train_time) of the last metrics row
+    step_times: list[float]
+    delays: list[float]  # injected into each step (imbalance)
+    contributors: list[int]
+    evals: list[dict[str, Any]]
+
+    def restore(
+        self, state: TrainState, step: int, data_position: dict | None
+    ) -> None: ...
+
+    def drain(self, final: bool = False) -> None: ...
+
+    def log_scalars(self, step: int, values: dict[str, float]) -> None: ...
 
 
 class Callback:
     """Hooks into the loop (checkpointing, custom logging). All are optional."""
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: Run) -> None:
         """Before the first step; may call ``trainer.restore`` to resume."""
 
-    def on_step_end(self, trainer: Trainer, step: int) -> None:
+    def on_step_end(self, trainer: Run, step: int) -> None:
         """After the update of step ``step`` (number of completed steps)."""
 
-    def on_stop(self, trainer: Trainer) -> None:
+    def on_stop(self, trainer: Run) -> None:
         """The run was told to stop after step ``trainer.step`` (collective;
         communication drained): save what must survive. ``on_train_end`` follows.
         """
 
-    def on_train_end(self, trainer: Trainer) -> None:
+    def on_train_end(self, trainer: Run) -> None:
         """After the last step and the final evaluation."""
 
     def summary(self) -> dict[str, Any]:

@@ -14,16 +14,13 @@ run continues exactly like one that never stopped.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from research.checkpoint.base import Checkpointer
 from research.checkpoint.config import CheckpointConfig
 from research.comm import watchdog
 from research.periodic import itstime
-from research.train.callback import Callback
-
-if TYPE_CHECKING:
-    from research.train.loop import Trainer
+from research.train.callback import Callback, Run
 
 
 class CheckpointCallback(Callback):
@@ -66,11 +63,11 @@ class CheckpointCallback(Callback):
             )
         )
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: Run) -> None:
         with watchdog.watch("checkpoint start-up and restore"):
             self._start(trainer)
 
-    def _start(self, trainer: Trainer) -> None:
+    def _start(self, trainer: Run) -> None:
         self._world = trainer.world
         self.ckpt = self.config.create(trainer.world, trainer.run_dir, **self._kw)
         if self.ckpt is None:
@@ -98,20 +95,20 @@ class CheckpointCallback(Callback):
                 f"({restored.seconds:.2f} s, tiers {restored.tiers})"
             )
 
-    def on_step_end(self, trainer: Trainer, step: int) -> None:
+    def on_step_end(self, trainer: Run, step: int) -> None:
         if self.ckpt is not None and itstime(
             step, self.config.every, trainer.total_steps, last=self.config.final
         ):
             trainer.drain()  # nothing in flight or carried in the snapshot
             self._save(trainer, step)
 
-    def on_stop(self, trainer: Trainer) -> None:
+    def on_stop(self, trainer: Run) -> None:
         """Told to stop: checkpoint this step unless it was just saved."""
         if self.ckpt is not None and self._saved_at != trainer.step:
             self.ckpt.wait()  # a free slot: on_busy="skip" must not drop this one
             self._save(trainer, trainer.step)
 
-    def _save(self, trainer: Trainer, step: int) -> None:
+    def _save(self, trainer: Run, step: int) -> None:
         extra = {"data": trainer.loader.position, "step": step}
         choice = getattr(trainer.averager, "allreduce_choice", None)
         if choice is not None:
@@ -126,7 +123,7 @@ class CheckpointCallback(Callback):
             },
         )
 
-    def on_train_end(self, trainer: Trainer) -> None:
+    def on_train_end(self, trainer: Run) -> None:
         if self.ckpt is not None:
             t0 = time.perf_counter()
             with watchdog.watch("checkpoint close"):

@@ -2,35 +2,24 @@
 
 ``Trainer(config, world, averager=..., imbalance=..., callbacks=...).run()``
 trains, evaluates and writes the run folder (``research.rundir``). How a step
-runs (one jitted program, host-side averaging, a parameter server, stages
-overlapped with communication) is its strategy's executor
-(``research.train.executors``): the loop asks it for each step's new state,
-metrics and communication record, and has it ``drain`` whatever is in flight
-before an evaluation, a checkpoint snapshot and the end. Logged rows go to
-``metrics.jsonl`` and, by default, to TensorBoard (``research.train.tensorboard``);
-``--profile`` captures XLA's profile of chosen steps (``research.train.profiling``).
+runs is its strategy's executor (``research.train.executors``): the loop asks
+it for each step's new state, metrics and communication record, and has it
+``drain`` what is in flight before an evaluation, a checkpoint snapshot and the
+end. Rows go to ``metrics.jsonl`` and TensorBoard (``research.train.tensorboard``).
+The loop blocks on each step's metrics, so step times are honest.
 
-Per step the loop blocks on the step's metrics, so step times are honest and
-rank 0's progress bar shows the loss; the cost is that the host cannot enqueue
-step s+1 while step s computes (small on CPU, where dispatch is cheap).
-
-Failures: set-up that only reads (data, model, state) runs before any collective,
-and the ranks then agree on its outcome, so bad input raises the same
-:class:`research.launch.UsageError` on every rank. After that an exception on
-one rank leaves the others inside a collective it will never join, so the error
-path runs no collective (the trace is flushed locally, nothing is merged or
-closed collectively) and the exception propagates to the entry point, whose
-abort hook (``research.comm.world.install_abort_on_error``) ends the job.
-
-Told to stop (SIGTERM, SIGUSR1): the ranks agree on a step, drain, checkpoint
-it, write the run folder and ``run`` raises
-:class:`research.train.preemption.Stopped` (exit code 128 + signal); see
-:mod:`research.train.preemption`.
+Failures: set-up is agreed before any collective (``research.train.setup``).
+After that an exception on one rank leaves the others inside a collective, so
+the error path runs no collective and the exception propagates to the entry
+point, whose abort hook (``research.comm.world``) ends the job. Told to stop
+(SIGTERM, SIGUSR1), the ranks agree on a step, checkpoint it and ``run`` raises
+:class:`research.train.preemption.Stopped` (``research.train.preemption``).
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -39,17 +28,15 @@ from research.comm.base import Averager, CommInfo
 from research.comm.dense import HostAllreduce
 from research.comm.world import World
 from research.imbalance import Imbalance
-from research.launch import UsageError
 from research.periodic import itstime
 from research.rundir import MetricsWriter, write_json
 from research.trace import NullTracer, Tracer, get_tracer, set_tracer
 from research.train.callback import Callback  # re-exported: callbacks subclass it
-from research.train.config import TrainConfig, load_data
+from research.train.config import TrainConfig
 from research.train.evaluate import average_batch_stats, evaluate
 from research.train.executors import StepContext, make_executor
-from research.train.optim import make_optimizer_for
 from research.train.preemption import StopAgreement, Stopped, lag_for, save_at_stop
-from research.train.profiling import ProfileWindow, StepProfiler
+from research.train.profiling import StepProfiler
 from research.train.report import (
     config_record,
     eval_row,
@@ -59,18 +46,17 @@ from research.train.report import (
     step_row,
     summary_record,
 )
+from research.train.setup import agreed_setup, implied_callbacks, make_averager
+from research.train.state import TrainState
+from research.train.tensorboard import Board
 
 __all__ = ["Callback", "Trainer"]
-from research.train.state import TrainState, create_train_state
-from research.train.tensorboard import Board
 
 
 class Trainer:
     """Synchronous (or partially synchronous) data-parallel training on MPI.
 
-    Attributes available to callbacks: ``config``, ``world``, ``state``,
-    ``loader``, ``step`` (completed steps), ``total_steps``, ``run_dir``,
-    ``tracer``, ``dataset``, ``model``, ``averager``.
+    What callbacks may read of it: :class:`research.train.callback.Run`.
     """
 
     def __init__(
@@ -83,8 +69,6 @@ class Trainer:
         callbacks: tuple[Callback, ...] | list[Callback] = (),
         run_dir: str | Path | None = None,
     ) -> None:
-        from research.comm.registry import get_averager, strategy_options
-
         self.config = config
         self.world = world
         # Absolute once: Orbax and other libraries refuse relative paths.
@@ -95,41 +79,20 @@ class Trainer:
         # why (research.comm.watchdog, research.comm.failures).
         watchdog.configure(config.comm_timeout)
         failures.set_dir(self.run_dir)
-        # Local set-up first (no collective): bad data or settings raise here on
-        # any rank; the ranks then agree, so every rank stops alike.
-        problem = None
-        try:
-            self._setup_local()
-        except (ValueError, UsageError) as e:
-            problem = str(e)
-        problems = world.allgather(problem)
-        failed = [(r, p) for r, p in enumerate(problems) if p is not None]
-        if failed:
-            r, p = failed[0]
-            raise UsageError(p if len(failed) == world.size else f"rank {r}: {p}")
-        if config.checkpoint != "none":
-            from research.train.checkpointing import CheckpointCallback
-
-            self.callbacks.append(CheckpointCallback.for_run(config))
-        if failures.attempt() > 0:  # relaunched by research.restart
-            from research.train.restarted import RestartRecord
-
-            self.callbacks.append(RestartRecord())
+        setup = agreed_setup(config, world)  # the same outcome on every rank
+        self.dataset, self.loader = setup.dataset, setup.loader
+        self.total_steps, self.schedule = setup.total_steps, setup.schedule
+        self.model, self.state = setup.model, setup.state
+        self.callbacks += implied_callbacks(config)
         if world.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         world.barrier()
-        try:
-            options = strategy_options(
-                config.strategy, config.strategy_options, config.link
-            )
-        except ValueError as e:  # the same on every rank
-            raise UsageError(str(e)) from None
-        self.averager = averager or get_averager(config.strategy, world, **options)
+        self.averager = make_averager(config, world, averager)
         self.executor = make_executor(
             self.averager,
             StepContext(
                 world.size,
-                self._optimizer,
+                setup.optimizer,
                 self.model,
                 weight_decay=config.weight_decay,
             ),
@@ -151,9 +114,9 @@ class Trainer:
         # XLA's profile of --profile's steps (research.train.profiling).
         self.board = Board.start(self.run_dir, world, enabled=config.tensorboard)
         self.profiler = StepProfiler.start(
-            self._profile_window, self.run_dir, world.rank, self.tracer
+            setup.profile_window, self.run_dir, world.rank, self.tracer
         )
-        self._logged = (0, 0.0)  # (step, train_time) of the last metrics row
+        self.logged = (0, 0.0)  # (step, train_time) of the last metrics row
         # BatchNorm statistics: the ring where every rank can load it, not a
         # timed choice, so a resumed run averages them exactly as before.
         self._stats_mean = HostAllreduce(world, allreduce="ring")
@@ -162,26 +125,7 @@ class Trainer:
         self.contributors: list[int] = []
         self.evals: list[dict[str, Any]] = []
         self.train_time = 0.0  # wall time in training steps, evaluation excluded
-        self._t_start = 0.0
-
-    def _setup_local(self) -> None:
-        """Data, loader, schedule, model and state: this rank's work alone."""
-        import models
-
-        config = self.config
-        self.dataset, self.loader, self.total_steps = load_data(config, self.world)
-        self.schedule, tx = self._optimizer(1)
-        self.model = models.get_model(
-            config.model, num_classes=self.dataset.num_classes, **config.model_options
-        )
-        self.state: TrainState = create_train_state(
-            self.model, self.dataset.train_x[:1], tx, config.seed
-        )
-        self._profile_window = ProfileWindow.parse(config.profile, config.profile_ranks)
-        if self._profile_window is not None:
-            problem = self._profile_window.problem(self.total_steps, self.world.size)
-            if problem:
-                raise UsageError(problem)
+        self.t_start = 0.0  # when the first step began (perf_counter)
 
     # -- resume -------------------------------------------------------------------
     def restore(self, state: TrainState, step: int, data_position: dict | None) -> None:
@@ -190,18 +134,6 @@ class Trainer:
         self.step = int(step)
         if data_position is not None:
             self.loader.set_position(data_position)
-
-    def _optimizer(self, pushes_per_step: int, weight_decay: float | None = None):
-        """``(schedule, tx)`` for a consumer of ``pushes_per_step`` updates per
-        step; ``weight_decay`` overrides the run's (0: a strategy that decays
-        the local gradient itself)."""
-        return make_optimizer_for(
-            self.config,
-            self.world.size,
-            self.total_steps,
-            pushes_per_step,
-            weight_decay=weight_decay,
-        )
 
     # -- one step -----------------------------------------------------------------
     def _train_step(self) -> tuple[dict, CommInfo | None, dict[str, float]]:
@@ -219,12 +151,9 @@ class Trainer:
     def _hold(self, delay: float, step: int) -> None:
         """The injected imbalance: part of the compute phase (a slower rank)."""
         if delay > 0:
+            how = self.imbalance.how
             with self.tracer.span(
-                "injected delay",
-                "delay",
-                step=step,
-                seconds=delay,
-                how=self.imbalance.how,
+                "injected delay", "delay", step=step, seconds=delay, how=how
             ):
                 self.imbalance.hold(delay)
 
@@ -250,23 +179,25 @@ class Trainer:
             summary = self._run()
         except BaseException:
             self.stop.restore_handlers()
-            self.profiler.close()
-            self.board.close()  # local: rank 0 writes what it has
-            self.metrics.close()
-            self.tracer.close(collective=False)
+            self._close_records(collective=False)  # rank 0 writes what it has
             set_tracer(prev_tracer)
             raise
-        self.profiler.close()
-        self.board.close()
-        self.metrics.close()
-        with watchdog.watch("timeline merge"):
-            self.tracer.close()
+        self._close_records(collective=True)
         set_tracer(prev_tracer)
         with watchdog.watch("strategy close"):
             self.executor.close()
         if self.stop.stopped is not None:
             raise Stopped(self.stop.stopped)
         return summary
+
+    def _close_records(self, collective: bool) -> None:
+        """Close the profiler, TensorBoard, metrics and the timeline (merged
+        into ``trace.json`` only when ``collective``)."""
+        self.profiler.close()
+        self.board.close()
+        self.metrics.close()
+        with watchdog.watch("timeline merge") if collective else nullcontext():
+            self.tracer.close(collective=collective)
 
     def _run(self) -> dict[str, Any]:
         world = self.world
@@ -279,9 +210,9 @@ class Trainer:
         for cb in self.callbacks:
             cb.on_train_start(self)
         bar = progress_bar(self)
-        self._logged = (self.step, self.train_time)
+        self.logged = (self.step, self.train_time)
         world.barrier()
-        self._t_start = time.perf_counter()
+        self.t_start = time.perf_counter()
         while self.step < self.total_steps:
             with self.profiler.step(self.step + 1):
                 t0 = time.perf_counter()
@@ -323,7 +254,7 @@ class Trainer:
         ):
             if self.world.rank == 0:
                 row = step_row(self, m, info, phases, dt)
-                self._logged = (self.step, self.train_time)
+                self.logged = (self.step, self.train_time)
                 self.metrics.write(row)
                 self.board.step(row)
             else:  # this rank's own figures, for TensorBoard's per-rank tags

@@ -1,7 +1,8 @@
 """What a run records about itself: ``config.json`` and ``summary.json`` records.
 
-Kept apart from the loop so the loop reads whole; both functions take the
-:class:`research.train.loop.Trainer` and read only its public attributes.
+Kept apart from the loop so the loop reads whole; the functions take the run
+(:class:`research.train.callback.Run`, the Trainer) and read only its public
+attributes.
 """
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ import os
 import statistics
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from research.launch import xla_compute_threads
 from research.rundir import versions
+from research.train.callback import Run
 from research.train.state import param_count, tree_bytes, tree_digest
 
 
@@ -58,10 +60,6 @@ def _one_node() -> bool | None:
     return None
 
 
-if TYPE_CHECKING:
-    from research.train.loop import Trainer
-
-
 def nodes_record(world: Any) -> dict[str, Any] | None:
     """The world's nodes (count, ranks per node, host names), or None when the
     world was made without its topology."""
@@ -69,7 +67,7 @@ def nodes_record(world: Any) -> dict[str, Any] | None:
     return topology.record() if topology is not None else None
 
 
-def config_record(t: Trainer) -> dict[str, Any]:
+def config_record(t: Run) -> dict[str, Any]:
     """The resolved configuration, world, model and versions (rank 0 writes it)."""
     return {
         "config": t.config,
@@ -96,7 +94,7 @@ def config_record(t: Trainer) -> dict[str, Any]:
     }
 
 
-def summary_record(t: Trainer) -> dict[str, Any]:
+def summary_record(t: Run) -> dict[str, Any]:
     """The numbers a table or figure needs. Collective (gathers every rank's)."""
     times = t.step_times[1:] or t.step_times  # step 1 includes compilation
     med = statistics.median(times) if times else float("nan")
@@ -162,7 +160,7 @@ def watchdog_record(world: Any) -> dict[str, Any] | None:
     }
 
 
-def progress_bar(t: Trainer):
+def progress_bar(t: Run):
     """Rank 0's tqdm bar on a terminal with ``--progress``; else None."""
     import sys
 
@@ -180,14 +178,14 @@ def progress_bar(t: Trainer):
     )
 
 
-def step_row(t: Trainer, m: dict, info: Any, phases: dict, dt: float) -> dict:
+def step_row(t: Run, m: dict, info: Any, phases: dict, dt: float) -> dict:
     """One step's row of ``metrics.jsonl``: loss, accuracy, rate, times, phases
     (``*_s``, the executor's) and the communication record (``comm_*``).
 
     ``samples_per_s``: global samples per second of training time since the
-    previous row (``t._logged``; the first row's includes compilation).
+    previous row (``t.logged``; the first row's includes compilation).
     """
-    step0, time0 = t._logged
+    step0, time0 = t.logged
     rate = t.config.batch_size * t.world.size * (t.step - step0)
     row = {
         "step": t.step,
@@ -196,7 +194,7 @@ def step_row(t: Trainer, m: dict, info: Any, phases: dict, dt: float) -> dict:
         "lr": float(t.schedule(t.step - 1)),
         "samples_per_s": rate / max(t.train_time - time0, 1e-9),
         "step_time": dt,
-        "wall": time.perf_counter() - t._t_start,
+        "wall": time.perf_counter() - t.t_start,
         "train_time": t.train_time,
         **phases,
     }
@@ -205,7 +203,7 @@ def step_row(t: Trainer, m: dict, info: Any, phases: dict, dt: float) -> dict:
     return row
 
 
-def rank_row(t: Trainer, info: Any, phases: dict, dt: float) -> dict:
+def rank_row(t: Run, info: Any, phases: dict, dt: float) -> dict:
     """The figures of a step row that are each rank's own (its step time,
     phases and communication record): what a rank other than 0 hands to
     TensorBoard's per-rank tags, without the loss and learning rate it would
@@ -216,19 +214,19 @@ def rank_row(t: Trainer, info: Any, phases: dict, dt: float) -> dict:
     return row
 
 
-def eval_row(t: Trainer, ev: dict, t0: float) -> dict:
+def eval_row(t: Run, ev: dict, t0: float) -> dict:
     """An evaluation's row (``kind: eval`` in ``metrics.jsonl``), ``t0`` its start."""
     return {
         "step": t.step,
         "epoch": t.step / t.loader.steps_per_epoch,
-        "wall": t0 - t._t_start,
+        "wall": t0 - t.t_start,
         "train_time": t.train_time,
         "eval_s": time.perf_counter() - t0,
         **ev,
     }
 
 
-def say_eval(t: Trainer, row: dict) -> None:
+def say_eval(t: Run, row: dict) -> None:
     """One line per evaluation on rank 0, unless the progress bar shows it."""
     if not (sys.stderr.isatty() and t.config.progress):
         print(

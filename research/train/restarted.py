@@ -17,13 +17,10 @@ the restarted run this callback (added by the Trainer when N > 0)
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from research.comm import failures
-from research.train.callback import Callback
-
-if TYPE_CHECKING:
-    from research.train.loop import Trainer
+from research.train.callback import Callback, Run
 
 
 class RestartRecord(Callback):
@@ -34,7 +31,7 @@ class RestartRecord(Callback):
         self.records: list[dict[str, Any]] = []
         self._done = False
 
-    def on_train_start(self, trainer: Trainer) -> None:
+    def on_train_start(self, trainer: Run) -> None:
         from research.restart import read_records
 
         self.records = read_records(trainer.run_dir)
@@ -64,7 +61,7 @@ class RestartRecord(Callback):
             step_resumed=resumed,
         )
 
-    def on_step_end(self, trainer: Trainer, step: int) -> None:
+    def on_step_end(self, trainer: Run, step: int) -> None:
         if self._done:
             return
         self._done = True
@@ -95,7 +92,7 @@ class RestartRecord(Callback):
         return None
 
     @staticmethod
-    def _resumed(trainer: Trainer) -> int:
+    def _resumed(trainer: Run) -> int:
         for cb in trainer.callbacks:
             step = getattr(cb, "resumed_from", None)
             if step is not None:
