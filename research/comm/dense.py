@@ -207,7 +207,8 @@ class FusedAllreduce(Averager):
             return grads
         plan = self.plan(grads)
         if self.allreduce_choice.get("pending"):
-            self.allreduce_choice = self._measure(grads, plan)
+            # Not xla: the program being traced is this rank's alone.
+            self.allreduce_choice = self._measure(grads, plan, spmd=False)
         return self._average(grads, plan, self.allreduce_choice["path"])
 
     def _average(self, grads: Any, plan: FusionPlan, path: str) -> Any:
@@ -217,10 +218,11 @@ class FusedAllreduce(Averager):
         chain = Chain(plan, self.size, self.prescale, self.sequential, fold)
         return chain.run(plan.flatten(grads), allreduce)
 
-    def _measure(self, grads: Any, plan: FusionPlan) -> dict[str, Any]:
+    def _measure(self, grads: Any, plan: FusionPlan, spmd: bool) -> dict[str, Any]:
         """``allreduce=auto``: each candidate's program compiled and timed on
         zeros shaped like ``grads``, while the step is being traced
-        (collective: every rank traces the same step together)."""
+        (collective: every rank traces the same step together); ``xla`` only
+        where the step can become a program of all ranks (``spmd``)."""
         with jax.ensure_compile_time_eval():
             zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), grads)
 
@@ -231,7 +233,8 @@ class FusedAllreduce(Averager):
                 run = jax.jit(lambda t: self._average(t, plan, path))
                 return lambda: jax.block_until_ready(run(zeros))
 
-            paths = {p: program(p) for p in self.allreduce_choice["candidates"]}
+            wanted = self.allreduce_choice["candidates"]
+            paths = {p: program(p) for p in wanted if spmd or p != "xla"}
             return _settled(self, paths, plan, "fused")
 
     def settle(self, grads: Any) -> None:
@@ -240,7 +243,7 @@ class FusedAllreduce(Averager):
         own (:meth:`spmd`), so it cannot be chosen while a step is traced."""
         choice = self.allreduce_choice
         if self.size > 1 and choice.get("pending") and "xla" in choice["candidates"]:
-            self.allreduce_choice = self._measure(grads, self.plan(grads))
+            self.allreduce_choice = self._measure(grads, self.plan(grads), spmd=True)
 
     def spmd(self) -> bool:
         """Whether the step must run as one program of all ranks (``xla``)."""
