@@ -30,6 +30,7 @@ class Run(Protocol):
     tracer: Any  # research.trace.Tracer or NullTracer
     schedule: Any
     callbacks: list[Callback]
+    devices: list[dict[str, Any]]  # each rank's platform and device
     run_dir: Path
     step: int  # completed steps
     total_steps: int

@@ -23,7 +23,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from research.comm import failures, watchdog
+from research.comm import devices, failures, watchdog, xla_collective
 from research.comm.base import Averager, CommInfo
 from research.comm.dense import HostAllreduce
 from research.comm.world import World
@@ -79,6 +79,9 @@ class Trainer:
         # why (research.comm.watchdog, research.comm.failures).
         watchdog.configure(config.comm_timeout)
         failures.set_dir(self.run_dir)
+        # XLA's collectives (allreduce=xla, or auto on GPUs) need JAX's
+        # distributed runtime, which starts before JAX computes (collective).
+        xla_collective.start_for(world, config)
         setup = agreed_setup(config, world)  # the same outcome on every rank
         self.dataset, self.loader = setup.dataset, setup.loader
         self.total_steps, self.schedule = setup.total_steps, setup.schedule
@@ -86,17 +89,10 @@ class Trainer:
         self.callbacks += implied_callbacks(config)
         if world.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-        world.barrier()
+        self.devices = world.allgather(devices.describe())  # for config.json
         self.averager = make_averager(config, world, averager)
-        self.executor = make_executor(
-            self.averager,
-            StepContext(
-                world.size,
-                setup.optimizer,
-                self.model,
-                weight_decay=config.weight_decay,
-            ),
-        )
+        ctx = StepContext(world.size, setup.optimizer, self.model, config.weight_decay)
+        self.executor = make_executor(self.averager, ctx)
         # Collective (a communicator of its own); catches SIGTERM and SIGUSR1.
         self.stop = StopAgreement(world, lag_for(self.averager))
         self.step = 0

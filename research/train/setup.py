@@ -18,7 +18,7 @@ from research.comm import failures
 from research.comm.base import Averager
 from research.launch import UsageError
 from research.train.callback import Callback
-from research.train.config import TrainConfig, load_data
+from research.train.config import TrainConfig, load_data, model_options
 from research.train.optim import make_optimizer_for
 from research.train.profiling import ProfileWindow
 from research.train.state import TrainState, create_train_state
@@ -51,7 +51,7 @@ def local_setup(config: TrainConfig, world: Any) -> Setup:
     optimizer = functools.partial(make_optimizer_for, config, world.size, total_steps)
     schedule, tx = optimizer(1)
     model = models.get_model(
-        config.model, num_classes=dataset.num_classes, **config.model_options
+        config.model, num_classes=dataset.num_classes, **model_options(config)
     )
     state = create_train_state(model, dataset.train_x[:1], tx, config.seed)
     window = ProfileWindow.parse(config.profile, config.profile_ranks)
@@ -97,9 +97,9 @@ def make_averager(config: TrainConfig, world: Any, given: Averager | None) -> Av
         options = strategy_options(
             config.strategy, config.strategy_options, config.link
         )
-    except ValueError as e:
+        return given or get_averager(config.strategy, world, **options)
+    except ValueError as e:  # the same on every rank
         raise UsageError(str(e)) from None
-    return given or get_averager(config.strategy, world, **options)
 
 
 def implied_callbacks(config: TrainConfig) -> list[Callback]:
