@@ -266,7 +266,7 @@ def report(cfg: Config, root: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     argv = sys.argv[1:] if argv is None else argv
     cfg = parse(argv)  # bad flags end here, before paying for MPI start-up
-    from research.comm.env import launched_by_mpi
+    from research.comm.process.env import launched_by_mpi
 
     if cfg.report_only:
         root = Path(cfg.train.run_dir or "")

@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> str | None:
     argv = sys.argv[1:] if argv is None else argv
     cfg = parse(argv)  # bad flags end here, before paying for MPI start-up
     plot = _plot if cfg.plots else None
-    from research.comm.env import launched_by_mpi
+    from research.comm.process.env import launched_by_mpi
 
     if not launched_by_mpi():
         from research.rundir import default_run_dir

@@ -322,7 +322,7 @@ def _plot(root: Path, target_acc: float) -> list[Path]:
 def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     argv = sys.argv[1:] if argv is None else argv
     cfg = parse(argv)  # bad flags end here, before paying for MPI start-up
-    from research.comm.env import launched_by_mpi
+    from research.comm.process.env import launched_by_mpi
 
     if cfg.sweep and not launched_by_mpi():
         sweep_driver(argv, cfg)

@@ -172,7 +172,7 @@ def parse(argv: list[str]) -> Config:
 
 
 def main(argv: list[str] | None = None) -> str | None:
-    from research.comm.env import launched_by_mpi
+    from research.comm.process.env import launched_by_mpi
 
     argv = sys.argv[1:] if argv is None else argv
     cfg = parse(argv)

@@ -190,7 +190,7 @@ def _sweep_flags(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> str | None:
-    from research.comm.env import launched_by_mpi
+    from research.comm.process.env import launched_by_mpi
     from research.studies.scalability_report import cluster_lists, report
 
     argv = sys.argv[1:] if argv is None else argv

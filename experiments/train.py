@@ -24,7 +24,7 @@ import dataclasses
 import sys
 
 from research.cli import parse_config
-from research.comm.env import launched_by_mpi
+from research.comm.process.env import launched_by_mpi
 from research.launch import UsageError, fail_usage, maybe_relaunch, set_threads
 from research.studies.presets import NP_HELP, ExperimentConfig
 from research.train.config import PARALLEL, TrainConfig, flag

@@ -366,7 +366,7 @@ def validate(cfg: TrainConfig) -> str | None:
         return f"--lr must be positive, got {cfg.lr}"
     if cfg.data_dir is not None and not os.path.isdir(cfg.data_dir):
         return f"--data-dir {cfg.data_dir!r} is not a folder"
-    from research.comm.watchdog import parse_timeout
+    from research.comm.faults.watchdog import parse_timeout
 
     try:
         parse_timeout(cfg.comm_timeout)

@@ -22,9 +22,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from research.comm import lifeline
-from research.comm.env import SHM_DIR, SHM_PREFIXES, env_rank, launched_by_mpi
-from research.comm.malloc import launch_env
+from research.comm.faults import lifeline
+from research.comm.process.env import SHM_DIR, SHM_PREFIXES, env_rank, launched_by_mpi
+from research.comm.process.malloc import launch_env
 from research.privdir import owned
 
 USAGE_EXIT = 2
@@ -112,12 +112,12 @@ def xla_thread_flags(
     ``models`` is imported then).
 
     Those are CPU settings: where this node's ranks will run on GPUs
-    (``platform``, else :func:`research.comm.devices.planned_platform`) the
+    (``platform``, else :func:`research.comm.process.devices.planned_platform`) the
     ones this project adds are left out (and removed where inherited), and
     XLA's own GPU defaults stand.
     """
     if platform is None:
-        from research.comm.devices import planned_platform
+        from research.comm.process.devices import planned_platform
 
         platform = planned_platform()[0]
     flags = [
@@ -192,7 +192,7 @@ def set_threads(threads: int) -> None:
     os.environ.update(thread_env(threads))
 
 
-# SHM_DIR, SHM_PREFIXES: MPICH's shared-memory files (research.comm.env).
+# SHM_DIR, SHM_PREFIXES: MPICH's shared-memory files (research.comm.process.env).
 
 
 def _mapped_shm_files() -> set[str]:
@@ -333,17 +333,19 @@ def relaunch(
     ``128 + signal``, which is returned); a signal sent to the whole process
     group reaches mpiexec twice, which is harmless (the ranks keep a flag).
 
-    Nothing is left behind (``research.comm.lifeline``): mpiexec dies with this
+    Nothing is left behind (``research.comm.faults.lifeline``): mpiexec dies with this
     process, even by SIGKILL; once mpiexec returns, any process of the job
     still running here (tagged ``RESEARCH_JOB``) gets :data:`REAP_GRACE_S`
     seconds, then SIGKILL. With ``run_dir``, a rank's failure record there
-    (``research.comm.failures``) bounds the wait: an mpiexec that has not
+    (``research.comm.faults.failures``) bounds the wait: an mpiexec that has not
     returned :data:`ABORTED_JOB_S` seconds after it (its own node frozen, a
     proxy that cannot be reached) is killed. ``env_extra`` is added to the
     job's environment.
     """
     global told_to_stop
-    env = launch_env(dict(os.environ))  # huge pages for malloc (research.comm.malloc)
+    env = launch_env(
+        dict(os.environ)
+    )  # huge pages for malloc (research.comm.process.malloc)
     env.update(thread_env(threads))
     env.setdefault("PYTHONUNBUFFERED", "1")
     check_may_launch()
@@ -396,7 +398,7 @@ def _wait(proc: subprocess.Popen, run_dir: Any, attempt: str, module: str) -> in
     """``proc.wait()``, bounded by the failure records in ``run_dir``."""
     if run_dir is None:
         return proc.wait()
-    from research.comm import failures
+    from research.comm.faults import failures
 
     while True:
         try:

@@ -376,5 +376,6 @@ def _options_check(cls: ast.ClassDef) -> str | None:
 
 
 def module_name(path: Path, project: Path) -> str:
-    """``research.comm.dense`` for ``<project>/research/comm/dense.py``."""
+    """``research.comm.dense.averagers`` for
+    ``<project>/research/comm/dense/averagers.py``."""
     return ".".join(path.relative_to(project).with_suffix("").parts)

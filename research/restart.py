@@ -5,7 +5,7 @@ under mpiexec; when it ends abnormally (any exit code but 0, 2 for bad input,
 and a stop the launcher itself forwarded: Ctrl-C, SIGTERM, SIGUSR1), up to N
 times:
 
-1. **Why.** The failure records the ranks wrote (:mod:`research.comm.failures`:
+1. **Why.** The failure records the ranks wrote (:mod:`research.comm.faults.failures`:
    ``comm-timeout`` from the watchdog, ``exception``), earliest first; without
    one, ``exit N`` (a rank killed, a node lost: mpiexec returns at once).
 2. **Where.** With hosts, each is asked to run ``true`` the way mpiexec reaches
@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from research.comm import failures
+from research.comm.faults import failures
 from research.launch import USAGE_EXIT, relaunch
 
 #: Seconds a host gets to answer the probe.

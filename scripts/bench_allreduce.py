@@ -9,19 +9,19 @@ interleaved repetitions (median of the slowest rank per repetition):
 * ``fused``: ``FusedAllreduce.average_in_jit`` inside ``jit`` as a user gets
   it (``allreduce=auto``: the ring, MPI's own or, across nodes, the
   hierarchical one, whichever its first call timed fastest,
-  ``research/comm/choose.py``);
+  ``research/comm/dense/choose.py``);
 * ``fused-ring``: the same forced onto the ring allreduce (``allreduce=ring``,
-  ``research/comm/ring.py``);
+  ``research/comm/dense/ring.py``);
 * ``fused-mpi4jax``: the same with mpi4jax's allreduce (``allreduce=mpi``: the
   copy MPICH makes of every input, the divide as a pass of its own);
 * ``fused-hierarchical`` (ranks on several nodes only): reduce in the node,
-  allreduce among node leaders, broadcast (``research/comm/hierarchical.py``);
+  allreduce among node leaders, broadcast (``research/comm/dense/hierarchical.py``);
 * ``host``, ``host-ring``, ``host-mpi``, ``host-hierarchical``:
   ``HostAllreduce.reduce`` (numpy buckets) with ``allreduce=auto``, the ring,
   mpi4py's ``Allreduce`` and the hierarchical one;
 * ``fused-xla``, ``host-xla`` (with ``--xla``): XLA's own collectives across
   the processes (``allreduce=xla``: NCCL on GPUs, gloo on the CPU), the fused
-  one as a program of all ranks (``research/comm/xla_collective.py``);
+  one as a program of all ranks (``research/comm/dense/xla.py``);
 * ``fused-again``, ``host-again``: a second ``allreduce=auto`` averager of each:
   how far two identical ones differ is the noise ``auto`` is judged against;
 * ``mpi4py-per-leaf-sum``: one ``Allreduce(IN_PLACE)`` per leaf on warm numpy
@@ -35,13 +35,13 @@ then what ``auto`` chose and whether it ran within the measured noise of the
 faster of its two forced paths, and the target (fused and host within 1.10x of
 the baseline) with its check.
 ``--diagnose`` adds the variants that show why one mpi4jax allreduce of 100 MB is
-~2x slower than mpi4py (see ``research/comm/dense.py``): one 102 MB mpi4jax call;
-mpi4py out of place into a reused result, and into a fresh result with 4 KiB
-pages (what XLA hands mpi4jax); the fused path with one 102 MB bucket and
+~2x slower than mpi4py (see ``research/comm/dense/averagers.py``): one 102 MB
+mpi4jax call; mpi4py out of place into a reused result, and into a fresh result
+with 4 KiB pages (what XLA hands mpi4jax); the fused path with one 102 MB bucket and
 without sequencing. ``--unpinned`` leaves XLA's thread pools at their defaults;
 ``--glibc-tunables`` changes malloc (huge pages for its mmaps, no heap trimming);
 ``--malloc default`` leaves glibc's malloc at its defaults instead of the heap
-that every rank of ours keeps (``research/comm/malloc.py``).
+that every rank of ours keeps (``research/comm/process/malloc.py``).
 
 Run ``python -m scripts.bench_allreduce`` (it starts itself under mpiexec with 2,
 then 4 ranks) or ``mpiexec -n 2 python -m scripts.bench_allreduce``; with
@@ -108,7 +108,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("kept", "default"),
         default="kept",
         help="kept (default): malloc keeps freed memory, as in every rank of "
-        "ours (research/comm/malloc.py); default: glibc's own thresholds (diagnosis)",
+        "ours (research/comm/process/malloc.py); default: glibc's own "
+        "thresholds (diagnosis)",
     )
     mpibench.add_tree_args(p)
     p.add_argument(
@@ -121,7 +122,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--xla",
         action="store_true",
         help="also time allreduce=xla (XLA's collectives: NCCL on GPUs, gloo on "
-        "the CPU), fused and host (research/comm/xla_collective.py)",
+        "the CPU), fused and host (research/comm/dense/xla.py)",
     )
     p.add_argument("--json", metavar="PATH", help="save all numbers as JSON here")
     args = p.parse_args(argv)
@@ -147,14 +148,14 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
     from mpi4py import MPI
 
     from research.comm.dense import FusedAllreduce, HostAllreduce
-    from research.comm.malloc import state as malloc_state
+    from research.comm.process.malloc import state as malloc_state
     from research.comm.world import get_world
 
     world = get_world()
     comm, rank, size = world.comm, world.rank, world.size
     xla = None  # XLA's collectives: their runtime starts before JAX computes
     if args.xla:
-        from research.comm import xla_collective
+        from research.comm.dense import xla as xla_collective
 
         xla = xla_collective if xla_collective.start(world) else None
         if xla is None and rank == 0:

@@ -32,7 +32,7 @@ workers then fight them for the cores (ResNet-50's JAX step measured 967 ms righ
 after PyTorch's, 775 ms with no PyTorch in the process).
 
 It re-executes itself with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (as our
-launchers start ranks, :mod:`research.comm.malloc`) unless that tunable is set;
+launchers start ranks, :mod:`research.comm.process.malloc`) unless that tunable is set;
 PyTorch's worker inherits it.
 
 PyTorch's steps run in a process of their own (:class:`TorchWorker`), on
@@ -297,9 +297,9 @@ def target_checks(
 
 def _with_rank_malloc(argv: list[str]) -> None:
     """Re-execute with the malloc tunable our launchers give every rank
-    (:func:`research.comm.malloc.launch_env`: huge pages for malloc), unless it is
-    set; PyTorch's worker inherits it, so both sides run alike."""
-    from research.comm.malloc import launch_env
+    (:func:`research.comm.process.malloc.launch_env`: huge pages for malloc), unless it
+    is set; PyTorch's worker inherits it, so both sides run alike."""
+    from research.comm.process.malloc import launch_env
 
     env = launch_env(dict(os.environ))
     if env.get("GLIBC_TUNABLES") != os.environ.get("GLIBC_TUNABLES"):

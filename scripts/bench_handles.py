@@ -60,8 +60,12 @@ def _slowest_median(comm, samples: list[float]) -> float:
 def bench(args: argparse.Namespace) -> None:
     import numpy as np
 
-    from research.comm.handles import AsyncComm
-    from research.comm.progress import LONG_SLEEP, ProgressThread, get_progress
+    from research.comm.asynchronous.handles import AsyncComm
+    from research.comm.asynchronous.progress import (
+        LONG_SLEEP,
+        ProgressThread,
+        get_progress,
+    )
     from research.comm.world import get_world, install_abort_on_error
 
     install_abort_on_error()
@@ -185,7 +189,7 @@ def bench(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    from research.comm.env import launched_by_mpi
+    from research.comm.process.env import launched_by_mpi
 
     if launched_by_mpi():
         bench(args)

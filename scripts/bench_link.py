@@ -9,7 +9,7 @@ with the error:
 * ``allreduce ring``: the ring of the host path (``ring.host_allreduce``, mean
   folded in), blocking, as :class:`~research.comm.dense.HostAllreduce` calls it;
 * ``allreduce mpi``, ``reduce-scatter``, ``allgather``, ``alltoallv``,
-  ``sendrecv``: :class:`~research.comm.handles.AsyncComm` handles (MPI's
+  ``sendrecv``: :class:`~research.comm.asynchronous.handles.AsyncComm` handles (MPI's
   nonblocking collectives on the progress thread), started and waited; the
   sendrecv sends to the next rank and receives from the previous one;
 * ``sparse ssar_rd``, ``ssar_sag``, ``dsar_sag``, ``dense``:
@@ -191,7 +191,7 @@ def _dense_points(world, eng, ring_comm, nbytes: int) -> tuple[dict, dict]:
     charges each on a link (``research.studies.network.model_of``)."""
     import numpy as np
 
-    from research.comm import ring
+    from research.comm.dense import ring
 
     P, r = world.size, world.rank
     n = nbytes // 4 // P * P
@@ -252,7 +252,7 @@ def run_job(args: argparse.Namespace) -> dict:
     """Every point on this world; rank 0 returns the results (others: {})."""
     import numpy as np
 
-    from research.comm.handles import AsyncComm
+    from research.comm.asynchronous.handles import AsyncComm
     from research.comm.link import Link
     from research.comm.world import get_world
 
@@ -419,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from research.comm.env import launched_by_mpi
+    from research.comm.process.env import launched_by_mpi
 
     if launched_by_mpi():
         result = run_job(args)

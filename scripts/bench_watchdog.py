@@ -67,8 +67,8 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from research.comm import traffic, watchdog
     from research.comm.dense import FusedAllreduce, HostAllreduce
+    from research.comm.faults import traffic, watchdog
     from research.comm.world import get_world
 
     world = get_world()

@@ -86,7 +86,7 @@ if [ "$SITE_MPI" = 1 ]; then
   ln -s "$MPICC" "$SHIM/mpicc"
   ln -s "$MPICXX" "$SHIM/mpicxx"
   export MPICC MPICXX MPI4JAX_BUILD_MPICC="$MPICC" PATH="$SHIM:$PATH"
-  # What the native ring (research/comm/ring.py) compiles with, at run time too:
+  # What the native ring (research/comm/dense/ring.py) compiles with, at run time too:
   # mpi4py does not record the wrappers it was built with.
   printf '{"mpicc": "%s", "mpicxx": "%s", "library": "%s"}\n' \
     "$MPICC" "$MPICXX" "$SITE_LIBRARY" > "$VENV/research-mpi.json"
@@ -122,8 +122,8 @@ else
 fi
 "$VENV/bin/python" -c "import jax, flax, optax, orbax.checkpoint, mpi4py.MPI as M, mpi4jax, google_crc32c; print('[install] ok: jax', jax.__version__, '| mpi4jax', mpi4jax.__version__, '|', M.Get_library_version().splitlines()[0].strip())"
 if [ "$SITE_MPI" = 1 ]; then
-  # The native ring (research/comm/ring.py) is built on first use with the
+  # The native ring (research/comm/dense/ring.py) is built on first use with the
   # C++ wrapper of the MPI mpi4py was built with; built here once, to say which.
-  "$VENV/bin/python" -c "from research.comm import ring; lib = ring.build(); print('[install] native ring built with', ring.compiler(), '->', lib)" \
+  "$VENV/bin/python" -c "from research.comm.dense import ring; lib = ring.build(); print('[install] native ring built with', ring.compiler(), '->', lib)" \
     || echo "[install] the native ring could not be built: runs use MPI's own allreduce (the reason is printed above)"
 fi

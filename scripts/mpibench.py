@@ -143,13 +143,13 @@ def relaunch(
 ) -> list[dict]:
     """Run ``module`` under mpiexec once per rank count; collect the tables.
 
-    ``env`` is the jobs' environment before :func:`research.comm.malloc.launch_env`
-    (which gives every rank our malloc, as ``research.launch.relaunch`` does);
-    ``args.ranks`` the rank counts, ``args.hosts`` (if the script has it) the
-    nodes to place them on. Bad counts or hosts: one line and exit 2 before
-    any job starts.
+    ``env`` is the jobs' environment before
+    :func:`research.comm.process.malloc.launch_env` (which gives every rank our malloc,
+    as ``research.launch.relaunch`` does); ``args.ranks`` the rank counts,
+    ``args.hosts`` (if the script has it) the nodes to place them on. Bad counts or
+    hosts: one line and exit 2 before any job starts.
     """
-    from research.comm.malloc import launch_env
+    from research.comm.process.malloc import launch_env
 
     env = root_on_path(launch_env(dict(env)))
     forward = drop_values(argv, ("--json", "--ranks", "--hosts"))
@@ -201,7 +201,7 @@ def main(
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from research.comm.env import launched_by_mpi
+    from research.comm.process.env import launched_by_mpi
 
     if not launched_by_mpi():
         env = (

@@ -1,6 +1,6 @@
 """One rank per GPU: the binding for fake layouts, and the platform's defaults.
 
-No GPU here: :func:`research.comm.devices.plan` takes the node's GPU list, the
+No GPU here: :func:`research.comm.process.devices.plan` takes the node's GPU list, the
 JAX CUDA plugin and the environment as arguments, so every layout a cluster
 has is checked as the ranks of its nodes would compute it.
 """
@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 
-from research.comm import devices
+from research.comm.process import devices
 from research.comm.world import Topology
 
 PLUGIN = "jax-cuda13-plugin 0.11.2"
@@ -139,6 +139,6 @@ def test_the_matmul_kernel_gradient_is_the_cpus(monkeypatch):
     ],
 )
 def test_when_xlas_runtime_starts(strategy, options, platform, checkpoint, wanted):
-    from research.comm.xla_collective import wanted as wants
+    from research.comm.dense.xla import wanted as wants
 
     assert wants(strategy, options, platform, checkpoint) is wanted

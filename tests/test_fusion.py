@@ -1,4 +1,4 @@
-"""Single-process tests of tensor fusion (research.comm.fusion)."""
+"""Single-process tests of tensor fusion (research.comm.dense.fusion)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from research.comm.fusion import FusionPlan, HostBuffers, wire_dtype
+from research.comm.dense.fusion import FusionPlan, HostBuffers, wire_dtype
 
 
 def mixed_tree(seed: int = 0) -> dict:
@@ -209,7 +209,7 @@ def test_host_buckets_recycled_only_when_dropped() -> None:
 
 
 def test_flat_layout_round_trip_extra_slots_and_wire_dtype() -> None:
-    from research.comm.fusion import FlatLayout, flat_wire_dtype
+    from research.comm.dense.fusion import FlatLayout, flat_wire_dtype
 
     tree = {
         "a": np.arange(6, dtype=np.float32).reshape(2, 3),

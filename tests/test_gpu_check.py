@@ -12,13 +12,13 @@ import json
 
 import pytest
 
-from tests.test_train_cli import run
+from tests.conftest import python
 
 
 @pytest.mark.launches
 def test_the_quick_gpu_check_runs_and_renders_its_page(tmp_path):
     root = tmp_path / "gpu"
-    proc = run(
+    proc = python(
         ["-m", "scripts.gpu_check", "--quick", "--stages", "strategies,stop"]
         + ["--jobs", "2", "--out", str(root)],
         timeout=420,
@@ -32,7 +32,7 @@ def test_the_quick_gpu_check_runs_and_renders_its_page(tmp_path):
     results = json.loads((root / "results.json").read_text())
     assert {r["platforms"][0] for r in results["strategies"]} == {"cpu"}
     pages = tmp_path / "pages"
-    proc = run(["-m", "scripts.results", str(root), "--out", str(pages)])
+    proc = python(["-m", "scripts.results", str(root), "--out", str(pages)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     page = (pages / "gpu.md").read_text()
     assert page.startswith("# GPUs") and "python -m scripts.gpu_check" in page

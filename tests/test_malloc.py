@@ -1,4 +1,4 @@
-"""research.comm.malloc: every rank keeps its freed heap unless told not to."""
+"""research.comm.process.malloc: every rank keeps its freed heap unless told not to."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 PROBE = """
 import ctypes, resource, sys
-from research.comm import malloc
+from research.comm.process import malloc
 print(malloc.state())
 print(malloc.keep_heap())
 print(malloc.keep_heap())  # once: the same answer
@@ -65,7 +65,7 @@ def test_users_glibc_tunables_win() -> None:
 
 
 def test_launch_env_adds_huge_pages_once() -> None:
-    from research.comm.malloc import HUGETLB, launch_env
+    from research.comm.process.malloc import HUGETLB, launch_env
 
     assert launch_env({})["GLIBC_TUNABLES"] == HUGETLB
     got = launch_env({"GLIBC_TUNABLES": "glibc.pthread.rseq=0"})["GLIBC_TUNABLES"]

@@ -266,7 +266,7 @@ def test_planted_library_is_not_loaded(tmp_path, where):
     """Issue 25, item 4: a library planted by another user at the name the
     cache key gives, in a world-writable cache (or as their file in ours), is
     never loaded: the ring is built in a private folder and the reason noted."""
-    from research.comm import ring
+    from research.comm.dense import ring
 
     uid = _intruder_uid()
     cache = tmp_path / "shared-cache"

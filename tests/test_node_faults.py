@@ -40,7 +40,7 @@ import time
 import pytest
 
 from research.checkpoint.manifest import committed_steps, read_manifest
-from research.comm import watchdog
+from research.comm.faults import watchdog
 from research.rundir import read_metrics
 from tests.node_faults import (
     Outcome,

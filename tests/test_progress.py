@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from research.comm.progress import LONG_SLEEP, Poll, ProgressThread, Task
+from research.comm.asynchronous.progress import LONG_SLEEP, Poll, ProgressThread, Task
 
 
 class Countdown(Task):

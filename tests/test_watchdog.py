@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from research.comm import failures, lifeline, traffic, watchdog
+from research.comm.faults import failures, lifeline, traffic, watchdog
 from research.launch import JOB_ENV, job_processes, reap_job
 from research.restart import resized
 from tests.test_mpi import run_under_mpiexec
@@ -137,7 +137,7 @@ def test_an_mpi_error_is_what_a_rank_saw_not_the_cause(tmp_path, monkeypatch):
     # errors, which are not MPI's.
     import jax
 
-    from research.comm.ring_build import SOURCE
+    from research.comm.dense.ring_build import SOURCE
 
     assert f'"{failures.RING_MPI_ERROR}"' in SOURCE.read_text()
     seen_in_jit = (
@@ -172,7 +172,7 @@ def test_a_child_dies_with_its_parent(tmp_path):
     child) is killed with SIGKILL, which no handler can catch."""
     pidfile = tmp_path / "pid"
     grandchild = (
-        "import time; from research.comm import lifeline; "
+        "import time; from research.comm.faults import lifeline; "
         f"lifeline.die_with_parent(); open({str(pidfile)!r}, 'w').write("
         "str(__import__('os').getpid())); time.sleep(60)"
     )

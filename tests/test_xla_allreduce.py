@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from tests.test_train_cli import run
+from tests.conftest import python
 
 pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
 
@@ -25,7 +25,7 @@ def train(tmp_path, np_: int, strategy: str, allreduce: str) -> dict:
     args = ["-m", "experiments.train", "--np", str(np_), "--steps", str(STEPS)]
     args += ["--strategy", strategy, "--strategy-opt", f"allreduce={allreduce}"]
     args += ["--data-opt", "n_train=2048", "--no-progress", "--run-dir", str(run_dir)]
-    proc = run(args)
+    proc = python(args, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return {
         name: json.loads((run_dir / f"{name}.json").read_text())

@@ -69,7 +69,7 @@ def main() -> None:
     import jax.numpy as jnp
     import numpy as np
 
-    from research.comm import failures, watchdog
+    from research.comm.faults import failures, watchdog
     from research.comm.world import get_world
 
     world = get_world(comm_timeout=timeout)
@@ -99,7 +99,7 @@ def main() -> None:
             with watchdog.watch("fused step", detail=avg.path()):
                 return float(step({"x": xj})["x"][0]) * world.size
     elif case == "freeze-handles":
-        from research.comm.handles import AsyncComm
+        from research.comm.asynchronous.handles import AsyncComm
 
         comm = AsyncComm(world)
 

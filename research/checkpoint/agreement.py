@@ -10,7 +10,7 @@ shard would hold up every other subsystem's tasks behind it, and tasks
 submitted when a write finishes (a different moment on each rank) would be
 queued in different orders relative to the training thread's tasks, which can
 deadlock. A dedicated communicator plus non-blocking collectives completed
-with sleeping tests (``research.comm.progress.wait_all``) needs neither.
+with sleeping tests (``research.comm.asynchronous.progress.wait_all``) needs neither.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from research.comm.progress import wait_all
+from research.comm.asynchronous.progress import wait_all
 
 
 def allgather_json(

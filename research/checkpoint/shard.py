@@ -34,7 +34,7 @@ def alone() -> ocp.options.MultiprocessingOptions:
 
     Every rank writes its own shard into its own folder. Without JAX's
     distributed runtime each process is Orbax's process 0 anyway; with it
-    (``allreduce=xla``: research.comm.xla_collective) Orbax would wait at its
+    (``allreduce=xla``: research.comm.dense.xla) Orbax would wait at its
     barriers for every process and leave the writing to process 0.
     """
     import jax

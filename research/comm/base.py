@@ -113,7 +113,7 @@ _SAID: set[str] = set()
 def renamed(old: str, new: str) -> None:
     """One line on stderr, once per job (rank 0 of a launched job, or a lone
     process), when an old spelling is used."""
-    from research.comm.env import env_rank
+    from research.comm.process.env import env_rank
 
     if old not in _SAID:
         _SAID.add(old)

@@ -33,18 +33,18 @@ model, per rank), and ``avg.close()``:
   chosen from measurements as it goes (:mod:`research.comm.adaptive_call`);
   ``state`` is its policy and, in a top-k phase, the residual.
 
-Communication watchdog (:mod:`research.comm.watchdog`): ``comm_timeout=``
+Communication watchdog (:mod:`research.comm.faults.watchdog`): ``comm_timeout=``
 (seconds, ``"auto"``, ``"off"``) sets this process's timeout; a call of
 ``avg`` outside ``jit`` is watched by itself. A jitted step of your own that
 holds the ``fused`` mean runs where no Python does: call it inside
-``research.comm.watchdog.watch("my step")`` to have it watched too.
+``research.comm.faults.watchdog.watch("my step")`` to have it watched too.
 
 Not offered in this form, each saying why (``Averager.no_call_form``): ``ps``
 (the parameter server exchanges gradients for parameters, it returns no mean),
 ``layerwise`` and ``overlap`` (their collectives run stage by stage inside the
 backward and the next forward: ``experiments.train --strategy overlap``, or
-their building block ``research.comm.handles.AsyncComm``). A strategy decides
-its own form: ``Averager.averaging`` (``sparse`` overrides it).
+their building block ``research.comm.asynchronous.handles.AsyncComm``). A strategy
+decides its own form: ``Averager.averaging`` (``sparse`` overrides it).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def averaging(
     make = getattr(factory, "averaging", None)
     avg = make(world, **options) if make else wrap(factory(world, **options))
     if comm_timeout is not None:
-        from research.comm import watchdog
+        from research.comm.faults import watchdog
 
         watchdog.configure(comm_timeout)
     return avg
@@ -174,7 +174,7 @@ class _InJit(Averaging):
         info = CommInfo(bytes=nbytes, contributors=size, staleness=0)
         if any(isinstance(x, jax.core.Tracer) for x in leaves):
             return self.averager.average_in_jit(grads), info
-        from research.comm import watchdog
+        from research.comm.faults import watchdog
 
         with watchdog.watch(f"{self.name} mean", detail=self.averager.path()):
             return jax.block_until_ready(self._jitted(grads)), info

@@ -4,9 +4,9 @@ On a laptop every rank talks through shared memory: moving bytes costs CPU time
 of the ranks themselves, and nothing can be hidden behind computation. On a
 cluster a NIC moves the bytes while the CPU is free. A :class:`Link` models the
 latter with latency + bytes / bandwidth per algorithm step, and the handle engine
-(:mod:`research.comm.handles`) makes each collective also *sleep* on the progress
-thread until the modelled time has passed, so the CPU stays free exactly as while
-a NIC moves data. Results must say which link they ran on (:meth:`Link.describe`).
+(:mod:`research.comm.asynchronous.handles`) makes each collective also *sleep* on the
+progress thread until the modelled time has passed, so the CPU stays free exactly as
+while a NIC moves data. Results must say which link they ran on (:meth:`Link.describe`).
 
 Spec strings (case-insensitive)::
 

@@ -50,11 +50,12 @@ Semantics (exact)
 
 How it runs
 -----------
-The rounds run on the rank's shared progress thread (``research.comm.progress``)
-as a polled task: each poll advances a small state machine (await activation ->
-Iallreduce -> collect the activation messages) without ever blocking in MPI; between
-polls the thread sleeps (woken at once by a local ``reduce``) and polls the
-other subsystems' tasks, such as asynchronous handles, alongside.
+The rounds run on the rank's shared progress thread
+(``research.comm.asynchronous.progress``) as a polled task: each poll advances a small
+state machine (await activation -> Iallreduce -> collect the activation messages)
+without ever blocking in MPI; between polls the thread sleeps (woken at once by a local
+``reduce``) and polls the other subsystems' tasks, such as asynchronous handles,
+alongside.
 
 Activation in a partial round: a rank whose own call arrived first (solo) or the
 initiator (majority) sends a tiny activation message tagged with the round to
@@ -88,9 +89,10 @@ from typing import Any, Literal
 import numpy as np
 from mpi4py import MPI
 
-from research.comm import watchdog
+from research.comm.asynchronous.progress import get_progress
 from research.comm.base import Averager, CommInfo, old_options, renamed
-from research.comm.fusion import FlatLayout
+from research.comm.dense.fusion import FlatLayout
+from research.comm.faults import watchdog
 from research.comm.link import Link
 from research.comm.partial_rounds import (
     _DRAIN,
@@ -102,7 +104,6 @@ from research.comm.partial_rounds import (
     _Deposit,
     _Round,
 )
-from research.comm.progress import get_progress
 from research.comm.registry import Range, register_averager
 
 Mode = Literal["solo", "majority", "sync"]

@@ -19,7 +19,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from research.comm.progress import Poll, Task, get_progress
+from research.comm.asynchronous.progress import Poll, Task, get_progress
 from research.trace import get_tracer
 
 _REDUCE, _DRAIN, _STOP = "reduce", "drain", "stop"

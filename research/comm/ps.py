@@ -16,8 +16,8 @@ Usage::
     ps.close()
 
 How it runs: the server is a task polled on the root's shared progress thread
-(``research.comm.progress``): each poll probes for pushes (``Improbe``), applies
-them and sends the parameters back; the thread sleeps between polls, woken at
+(``research.comm.asynchronous.progress``): each poll probes for pushes (``Improbe``),
+applies them and sends the parameters back; the thread sleeps between polls, woken at
 once by the root's own push, which its worker hands over in memory. Workers wait
 with sleeping tests (``wait_all``), never in a busy-polling blocking MPI call.
 ``finish``: each worker sends "done"; when the server has all of them, it
@@ -48,11 +48,11 @@ import jax
 import numpy as np
 from mpi4py import MPI
 
-from research.comm import watchdog
+from research.comm.asynchronous.progress import Poll, Task, get_progress, wait_all
 from research.comm.base import Averager, CommInfo
-from research.comm.fusion import FlatLayout
+from research.comm.dense.fusion import FlatLayout
+from research.comm.faults import watchdog
 from research.comm.link import Link
-from research.comm.progress import Poll, Task, get_progress, wait_all
 from research.comm.registry import Range, register_averager
 from research.trace import get_tracer
 

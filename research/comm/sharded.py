@@ -3,8 +3,8 @@ the strategies whose collectives are handles on the progress thread.
 
 :class:`HandledAverager` is the communication side of the stage-by-stage
 strategies, on numpy buffers and the rank's progress thread
-(:mod:`research.comm.handles`); ``layerwise`` (the DDP baseline) is one module
-of its own, averager and executor together (``research/train/layerwise.py``).
+(:mod:`research.comm.asynchronous.handles`); ``layerwise`` (the DDP baseline) is one
+module of its own, averager and executor together (``research/train/layerwise.py``).
 
 * ``overlap`` (:class:`ShardedOverlap`): the SC18 multistep scheme (Lee et al.,
   MLHPC@SC18; the authors' ``ffbp_multistep.c``). Each stage's parameters are
@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from research.comm.asynchronous.handles import AsyncComm, Handle
 from research.comm.base import Averager
-from research.comm.handles import AsyncComm, Handle
 from research.comm.registry import register_averager
 from research.comm.world import as_world
 
@@ -76,7 +76,7 @@ class ShardedOverlap(HandledAverager):
     no_call_form = (
         "it reduce-scatters stage by stage and its allgathers are waited for by "
         "the next forward, inside the Trainer's executor. Use experiments.train "
-        "--strategy overlap, or research.comm.handles.AsyncComm"
+        "--strategy overlap, or research.comm.asynchronous.handles.AsyncComm"
     )
 
     def __init__(

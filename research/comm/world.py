@@ -1,9 +1,9 @@
 """MPI start-up, the world object, dedicated communicators and fail-fast abort.
 
 MPI is initialised once per process with thread level MULTIPLE so that the
-progress thread (``research.comm.progress``) may call MPI while the main thread
-computes. Every background activity gets its own duplicated communicator: messages
-of different subsystems can then never match each other.
+progress thread (``research.comm.asynchronous.progress``) may call MPI while the main
+thread computes. Every background activity gets its own duplicated communicator:
+messages of different subsystems can then never match each other.
 """
 
 from __future__ import annotations
@@ -25,8 +25,13 @@ mpi4py.rc.thread_level = "multiple"
 mpi4py.rc.finalize = True
 from mpi4py import MPI  # noqa: E402
 
-from research.comm import devices, watchdog  # noqa: E402
-from research.comm.env import env_rank, env_size, launched_by_mpi  # noqa: E402,F401
+from research.comm.faults import watchdog  # noqa: E402
+from research.comm.process import devices  # noqa: E402
+from research.comm.process.env import (  # noqa: E402,F401
+    env_rank,
+    env_size,
+    launched_by_mpi,
+)
 
 #: Seconds an aborting rank waits after printing, so the launcher can forward it.
 ABORT_GRACE_S = 0.5
@@ -181,11 +186,11 @@ def get_world(comm_timeout: float | str | None = None) -> World:
     :func:`install_abort_on_error`, so an uncaught exception on any rank ends the
     job instead of leaving the other ranks inside a collective forever (unless
     ``RESEARCH_ABORT_ON_ERROR=0``), and starts the communication watchdog
-    (:mod:`research.comm.watchdog`): a wait that makes no progress for
+    (:mod:`research.comm.faults.watchdog`): a wait that makes no progress for
     ``comm_timeout`` seconds (``"auto"``, the default: 180 s or 10x the slowest
     step; ``"off"``) ends the job with exit code 124. A world of one is left
     alone: nothing can wait for it. A rank started by a launcher dies with its
-    parent (:mod:`research.comm.lifeline`).
+    parent (:mod:`research.comm.faults.lifeline`).
     """
     world = _the_world()
     if comm_timeout is not None:
@@ -197,7 +202,7 @@ def get_world(comm_timeout: float | str | None = None) -> World:
 def _the_world() -> World:
     if not MPI.Is_initialized():  # pragma: no cover - mpi4py initialises on import
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
-    from research.comm.malloc import keep_heap
+    from research.comm.process.malloc import keep_heap
 
     keep_heap()  # steps reuse their large buffers instead of faulting them in
     comm = MPI.COMM_WORLD.Dup()
@@ -217,7 +222,7 @@ def _the_world() -> World:
     world = World.of(comm)
     if world.size > 1 and os.environ.get(ABORT_ENV, "1") != "0":
         install_abort_on_error()
-    # One GPU per rank of a node, before JAX starts (research.comm.devices).
+    # One GPU per rank of a node, before JAX starts (research.comm.process.devices).
     devices.bind(world.local_rank, world.local_size)
     _start_watchdog(world)
     return world
@@ -226,7 +231,7 @@ def _the_world() -> World:
 def _start_watchdog(world: World) -> None:
     """Die with the launcher; watch communication (collective: a Dup)."""
     if launched_by_mpi():
-        from research.comm import lifeline
+        from research.comm.faults import lifeline
 
         lifeline.die_with_parent()
     if world.size > 1 and watchdog.start(world.comm) is not None:
@@ -321,7 +326,7 @@ def exit_later(code: int, seconds: float) -> None:
 
 
 def _unlink_my_shm() -> None:
-    from research.comm.env import SHM_DIR, SHM_PREFIXES
+    from research.comm.process.env import SHM_DIR, SHM_PREFIXES
 
     try:
         with open("/proc/self/maps") as f:
@@ -339,8 +344,8 @@ def _unlink_my_shm() -> None:
 def _from_mpi(exc: BaseException | None) -> bool:
     """Whether ``exc``, or an exception it was raised from, is MPI's own error:
     mpi4py's, or the ring allreduce's (its message says so, see
-    :data:`research.comm.failures.RING_MPI_ERROR`)."""
-    from research.comm.failures import RING_MPI_ERROR
+    :data:`research.comm.faults.failures.RING_MPI_ERROR`)."""
+    from research.comm.faults.failures import RING_MPI_ERROR
 
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
@@ -370,7 +375,7 @@ def install_abort_on_error() -> None:
         )
 
     def _record(exc_type, exc) -> None:
-        from research.comm import failures
+        from research.comm.faults import failures
 
         line = "".join(traceback.format_exception_only(exc_type, exc)).strip()
         cause = failures.MPI_ERROR if _from_mpi(exc) else "exception"

@@ -36,7 +36,7 @@ from typing import Any
 from research.checkpoint.base import Checkpointer
 from research.checkpoint.config import CheckpointConfig
 from research.checkpoint.overhead import period_costs, profile, summarize
-from research.comm.progress import wait_all
+from research.comm.asynchronous.progress import wait_all
 from research.comm.world import World
 from research.trace import Tracer
 from research.train.config import TrainConfig

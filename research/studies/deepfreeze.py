@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from research.cli import check_private_dir
-from research.comm.malloc import launch_env
+from research.comm.process.malloc import launch_env
 from research.launch import (
     bind_args,
     check_may_launch,

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from research.comm.handles import Handle
+from research.comm.asynchronous.handles import Handle
 from research.train.flat import aligned_empty, host_view
 from research.train.stages import Stage, dense_grads
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from research.checkpoint.base import Checkpointer
 from research.checkpoint.config import CheckpointConfig
-from research.comm import watchdog
+from research.comm.faults import watchdog
 from research.periodic import itstime
 from research.train.callback import Callback, Run
 

@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from research.comm import watchdog
 from research.comm.dense import HostAllreduce
+from research.comm.faults import watchdog
 from research.comm.world import World
 from research.data.sharding import eval_batches
 from research.train import step as steps
@@ -20,7 +20,8 @@ def average_batch_stats(state: TrainState, mean: HostAllreduce) -> TrainState:
     """BatchNorm statistics averaged over ranks (collective), as Flax's example.
 
     Ranks see different batches, so their running statistics differ; evaluation
-    uses their mean, packed and reduced as gradients are (``research.comm.fusion``).
+    uses their mean, packed and reduced as gradients are
+    (``research.comm.dense.fusion``).
     """
     if mean.size == 1 or not jax.tree_util.tree_leaves(state.batch_stats):
         return state

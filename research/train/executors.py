@@ -52,8 +52,8 @@ from typing import Any, ClassVar, Protocol
 
 import jax
 
-from research.comm import watchdog
 from research.comm.base import Averager, CommInfo
+from research.comm.faults import watchdog
 from research.trace import get_tracer
 from research.train import step as steps
 from research.train.state import TrainState

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from research.comm.handles import Handle
+from research.comm.asynchronous.handles import Handle
 from research.train.stages import Stage
 
 #: Leaves start at multiples of 16 float32 (64 bytes) in a stage's vector: JAX

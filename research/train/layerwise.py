@@ -26,9 +26,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from research.comm.handles import Handle
-from research.comm.overlap import HandledAverager
+from research.comm.asynchronous.handles import Handle
 from research.comm.registry import Range, register_averager
+from research.comm.sharded import HandledAverager
 from research.trace import get_tracer
 from research.train import step as steps
 from research.train.executors import StepOut, register_executor, step_phases
@@ -57,7 +57,8 @@ class LayerwiseAllreduce(HandledAverager):
     no_call_form = (
         "its allreduces start during the backward pass, bucket by bucket, "
         "inside the Trainer's executor. Use experiments.train --strategy "
-        "layerwise, or research.comm.handles.AsyncComm for the nonblocking calls"
+        "layerwise, or research.comm.asynchronous.handles.AsyncComm for the "
+        "nonblocking calls"
     )
 
     def __init__(

@@ -23,9 +23,11 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from research.comm import devices, failures, watchdog, xla_collective
 from research.comm.base import Averager, CommInfo
 from research.comm.dense import HostAllreduce
+from research.comm.dense import xla as xla_collective
+from research.comm.faults import failures, watchdog
+from research.comm.process import devices
 from research.comm.world import World
 from research.imbalance import Imbalance
 from research.periodic import itstime
@@ -76,7 +78,7 @@ class Trainer:
         self.callbacks = list(callbacks)
         self.imbalance = imbalance or Imbalance()
         # The communication watchdog's timeout, and where a failing rank says
-        # why (research.comm.watchdog, research.comm.failures).
+        # why (research.comm.faults.watchdog, research.comm.faults.failures).
         watchdog.configure(config.comm_timeout)
         failures.set_dir(self.run_dir)
         # XLA's collectives (allreduce=xla, or auto on GPUs) need JAX's

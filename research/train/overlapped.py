@@ -56,8 +56,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from research.comm.asynchronous.handles import Handle
 from research.comm.base import CommInfo
-from research.comm.handles import Handle
 from research.trace import get_tracer
 from research.train.activation_exchange import ActivationExchange, ravel_concat
 from research.train.executors import (

@@ -65,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from research.comm import watchdog
+from research.comm.faults import watchdog
 
 #: The signals that stop a run cleanly.
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)

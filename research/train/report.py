@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from research.comm import xla_collective
+from research.comm.dense import xla as xla_collective
 from research.launch import xla_compute_threads
 from research.rundir import versions
 from research.train.callback import Run
@@ -78,7 +78,7 @@ def config_record(t: Run) -> dict[str, Any]:
         "strategy": {"name": t.averager.name, "executor": t.averager.executor},
         # Which allreduce ran and why (research.comm.dense: agreed by all ranks).
         "allreduce": getattr(t.averager, "allreduce_choice", None),
-        # Each rank's platform, device and GPU binding (research.comm.devices),
+        # Each rank's platform, device and GPU binding (research.comm.process.devices),
         # the computation dtype, and XLA's collectives where they run.
         "devices": t.devices,
         "precision": {
@@ -124,7 +124,7 @@ def summary_record(t: Run) -> dict[str, Any]:
         "allreduce": getattr(t.averager, "allreduce_choice", None),
         "model": t.config.model,
         "dataset": t.config.dataset,
-        # Each rank's platform, device and GPU binding (research.comm.devices),
+        # Each rank's platform, device and GPU binding (research.comm.process.devices),
         # the computation dtype, and XLA's collectives where they run.
         "devices": t.devices,
         "precision": {
@@ -162,8 +162,8 @@ def summary_record(t: Run) -> dict[str, Any]:
 
 def watchdog_record(world: Any) -> dict[str, Any] | None:
     """The communication watchdog's setting and the longest quiet wait of any
-    rank (``research.comm.watchdog``). Collective."""
-    from research.comm import watchdog
+    rank (``research.comm.faults.watchdog``). Collective."""
+    from research.comm.faults import watchdog
 
     per_rank = world.allgather(watchdog.record())
     mine = [r for r in per_rank if r]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from research.comm import failures
+from research.comm.faults import failures
 from research.train.callback import Callback, Run
 
 

@@ -14,8 +14,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from research.comm import failures
 from research.comm.base import Averager
+from research.comm.faults import failures
 from research.launch import UsageError
 from research.train.callback import Callback
 from research.train.config import TrainConfig, load_data, model_options

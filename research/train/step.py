@@ -50,7 +50,7 @@ def make_fused_step(average_in_jit, spmd: bool = False):
     """``(state, x, y) -> (state, metrics)`` with averaging inside the program.
 
     ``spmd``: one program of all ranks (``allreduce=xla``,
-    :class:`research.comm.xla_collective.Spmd`): the state it returns stays
+    :class:`research.comm.dense.xla.Spmd`): the state it returns stays
     global between steps; its ``local`` gives this rank's arrays back.
     """
 
@@ -60,7 +60,7 @@ def make_fused_step(average_in_jit, spmd: bool = False):
         return state.apply_gradients(grads=grads, batch_stats=batch_stats), metrics
 
     if spmd:
-        from research.comm.xla_collective import Spmd
+        from research.comm.dense.xla import Spmd
 
         return Spmd(step, donate=True)
     return jax.jit(step, donate_argnums=0)

@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from research.comm import failures, watchdog
+from research.comm.faults import failures, watchdog
 from tests.test_watchdog import BOUND_S, _driver_processes, _until, run_case
 
 TIMEOUT_S = 6.0

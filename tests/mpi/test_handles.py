@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from research.comm.handles import AsyncComm
+from research.comm.asynchronous.handles import AsyncComm
+from research.comm.asynchronous.progress import get_progress
 from research.comm.link import Link
-from research.comm.progress import get_progress
 
 
 def data(rank: int, i: int, n: int, dtype=np.float64) -> np.ndarray:

@@ -223,7 +223,7 @@ def test_thousand_rounds_random_delays(world, mode, full_every):
 
 
 def test_background_sleeps_while_idle(world):
-    from research.comm.progress import get_progress
+    from research.comm.asynchronous.progress import get_progress
 
     with PartialAllreduce(world.comm, mode="solo") as pa:
         pa.reduce(np.zeros(4, np.float32))

@@ -1,4 +1,4 @@
-"""The ring allreduce custom call (research/comm/ring.py) under mpiexec."""
+"""The ring allreduce custom call (research/comm/dense/ring.py) under mpiexec."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from research.comm import ring
-from research.comm.dense import FusedAllreduce
+from research.comm.dense import FusedAllreduce, ring
 
 
 def test_builds_here(world):
@@ -332,7 +331,7 @@ def test_auto_keeps_the_faster_by_the_slowest_ranks_figures(world, slowed):
     ranks (a rank's own timings would have said either)."""
     import time
 
-    from research.comm import choose
+    from research.comm.dense import choose
 
     comm = world.dup("test-choose")
     buf = np.ones(200_000, np.float32)
@@ -428,7 +427,7 @@ def test_a_resumed_run_adopts_the_recorded_path(world):
     paths differ in the last bit at 3 ranks); records written before ``path``
     (``ring`` only) read the same; a forced or settled choice, or a path that is
     no candidate here (no ring, another layout of nodes), is left alone."""
-    from research.comm import choose
+    from research.comm.dense import choose
 
     comm = world.dup("test-adopt")
     pending = choose.agree(comm, "auto")

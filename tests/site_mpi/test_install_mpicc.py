@@ -88,7 +88,7 @@ def test_mpi4py_and_mpi4jax_are_built_with_open_mpi(tmp_path):
 
 
 def test_the_native_ring_is_built_with_open_mpi():
-    from research.comm import ring
+    from research.comm.dense import ring
 
     cxx = OPENMPI_CC.replace("mpicc", "mpicxx")
     assert ring.compiler() == cxx  # recorded by the install in the environment

@@ -24,7 +24,7 @@ Contract:
   ``allreduce(buf, out=buf)`` sums in place. ``name=`` names the handle's span
   on the timeline (track ``comm-bg``; default: the collective's kind).
 * **Many in flight.** A start hands the collective to the rank's progress thread
-  (:mod:`research.comm.progress`), which issues the nonblocking MPI call
+  (:mod:`research.comm.asynchronous.progress`), which issues the nonblocking MPI call
   (``Iallreduce``, ``Ireduce_scatter_block``, ``Iallgather``, ``Ialltoallv``...)
   in start order and tests every one in flight between sleeps. MPI advances all
   of them together; none waits for an earlier one to finish.
@@ -32,8 +32,8 @@ Contract:
   progress thread sleeps between tests. Why not blocking calls on that thread:
   a blocking MPICH call busy-polls a core for as long as the slowest rank is
   late (0.24-0.30 CPU s of a 0.3 s wait against ~0.02 s with sleeping tests; the
-  table is in :mod:`research.comm.progress`), and it would run the collectives
-  one at a time. The price is a thread hand-off per collective: a small
+  table is in :mod:`research.comm.asynchronous.progress`), and it would run the
+  collectives one at a time. The price is a thread hand-off per collective: a small
   allreduce takes a few hundred microseconds through a handle against tens
   directly (``python -m scripts.bench_handles``), so start many, then wait.
 * **Errors.** Bad arguments raise at the start, in the caller, before anything
@@ -51,8 +51,8 @@ the bandwidth instead of each getting all of it. Each :class:`Handle` records
 the real time, the modelled time and the extra time the emulation added.
 
 :class:`Handle` and its life on the progress thread (issue, test, emulate, hand
-over) are in :mod:`research.comm.inflight`; this module starts collectives and
-checks their arguments.
+over) are in :mod:`research.comm.asynchronous.inflight`; this module starts collectives
+and checks their arguments.
 """
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util.dtlib import from_numpy_dtype
 
-from research.comm.inflight import Handle, _Op
+from research.comm.asynchronous.inflight import Handle, _Op
+from research.comm.asynchronous.progress import ProgressThread, get_progress
 from research.comm.link import Link
-from research.comm.progress import ProgressThread, get_progress
 
 #: Longest sleep between tests while a collective is in flight. A nonblocking
 #: collective advances only inside a test on every rank; see the module

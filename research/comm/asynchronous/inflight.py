@@ -1,7 +1,7 @@
 """One collective in flight: the :class:`Handle` a caller waits on, and its task.
 
-:class:`~research.comm.handles.AsyncComm` starts a collective by handing an
-:class:`_Op` to the rank's progress thread (:mod:`research.comm.progress`),
+:class:`~research.comm.asynchronous.handles.AsyncComm` starts a collective by handing an
+:class:`_Op` to the rank's progress thread (:mod:`research.comm.asynchronous.progress`),
 which issues the nonblocking MPI call, tests it between sleeps, holds the
 result for the emulated link's modelled time, then records the times on the
 :class:`Handle`, puts the span on the timeline (track ``comm-bg``) and wakes the
@@ -11,7 +11,7 @@ and the engine's (it then refuses new starts).
 The task shares two fields with its engine, both written on the progress
 thread only: ``_link_free`` (when the emulated link frees: collectives share
 it in start order) and ``_error`` (the first failure). Usage and the contract
-are in :mod:`research.comm.handles`, which re-exports :class:`Handle`.
+are in :mod:`research.comm.asynchronous.handles`, which re-exports :class:`Handle`.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from mpi4py import MPI
 
-from research.comm import watchdog
-from research.comm.progress import Poll, Task
+from research.comm.asynchronous.progress import Poll, Task
+from research.comm.faults import watchdog
 from research.trace import get_tracer
 
 if TYPE_CHECKING:
-    from research.comm.handles import AsyncComm
+    from research.comm.asynchronous.handles import AsyncComm
 
 
 class Handle:

@@ -1,7 +1,7 @@
 """One background communication thread per rank, shared by host-side primitives.
 
-What runs on it: the asynchronous handles (:mod:`research.comm.handles`), whose
-nonblocking collectives it issues and completes, and the partial collectives'
+What runs on it: the asynchronous handles (:mod:`research.comm.asynchronous.handles`),
+whose nonblocking collectives it issues and completes, and the partial collectives'
 rounds (:mod:`research.comm.partial`) and the parameter server
 (:mod:`research.comm.ps`). What does not: the host allreduce
 (:class:`research.comm.dense.HostAllreduce`) blocks in the calling thread, and the
@@ -57,7 +57,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from research.comm import watchdog
+from research.comm.faults import watchdog
 
 _STOP = object()
 #: Longest sleep between polls once a wait has grown long (see module docstring).

@@ -4,11 +4,11 @@ Two strategies, same values (to the last bit or so):
 
 * :class:`FusedAllreduce` (``"fused"``): inside the jitted step. Leaves of
   256 KiB or more are summed one by one, as they are; smaller ones are packed
-  into buckets (:mod:`research.comm.fusion`); the ring allreduce of
-  :mod:`research.comm.ring` sums each, the mean folded into its last step,
+  into buckets (:mod:`research.comm.dense.fusion`); the ring allreduce of
+  :mod:`research.comm.dense.ring` sums each, the mean folded into its last step,
   mpi4jax's ``MPI_Allreduce``, or the hierarchical allreduce of
-  :mod:`research.comm.hierarchical` (across nodes), whichever the first call
-  measured fastest on every rank (``allreduce``, :mod:`research.comm.choose`).
+  :mod:`research.comm.dense.hierarchical` (across nodes), whichever the first call
+  measured fastest on every rank (``allreduce``, :mod:`research.comm.dense.choose`).
 * :class:`HostAllreduce` (``"host"``): on the host, the same ring (or mpi4py's
   ``Allreduce``, or the hierarchical one, chosen the same way) on numpy buckets
   below 32 MiB
@@ -20,7 +20,7 @@ output buffer each time, and glibc serves more than 32 MiB with a new ``mmap``,
 first touched in 4 KiB page faults (102 MB: ~25,000 faults, ~55 ms, more than
 the allreduce); and mpi4jax never passes ``MPI_IN_PLACE`` (a ~9 ms copy). So
 buckets stay below it, large leaves go to the ring whole, and every rank keeps
-its freed heap (:mod:`research.comm.malloc`). With ``python -m
+its freed heap (:mod:`research.comm.process.malloc`). With ``python -m
 scripts.bench_allreduce`` (2 ranks, ResNet-50's 102 MB) fused takes 0.82x raw
 ``Allreduce``'s time and host 1.14x; the investigation is in ``docs/journal.md``.
 """
@@ -37,15 +37,21 @@ import jax.numpy as jnp
 import numpy as np
 from mpi4py import MPI
 
-from research.comm import choose, ring, watchdog, xla_collective
 from research.comm.base import Averager, CommInfo
-from research.comm.chain import Chain
-from research.comm.fusion import DEFAULT_BUCKET_BYTES, FusionPlan, HostBuffers
-from research.comm.hierarchical import NodeComms, host_allreduce_all, jit_allreduce
+from research.comm.dense import choose, ring
+from research.comm.dense import xla as xla_collective
+from research.comm.dense.chain import Chain
+from research.comm.dense.fusion import DEFAULT_BUCKET_BYTES, FusionPlan, HostBuffers
+from research.comm.dense.hierarchical import (
+    NodeComms,
+    host_allreduce_all,
+    jit_allreduce,
+)
+from research.comm.dense.xla import AXIS
+from research.comm.faults import watchdog
 from research.comm.link import Link
 from research.comm.registry import Range, register_averager
 from research.comm.world import as_world
-from research.comm.xla_collective import AXIS
 from research.trace import get_tracer
 
 #: Leaves at least this large skip fusion in the jitted path: a whole leaf is
@@ -97,20 +103,20 @@ class FusedAllreduce(Averager):
       alone_bytes: leaves at least this large are summed whole, unfused (None:
         fuse all leaves into buckets of ``bucket_bytes``).
       sequential: start preparing bucket i+1 only when bucket i's allreduce is
-        done (see :mod:`research.comm.chain`; False only to measure the
+        done (see :mod:`research.comm.dense.chain`; False only to measure the
         difference).
       prescale: the mean costs no pass of its own: folded into the ring's last
         reduction step, or floats divided on the way into the buffer (mpi4jax's
         and the hierarchical path). False: divided in a pass after the sum
         (only to measure the difference).
       allreduce: ``"auto"`` (default): time the ring allreduce of
-        :mod:`research.comm.ring` (no copy of the input, the mean folded in, no
+        :mod:`research.comm.dense.ring` (no copy of the input, the mean folded in, no
         large temporaries), mpi4jax's ``MPI_Allreduce`` and, across nodes, the
         hierarchical allreduce on the first trace's buckets and keep the
-        fastest, the same on every rank (:mod:`research.comm.choose`);
+        fastest, the same on every rank (:mod:`research.comm.dense.choose`);
         ``"ring"``, ``"mpi"``, ``"hierarchical"``: that one; ``"xla"``:
         XLA's collectives, the whole step one program of all ranks
-        (:mod:`research.comm.xla_collective`; a candidate of ``auto`` where
+        (:mod:`research.comm.dense.xla`; a candidate of ``auto`` where
         JAX's distributed runtime runs). Any rank that cannot load the ring
         (or a backend other than CPU) rules the ring out for all.
       native: the former spelling of ``allreduce`` (True: ring, False: mpi,
@@ -118,7 +124,7 @@ class FusedAllreduce(Averager):
       in_place: sum each buffer in place (the ring's result aliases its
         operand): saves one gradient-sized buffer where XLA may overwrite the
         gradient, and costs a copy where it may not (the caller keeps it).
-      segment_bytes: the ring's piece size (see :mod:`research.comm.ring`).
+      segment_bytes: the ring's piece size (see :mod:`research.comm.dense.ring`).
     """
 
     executor = "fused"
@@ -213,7 +219,7 @@ class FusedAllreduce(Averager):
         return self.size > 1 and self.allreduce_choice["path"] == "xla"
 
     def uses_ring(self) -> bool:
-        """True when the sums go through :mod:`research.comm.ring`."""
+        """True when the sums go through :mod:`research.comm.dense.ring`."""
         return self.allreduce_choice["path"] == "ring"
 
     def path(self) -> str:
@@ -222,7 +228,7 @@ class FusedAllreduce(Averager):
 
     def adopt_allreduce(self, recorded: dict[str, Any] | None) -> None:
         """Take the path an interrupted run recorded (see
-        :func:`research.comm.choose.adopt`); the same on every rank."""
+        :func:`research.comm.dense.choose.adopt`); the same on every rank."""
         self.allreduce_choice = choose.adopt(self.allreduce_choice, recorded)
 
     def _allreduce(self, path: str) -> tuple[Any, bool]:
@@ -237,7 +243,7 @@ class FusedAllreduce(Averager):
 
             return summed_hierarchical, False
         if path == "ring":
-            from research.comm import ring
+            from research.comm.dense import ring
 
             opts = {"in_place": self.in_place}
             if self.segment_bytes is not None:
@@ -298,14 +304,14 @@ class HostAllreduce(Averager):
 
     ``reduce`` runs on the calling thread; it blocks until every rank has called
     it (a synchronous collective). Leaves of 256 KiB or more are buckets of
-    their own, which the ring (:func:`research.comm.ring.host_allreduce`) reads
+    their own, which the ring (:func:`research.comm.dense.ring.host_allreduce`) reads
     straight from the leaf (a jax CPU array's memory, not copied) and writes,
     summed and divided, into the bucket; smaller leaves are packed into shared
     buckets first and summed in place. The result is views into the buckets
     (numpy arrays; jax arrays, copied, with ``as_jax=True``). Where the ring
     cannot be built, every bucket is packed (floats divided on the way) and
     summed in place by mpi4py's ``Allreduce``. The buckets come from a
-    small pool (:class:`~research.comm.fusion.HostBuffers`): a set is reused only
+    small pool (:class:`~research.comm.dense.fusion.HostBuffers`): a set is reused only
     after every view of it has been dropped, so a result stays valid for as long
     as the caller keeps it, and a loop that drops it allocates nothing.
 

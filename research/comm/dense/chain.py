@@ -1,6 +1,6 @@
 """The traced program of the ``fused`` strategy's mean: stage, allreduce, stage.
 
-:class:`Chain` turns a :class:`~research.comm.fusion.FusionPlan` and an
+:class:`Chain` turns a :class:`~research.comm.dense.fusion.FusionPlan` and an
 allreduce into the program that :meth:`research.comm.dense.FusedAllreduce.
 average_in_jit` traces: why it is one sequential chain, and how the mean costs
 no pass of its own, is in the class docstring.
@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from research.comm.fusion import FusionPlan
+from research.comm.dense.fusion import FusionPlan
 
 
 class Chain:

@@ -4,7 +4,7 @@ the fastest of them.
 The ``allreduce`` option of the ``fused`` and ``host`` strategies:
 
 * ``"auto"`` (the default): the candidates are MPI's own allreduce, the ring
-  (where every rank can load it, :func:`research.comm.ring.decide`) and the
+  (where every rank can load it, :func:`research.comm.dense.ring.decide`) and the
   hierarchical allreduce (where the ranks span more than one node and some node
   holds more than one rank: elsewhere it is one of the other two). With more
   than one candidate the first call times a whole average of the real buckets
@@ -17,15 +17,15 @@ The ``allreduce`` option of the ``fused`` and ``host`` strategies:
   slowest rank's figures (one ``MPI_Allreduce(MAX)``) and the fastest path is
   kept for the rest of the run. The figures and the choice are recorded in the
   averager's ``allreduce_choice`` (``config.json``, ``summary.json``);
-* ``"ring"``: this project's segmented ring (:mod:`research.comm.ring`)
+* ``"ring"``: this project's segmented ring (:mod:`research.comm.dense.ring`)
   wherever every rank can load it (else MPI's, with the reason);
 * ``"mpi"``: MPI's own allreduce (``MPI_Allreduce`` through mpi4jax inside
   ``jit``, mpi4py on the host path);
 * ``"hierarchical"``: reduce within each node (shared memory), allreduce among
   one leader per node (the network), broadcast within the node
-  (:mod:`research.comm.hierarchical`);
+  (:mod:`research.comm.dense.hierarchical`);
 * ``"xla"``: XLA's own collectives across the processes (NCCL on GPUs, gloo on
-  the CPU; :mod:`research.comm.xla_collective`): a candidate of ``auto``
+  the CPU; :mod:`research.comm.dense.xla`): a candidate of ``auto``
   where JAX's distributed runtime runs, which the Trainer starts on GPUs with
   one rank each (on the CPU it measured 7x the ring: named, not timed).
 
@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from research.comm import ring
+from research.comm.dense import ring
 
 #: The allreduce paths a dense averager can take.
 PATHS = ("ring", "mpi", "hierarchical", "xla")
@@ -143,13 +143,13 @@ def agree(
     if allreduce == "hierarchical":
         why = "allreduce=hierarchical: forced"
         return _path("hierarchical", base, why, ["hierarchical"])
-    from research.comm import xla_collective
+    from research.comm.dense import xla as xla_collective
 
     if allreduce == "xla":
         if not xla_collective.running():
             why = xla_collective.status().get("reason") or (
                 "JAX's distributed runtime is not running (start it with "
-                "research.comm.xla_collective.start(world) before any JAX array)"
+                "research.comm.dense.xla.start(world) before any JAX array)"
             )
             raise ValueError(f"allreduce=xla: {why}")
         return _path("xla", base, "allreduce=xla: XLA's collectives forced", ["xla"])

@@ -11,7 +11,7 @@ per node instead of once per rank:
 It is exact at any layout, uneven nodes included (2 + 1 ranks): every rank ends
 with the leader's bits. Its sum is ordered differently from the ring's and
 MPI's flat allreduce (node by node), so the three differ in the last bits of a
-float sum; a run keeps one path throughout (:mod:`research.comm.choose`).
+float sum; a run keeps one path throughout (:mod:`research.comm.dense.choose`).
 
 Horovod's hierarchical allreduce and NCCL's trees over nodes are the same idea;
 they also split the node's buffer among its ranks so that every rank's NIC

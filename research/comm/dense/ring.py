@@ -33,7 +33,7 @@ travel on the communicator it is given, which should be dedicated to it
 could match its own.
 
 The handler is compiled on first use, once per machine, MPI and jaxlib
-(:mod:`research.comm.ring_build`: the cache, its lock, the compiler, the MPI it
+(:mod:`research.comm.dense.ring_build`: the cache, its lock, the compiler, the MPI it
 was built for, and why a cached library is refused); this module loads it,
 refuses it when mpi4py loaded another MPI than the one it was built for, and
 binds it twice (XLA FFI and ctypes), which must agree on its ABI.
@@ -41,7 +41,7 @@ binds it twice (XLA FFI and ctypes), which must agree on its ABI.
 can load it (an averager asks when it is built, :mod:`research.comm.dense`);
 elsewhere the fused path uses mpi4jax, the host path mpi4py. Where every rank
 can, ``allreduce=auto`` then times the ring against MPI's own allreduce and keeps
-the faster (:mod:`research.comm.choose`).
+the faster (:mod:`research.comm.dense.choose`).
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ from typing import Any
 import numpy as np
 
 # The build's public names stay importable from here.
-from research.comm.ring_build import SOURCE, build, compiler, library_path  # noqa: F401
-from research.comm.ring_build import mpi_digest as _mpi_digest
-from research.comm.ring_build import notes as _build_notes
+from research.comm.dense.ring_build import SOURCE, build, compiler, library_path  # noqa: F401
+from research.comm.dense.ring_build import mpi_digest as _mpi_digest
+from research.comm.dense.ring_build import notes as _build_notes
 
 TARGET = "research_ring_allreduce"
 
@@ -109,7 +109,7 @@ def _load() -> Any:
         lib.research_ring_peers.restype = ctypes.c_int64
         _state["host"] = host
         _state["calls"] = lib.research_ring_calls
-        # Read by the communication watchdog (research.comm.traffic).
+        # Read by the communication watchdog (research.comm.faults.traffic).
         _state["bytes"] = lib.research_ring_bytes
         _state["peers"] = lib.research_ring_peers
         jax.ffi.register_ffi_target(
@@ -185,7 +185,7 @@ def decide(comm: Any, backend: str | None = None) -> dict[str, Any]:
         what = f"ring allreduce not used, MPI_Allreduce instead: {reason}"
         for line in [what if bad else "", *all_notes]:
             if line:
-                print(f"research.comm.ring: {line}", file=sys.stderr, flush=True)
+                print(f"research.comm.dense.ring: {line}", file=sys.stderr, flush=True)
     return decision
 
 

@@ -7,12 +7,12 @@ keyed by the source, jaxlib, host architecture, compiler and MPI library
 version (:func:`library_path`); ranks starting together wait on a file lock, so
 it is built once, and a failed build is remembered (``.failed``). The library
 records the MPI it was built for (:func:`mpi_digest`, checked when
-:mod:`research.comm.ring` loads it). It is used only from a folder and file
+:mod:`research.comm.dense.ring` loads it). It is used only from a folder and file
 owned by us (or root) and writable by nobody else; otherwise it is built in a
 private folder and the reason kept in :func:`notes`.
 
 Loading the library and its two bindings (XLA FFI and ctypes), which must agree
-on its ABI, are :mod:`research.comm.ring`'s; that module re-exports
+on its ABI, are :mod:`research.comm.dense.ring`'s; that module re-exports
 :func:`build`, :func:`compiler` and :func:`library_path`.
 """
 

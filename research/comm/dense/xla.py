@@ -35,7 +35,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from research.comm import devices
+from research.comm.process import devices
 
 #: The mesh axis of the ranks.
 AXIS = "ranks"
@@ -107,7 +107,7 @@ def start(world: Any) -> bool:
         ranks = [r for r, (late, _) in enumerate(found) if late]
         raise RuntimeError(
             f"allreduce=xla: JAX already computed on rank {ranks[0]} before its "
-            "distributed runtime started; call research.comm.xla_collective."
+            "distributed runtime started; call research.comm.dense.xla."
             "start(world) right after get_world(), before any JAX array"
         )
     if any(s for _, s in found):

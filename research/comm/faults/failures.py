@@ -52,7 +52,7 @@ def attempt() -> int:
 #: The cause recorded for an exception raised from MPI's own error.
 MPI_ERROR = "mpi-error"
 #: What the ring allreduce's message says before MPI's error string
-#: (research/comm/native/ring_allreduce.cc). Raised inside ``jit`` it reaches
+#: (research/comm/dense/native/ring_allreduce.cc). Raised inside ``jit`` it reaches
 #: Python as XLA's runtime error, on the host path as a RuntimeError: neither
 #: is ``MPI.Exception``, so the words are how a rank tells it was MPI's.
 RING_MPI_ERROR = "ring allreduce: MPI error: "

@@ -11,7 +11,7 @@ the hot path:
   long it takes. Received bytes count from :data:`MIN_RECEIVED` on; acknowledged
   ones only from :data:`MIN_ACKED`: a frozen peer's kernel still acknowledges
   small messages (keep-alives) sent to it until its buffers are full.
-* :func:`ring_bytes`: bytes the native ring allreduce (:mod:`research.comm.ring`)
+* :func:`ring_bytes`: bytes the native ring allreduce (:mod:`research.comm.dense.ring`)
   has received so far, counted in its C code after every piece, so progress
   inside a jitted step is visible; :func:`ring_peers` the neighbours it is
   exchanging with right now.
@@ -73,7 +73,7 @@ def tcp_bytes() -> tuple[int, int] | None:
 
 
 def _ring_state() -> dict | None:
-    ring = sys.modules.get("research.comm.ring")
+    ring = sys.modules.get("research.comm.dense.ring")
     if ring is None:
         return None
     return ring._state if "bytes" in ring._state else None

@@ -7,8 +7,8 @@ naming what it waits for::
         ...  # blocking communication
 
 Watched today: a handle's ``wait`` and ``AsyncComm.drain``
-(:mod:`research.comm.handles`, so the overlap and layerwise strategies), the
-partial collectives' rounds (solo, majority, sync), the parameter server's push,
+(:mod:`research.comm.asynchronous.handles`, so the overlap and layerwise strategies),
+the partial collectives' rounds (solo, majority, sync), the parameter server's push,
 pull and finish, the host allreduce, the fused step (its allreduce runs inside
 ``jit``: the whole step is watched, named after the collective it holds), the
 sparse allreduce, ``progress.wait_all`` (checkpoint agreement and its other
@@ -19,12 +19,12 @@ One background thread per rank (started with the world by
 :func:`research.comm.world.get_world`) looks at the watches once a second. A
 watch is *quiet* for as long as none of the rank's communication has moved since
 the later of its start and the last progress. Progress is: any watch ending; a
-round of the progress thread (:mod:`research.comm.progress`) that advanced one of
-its tasks; a step of the sparse allreduce; a piece of the native ring allreduce
+round of the progress thread (:mod:`research.comm.asynchronous.progress`) that advanced
+one of its tasks; a step of the sparse allreduce; a piece of the native ring allreduce
 (its byte counter, read inside ``jit`` too); bytes moving on this process's
 TCP connections, or on those of another rank of its node (its leader, which
 moves the node's bytes when MPI reduces within the node first;
-:mod:`research.comm.traffic`). That is how a slow link is told
+:mod:`research.comm.faults.traffic`). That is how a slow link is told
 from a dead one: over a 1 Mbit/s link bytes still arrive every second, so no
 watch stays quiet however long the collective takes; a link that is down, a
 frozen node or a dead one moves nothing (a frozen peer's kernel may acknowledge
@@ -34,10 +34,10 @@ acknowledged, count).
 Quiet for the warning time (a third of the timeout): one line per stalled rank
 naming the wait, the step, the peers it waits for and for how long. The peers
 come from the watch where it knows them (the ring's neighbours, the parameter
-server); otherwise from a roll call (:mod:`research.comm.rollcall`): the rank
+server); otherwise from a roll call (:mod:`research.comm.faults.rollcall`): the rank
 asks every other rank where it is, and those that do not answer within a few
 seconds are named as unreachable. Quiet for the timeout: one more line, a
-failure record (:mod:`research.comm.failures`) and the job ends through
+failure record (:mod:`research.comm.faults.failures`) and the job ends through
 :func:`research.comm.world.abort` with exit code :data:`EXIT_CODE` (124); if
 ``MPI_Abort`` itself hangs (the network gone), the rank exits anyway
 :data:`research.comm.world.ABORT_FALLBACK_S` later.
@@ -190,7 +190,7 @@ class Watchdog:
 
     def __init__(self, rank: int, size: int, rollcall: Any = None) -> None:
         self.rank, self.size, self.rollcall = rank, size, rollcall
-        self.board: Any = None  # research.comm.traffic.NodeBoard
+        self.board: Any = None  # research.comm.faults.traffic.NodeBoard
         self.setting: float | str | None = parse_timeout(os.environ.get(ENV))
         self.slowest_step = 0.0
         self.longest: tuple[float, str] = (0.0, "")
@@ -248,7 +248,7 @@ class Watchdog:
 
     def check(self, now: float) -> None:
         """One look at every watch (the thread calls it each tick)."""
-        from research.comm import lifeline
+        from research.comm.faults import lifeline
 
         if lifeline.parent_gone():
             lifeline.exit_orphaned(self.rank)
@@ -286,7 +286,7 @@ class Watchdog:
         """Bytes moved since the last look: progress. The ring's counter is
         read every tick (a load of a C counter), TCP's once a wait has been
         quiet for a tick (a look at this process's sockets)."""
-        from research.comm import traffic
+        from research.comm.faults import traffic
 
         if self._own_bytes_moved(quiet, traffic):
             now = time.monotonic()
@@ -349,7 +349,7 @@ class Watchdog:
             f"ending the job (--comm-timeout {timeout:.0f} s, exit {EXIT_CODE})"
         )
         self._say(message)
-        from research.comm import failures
+        from research.comm.faults import failures
         from research.comm.world import abort
 
         failures.record(
@@ -385,7 +385,7 @@ class Watchdog:
         """Whom the wait is for, in words: the ranks that did not answer the
         roll call or answered from elsewhere; the watch's own peers (the ring's
         neighbours, a server) where no roll call came back."""
-        from research.comm import traffic
+        from research.comm.faults import traffic
 
         peers = list(w.peers) if w.peers is not None else None
         ring = traffic.ring_peers() if peers is None else None
@@ -449,8 +449,8 @@ def start(comm: Any) -> Watchdog | None:
     with _lock:
         if _dog is not None or comm.Get_size() < 2:
             return _dog
-        from research.comm.rollcall import RollCall
-        from research.comm.traffic import NodeBoard
+        from research.comm.faults.rollcall import RollCall
+        from research.comm.faults.traffic import NodeBoard
 
         dog = Watchdog(comm.Get_rank(), comm.Get_size())
         dog.rollcall = RollCall(comm, dog.status)

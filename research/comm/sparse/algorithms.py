@@ -18,8 +18,8 @@ from concurrent.futures import Future
 import numpy as np
 from mpi4py import MPI
 
-from research.comm import watchdog
-from research.comm.progress import get_progress, wait_all
+from research.comm.asynchronous.progress import get_progress, wait_all
+from research.comm.faults import watchdog
 from research.comm.sparse import calibration, cost, wire
 from research.comm.sparse.quant import QuantizedValues, dequantize, quantize
 from research.comm.sparse.vector import (

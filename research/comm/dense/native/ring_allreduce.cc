@@ -1,7 +1,7 @@
-// A segmented ring allreduce as an XLA FFI custom call (research/comm/ring.py).
+// A segmented ring allreduce as an XLA FFI custom call (research/comm/dense/ring.py).
 //
 // The fused path's collective. Three things make it cheaper than handing each
-// buffer to MPI_Allreduce (mpi4jax's path), measured in research/comm/dense.py:
+// buffer to MPI_Allreduce (mpi4jax's path), measured in research/comm/dense/averagers.py:
 //
 // * no copy of the input: the first reduce-scatter step reads the caller's
 //   buffer, later steps the result buffer, so input and result may be distinct
@@ -52,7 +52,7 @@ H FromHandle(int64_t v) {
 // Calls that took the ring (not MPI_Allreduce): tests read it to tell the
 // ring from its fallback, which cannot move it.
 std::atomic<int64_t> g_ring_calls{0};
-// What the communication watchdog (research/comm/traffic.py) reads while a ring
+// What the communication watchdog (research/comm/faults/traffic.py) reads while a ring
 // runs, inside jit too: bytes received so far (after every piece), and the
 // neighbours of the ring in progress (prev << 32 | next; -1: none).
 std::atomic<int64_t> g_ring_bytes{0};
@@ -247,7 +247,7 @@ std::string Describe(int rc, const char* why) {
   int len = 0;
   MPI_Error_string(rc, msg, &len);
   // The words before MPI's own string tell a rank's failure record that MPI
-  // failed (research.comm.failures.RING_MPI_ERROR): raised through XLA, the
+  // failed (research.comm.faults.failures.RING_MPI_ERROR): raised through XLA, the
   // error has no type of its own to tell it by.
   return std::string("ring allreduce: MPI error: ") + std::string(msg, len);
 }
@@ -285,7 +285,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(research_ring_allreduce, RingAllreduce,
                                   .Attr<int64_t>("ring_min_bytes")
                                   .Attr<int64_t>("max_count"));
 
-// The same for host buffers (research.comm.ring.host_allreduce, via ctypes):
+// The same for host buffers (research.comm.dense.ring.host_allreduce, via ctypes):
 // 0 on success; else 2 (bad arguments) or 1 (MPI failed), with a message of at
 // most `msg_len` bytes in `msg`.
 extern "C" int research_ring_allreduce_host(const void* src, void* dst,
