@@ -75,7 +75,8 @@ def bench_model(world, name: str, density: float, reps: int, exact: bool) -> dic
 
     from research.comm.dense import HostAllreduce
     from research.comm.sparse.select import TopKSelector
-    from research.comm.sparse.strategy import MeanBuffer, SparseAverager
+    from research.comm.sparse.strategy import SparseAverager
+    from research.comm.sparse.vector import MeanBuffer
 
     sizes = leaf_sizes(name)
     dim = sum(sizes)

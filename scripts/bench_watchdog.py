@@ -69,7 +69,7 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
 
     from research.comm.dense import FusedAllreduce, HostAllreduce
     from research.comm.faults import traffic, watchdog
-    from research.comm.world import get_world
+    from research.comm.world import abort, get_world
 
     world = get_world()
     comm = world.comm
@@ -93,7 +93,7 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
 
     def set_watchdog(on: bool) -> None:
         if on and watchdog.get() is None:
-            watchdog.start(comm)  # collective: the roll call's Dup, the board
+            watchdog.start(comm, abort)  # collective: the roll call's Dup, the board
         elif not on and watchdog.get() is not None:
             watchdog.stop()
         comm.Barrier()

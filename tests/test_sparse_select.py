@@ -7,8 +7,7 @@ import pytest
 
 from research.comm.sparse import select as sel_mod
 from research.comm.sparse.select import EXACT_BELOW, TopKSelector, top_mask
-from research.comm.sparse.strategy import MeanBuffer
-from research.comm.sparse.vector import SparseVector
+from research.comm.sparse.vector import MeanBuffer, SparseVector
 
 
 def reference(acc: np.ndarray, k: int) -> np.ndarray:

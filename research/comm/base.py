@@ -18,7 +18,9 @@ for ``"layerwise"``; ``shard_size``, ``reduce_scatter`` and ``allgather`` for
 ``"overlap"``; ``k_for``, ``reduce_sparse``, ... for ``"sparse"``), and a
 strategy lacking any of it is refused by name when its executor is made.
 
-Every call returns a :class:`CommInfo` record of what happened.
+Every call returns a :class:`CommInfo` record of what happened. This module
+imports nothing of the strategies' registry or calling convention, which
+build on it.
 """
 
 from __future__ import annotations
@@ -63,16 +65,10 @@ class Averager:
     name: ClassVar[str] = "base"
     #: Why this strategy has no ``grads, info = avg(grads)`` form
     #: (``research.averaging``), with what to use instead; None: it has one.
+    #: The form is the averager itself behind :func:`research.comm.calling.wrap`;
+    #: a strategy whose form is another object (``sparse``: its top-k object)
+    #: defines a classmethod ``averaging(world, **options)`` that builds it.
     no_call_form: ClassVar[str | None] = None
-
-    @classmethod
-    def averaging(cls, world: Any, **options: Any) -> Any:
-        """This strategy behind ``research.averaging``'s one call
-        (:mod:`research.api`); a strategy whose call form is not itself
-        wrapped (``sparse``: its top-k object) overrides this."""
-        from research.comm.calling import wrap
-
-        return wrap(cls(world, **options))
 
     def average_in_jit(self, grads: Any) -> Any:
         """Fused: average ``grads`` inside a jitted function."""

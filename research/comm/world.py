@@ -234,7 +234,7 @@ def _start_watchdog(world: World) -> None:
         from research.comm.faults import lifeline
 
         lifeline.die_with_parent()
-    if world.size > 1 and watchdog.start(world.comm) is not None:
+    if world.size > 1 and watchdog.start(world.comm, abort) is not None:
         # Registered after mpi4py's own handler, so it runs before MPI_Finalize.
         atexit.register(watchdog.stop)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from mpi4py import MPI
@@ -28,12 +28,20 @@ from research.comm.asynchronous.progress import Poll, Task
 from research.comm.faults import watchdog
 from research.trace import get_tracer
 
-if TYPE_CHECKING:
-    from research.comm.asynchronous.handles import AsyncComm
+
+class Engine(Protocol):
+    """What a collective in flight uses of the engine that started it
+    (:class:`~research.comm.asynchronous.handles.AsyncComm`): its communicator,
+    its progress thread's sleep bound, and the two fields they share."""
+
+    _comm: MPI.Comm
+    max_sleep: float
+    _link_free: float  # when the emulated link frees
+    _error: BaseException | None  # the first failure
 
 
 class Handle:
-    """One collective started by :class:`AsyncComm`; wait for it with :meth:`wait`.
+    """One collective started by an :class:`Engine`; wait for it with :meth:`wait`.
 
     Attributes (set on the progress thread; read them after ``wait``):
       kind: the collective's name.
@@ -96,7 +104,7 @@ class Handle:
 class _Op(Task):
     """A handle's life on the progress thread: issue, test, emulate, hand over."""
 
-    def __init__(self, engine: AsyncComm, handle: Handle, issue: Callable, keep: Any):
+    def __init__(self, engine: Engine, handle: Handle, issue: Callable, keep: Any):
         self.engine, self.handle, self.issue, self.keep = engine, handle, issue, keep
         self.max_sleep = engine.max_sleep
         self.reqs: list[MPI.Request] = []

@@ -65,7 +65,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 #: ``auto``'s timeout before any step is measured, seconds.
@@ -188,8 +188,17 @@ def parse_timeout(value: Any) -> float | str | None:
 class Watchdog:
     """The rank's watchdog thread (see the module docstring); one per process."""
 
-    def __init__(self, rank: int, size: int, rollcall: Any = None) -> None:
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        rollcall: Any = None,
+        abort: Callable[[int], None] | None = None,
+    ) -> None:
         self.rank, self.size, self.rollcall = rank, size, rollcall
+        #: Ends the whole job with an exit code (the world's ``abort``; None:
+        #: this process alone ends).
+        self.abort = abort
         self.board: Any = None  # research.comm.faults.traffic.NodeBoard
         self.setting: float | str | None = parse_timeout(os.environ.get(ENV))
         self.slowest_step = 0.0
@@ -350,7 +359,6 @@ class Watchdog:
         )
         self._say(message)
         from research.comm.faults import failures
-        from research.comm.world import abort
 
         failures.record(
             "comm-timeout",
@@ -360,7 +368,7 @@ class Watchdog:
             waits_in=w.what,
             quiet_s=round(quiet, 1),
         )
-        abort(EXIT_CODE)
+        (self.abort or os._exit)(EXIT_CODE)
 
     def _say(self, text: str) -> None:
         print(f"r{self.rank} | comm watchdog: {text}", file=sys.stderr, flush=True)
@@ -442,9 +450,11 @@ _dog: Watchdog | None = None
 _lock = threading.Lock()
 
 
-def start(comm: Any) -> Watchdog | None:
+def start(comm: Any, abort: Callable[[int], None]) -> Watchdog | None:
     """Start this process's watchdog over ``comm`` (collective: a Dup for the
-    roll call), once; None in a world of one."""
+    roll call), once; None in a world of one. ``abort(code)`` ends the whole
+    job when a wait stalls (:func:`research.comm.world.abort`, which passes
+    itself: this module imports nothing of the world)."""
     global _dog
     with _lock:
         if _dog is not None or comm.Get_size() < 2:
@@ -452,7 +462,7 @@ def start(comm: Any) -> Watchdog | None:
         from research.comm.faults.rollcall import RollCall
         from research.comm.faults.traffic import NodeBoard
 
-        dog = Watchdog(comm.Get_rank(), comm.Get_size())
+        dog = Watchdog(comm.Get_rank(), comm.Get_size(), abort=abort)
         dog.rollcall = RollCall(comm, dog.status)
         dog.board = NodeBoard(comm)
         dog.start()

@@ -127,7 +127,7 @@ class SparseAverager(Averager):
                 "sparse: warmup_steps and select=exact are Trainer options; "
                 "the one call is one-pass top-k from the first call"
             )
-        return TopK(TopKAllreduce(world, **options))
+        return TopK(TopKAllreduce(world, averager=cls(world, **options)))
 
     #: The executor adds weight decay to the local gradient; the optimizer must not.
     local_weight_decay = True
@@ -219,7 +219,8 @@ class SparseAverager(Averager):
     ) -> tuple[SparseVector, CommInfo]:
         """Like :meth:`reduce_sparse` but the sum over ranks as it arrives
         (sparse or dense form), for a caller that decodes it into its own
-        buffer (:class:`MeanBuffer`) instead of a fresh dense vector."""
+        buffer (:class:`~research.comm.sparse.vector.MeanBuffer`) instead of a
+        fresh dense vector."""
         vec = SparseVector(
             np.asarray(indices), np.asarray(values, dtype=np.float32), int(dim)
         )
@@ -301,35 +302,3 @@ class SparseAverager(Averager):
             return out, info
         mean = out.to_dense().astype(np.float32, copy=False) / np.float32(self.size)
         return mean, info
-
-
-class MeanBuffer:
-    """The mean over ``P`` ranks of a sparse-allreduce sum, in one reused buffer.
-
-    ``set(total)`` writes ``total / P`` into a float32 vector of length ``dim``
-    that it keeps: a sparse sum zeroes only the entries the previous one set
-    and scatters its own (O(nnz), no pass over ``dim``), a dense one divides
-    into it (one pass). The values are those of ``total.to_dense() / P``. The
-    returned array is overwritten by the next ``set``.
-    """
-
-    def __init__(self, dim: int, size: int) -> None:
-        self.buf = np.zeros(int(dim), np.float32)
-        self.size = np.float32(size)
-        self._last: np.ndarray | None = np.empty(0, np.int64)  # None: all set
-
-    def set(self, total: SparseVector) -> np.ndarray:
-        """``total / P`` as a dense float32 vector (this buffer)."""
-        buf = self.buf
-        if total.is_dense:
-            np.divide(total.values, self.size, out=buf, casting="unsafe")
-            self._last = None
-            return buf
-        if self._last is None:
-            buf.fill(0.0)
-        else:
-            buf[self._last] = 0.0
-        idx = total.indices
-        buf[idx] = total.values.astype(np.float32, copy=False) / self.size
-        self._last = idx
-        return buf

@@ -24,7 +24,7 @@ timed apart, weight decay added to the local gradient first).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +32,26 @@ import numpy as np
 
 from research.comm.base import CommInfo
 from research.comm.sparse.select import TopKSelector
-from research.comm.sparse.strategy import MeanBuffer, SparseAverager
+from research.comm.sparse.vector import MeanBuffer, SparseVector
+
+
+class SparseSum(Protocol):
+    """What :class:`TopKAllreduce` uses of the ``sparse`` strategy's averager
+    (:class:`research.comm.sparse.strategy.SparseAverager`): its settings, the
+    k for n entries, and the sum over ranks of everyone's selection."""
+
+    name: str
+    world: Any
+    size: int
+    scope: str
+    error_feedback: bool
+    seed: int
+
+    def k_for(self, n: int) -> int: ...
+
+    def reduce_sparse_sum(
+        self, indices: np.ndarray, values: np.ndarray, dim: int, step: int
+    ) -> tuple[SparseVector, CommInfo]: ...
 
 
 class TopKAllreduce:
@@ -66,9 +85,9 @@ class TopKAllreduce:
         seed: int = 0,
         link: str = "real",
         wd: float = 0.0,
-        averager: SparseAverager | None = None,
+        averager: SparseSum | None = None,
     ) -> None:
-        self.averager = averager or SparseAverager(
+        self.averager = averager or _sparse_averager(
             world,
             density=density,
             scope=scope,
@@ -197,3 +216,12 @@ class TopKAllreduce:
                 f"residual of {residual.size} entries for a gradient of {self.dim}"
             )
         np.copyto(self.residual, residual)
+
+
+def _sparse_averager(world: Any, **options: Any) -> SparseSum:
+    """The ``sparse`` strategy's averager, looked up by its registered name
+    (the strategy builds its own call form from this module: neither imports
+    the other back)."""
+    from research.comm.registry import get_averager
+
+    return get_averager("sparse", world, **options)

@@ -1,5 +1,7 @@
 """``SparseVector`` and the local pieces of the collectives: dense switch and merges.
 
+Also :class:`MeanBuffer`: a sum over ranks decoded into a reused dense mean.
+
 A vector of length ``dim`` is held either sparse (sorted, unique indices and their
 values) or dense (``indices is None`` and ``values`` of length ``dim``), exactly
 like a SparCML message. Indices are int32 while ``dim < 2**31`` and int64 from
@@ -211,3 +213,35 @@ def sum_sorted_runs(
     # reduceat adds each segment's values in order (segments are at most one
     # entry per run long).
     return SparseVector(idx[starts], np.add.reduceat(val, starts), dim, check=False)
+
+
+class MeanBuffer:
+    """The mean over ``P`` ranks of a sparse-allreduce sum, in one reused buffer.
+
+    ``set(total)`` writes ``total / P`` into a float32 vector of length ``dim``
+    that it keeps: a sparse sum zeroes only the entries the previous one set
+    and scatters its own (O(nnz), no pass over ``dim``), a dense one divides
+    into it (one pass). The values are those of ``total.to_dense() / P``. The
+    returned array is overwritten by the next ``set``.
+    """
+
+    def __init__(self, dim: int, size: int) -> None:
+        self.buf = np.zeros(int(dim), np.float32)
+        self.size = np.float32(size)
+        self._last: np.ndarray | None = np.empty(0, np.int64)  # None: all set
+
+    def set(self, total: SparseVector) -> np.ndarray:
+        """``total / P`` as a dense float32 vector (this buffer)."""
+        buf = self.buf
+        if total.is_dense:
+            np.divide(total.values, self.size, out=buf, casting="unsafe")
+            self._last = None
+            return buf
+        if self._last is None:
+            buf.fill(0.0)
+        else:
+            buf[self._last] = 0.0
+        idx = total.indices
+        buf[idx] = total.values.astype(np.float32, copy=False) / self.size
+        self._last = idx
+        return buf
