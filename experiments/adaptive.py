@@ -73,11 +73,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from research.cli import nested, parse_config
-from research.launch import UsageError, fail_usage
+from research.entry.cli import nested, parse_config
 from research.studies.adaptive import ARMS
 from research.studies.presets import ExperimentConfig
 from research.train.config import CKPT, OUTPUT, TrainConfig, flag
+from research.usage import UsageError, fail_usage
 
 PROG = "python -m experiments.adaptive"
 STUDY = "adaptive study"
@@ -187,7 +187,7 @@ def parse(argv: list[str]) -> Config:
 def _driver(cfg: Config, argv: list[str]) -> Path:
     """Outside MPI: the nodes, one job per rank count, the link, the report."""
     from research import localnet
-    from research.launch import relaunch
+    from research.entry.launch import relaunch
     from research.rundir import default_run_dir
     from research.studies.adaptive_link import LinkController
 

@@ -47,8 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from research.checkpoint.registry import list_savers, saver_name
-from research.cli import nested, override, parse_config, without
-from research.launch import UsageError, fail_usage
+from research.entry.cli import nested, override, parse_config, without
 from research.studies.deepfreeze import (
     check_flags,
     launch_jobs,
@@ -57,6 +56,7 @@ from research.studies.deepfreeze import (
 )
 from research.studies.presets import ExperimentConfig, start_job, with_model
 from research.train.config import CKPT, OUTPUT, TrainConfig, flag
+from research.usage import UsageError, fail_usage
 
 PROG = "python -m experiments.deepfreeze"
 

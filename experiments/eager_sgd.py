@@ -46,8 +46,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from research.cli import nested, override, parse_config
-from research.launch import UsageError, fail_usage, maybe_relaunch
+from research.entry.cli import nested, override, parse_config
+from research.entry.launch import maybe_relaunch
 from research.studies.eager_sgd import (
     ARMS,
     DEFAULT_IMBALANCE,
@@ -65,6 +65,7 @@ from research.studies.eager_sweep import (
 )
 from research.studies.presets import ExperimentConfig, start_job, with_model
 from research.train.config import CKPT, OUTPUT, TrainConfig, flag
+from research.usage import UsageError, fail_usage
 
 PROG = "python -m experiments.eager_sgd"
 EAGER = "eager-SGD"
@@ -286,7 +287,7 @@ def parse(argv: list[str]) -> Config:
 
 def sweep_driver(argv: list[str], cfg: Config) -> None:
     """Outside MPI: one job per rank count, then the sweep's table and figure."""
-    from research.launch import relaunch
+    from research.entry.launch import relaunch
     from research.rundir import default_run_dir
 
     root = Path(cfg.train.run_dir or default_run_dir("eager_sweep")).absolute()

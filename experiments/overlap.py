@@ -11,7 +11,7 @@ not stated; most likely one process).
 What runs: for each rank count (one mpiexec job each) and model, a few training
 steps with each strategy: ``host`` (blocking allreduce after the backward pass),
 ``fused`` (inside the jitted step), ``layerwise`` (DDP buckets), ``overlap`` (the
-SC18 scheme; ``research.train.overlapped``) and, for VGG-16, ``overlap-fcx`` (fc
+SC18 scheme; ``research.train.sharded``) and, for VGG-16, ``overlap-fcx`` (fc
 stages exchange activations instead of gradients), on the real (shared-memory)
 link and an emulated one (``auto``: where host's allreduce takes as long as its
 compute). One table per model (step, compute, communication, hidden fraction,
@@ -45,8 +45,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from research.cli import override, parse_config
-from research.launch import UsageError, relaunch
+from research.entry.cli import override, parse_config
+from research.entry.launch import relaunch
 from research.studies.overlap import (
     LINKED,
     MODELS,
@@ -57,6 +57,7 @@ from research.studies.overlap import (
 )
 from research.studies.presets import HOSTS_HELP
 from research.train.config import OUTPUT, flag
+from research.usage import UsageError
 
 PROG = "python -m experiments.overlap"
 RUNS, OUT = "runs", "output"
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> str | None:
         try:
             run_point(cfg, root, world)
         except UsageError as e:  # raised alike on every rank
-            from research.launch import fail_usage
+            from research.usage import fail_usage
 
             fail_usage(PROG, str(e))
         if cfg.point or world.rank != 0:

@@ -45,8 +45,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from research.cli import override, parse_config
-from research.launch import relaunch
+from research.entry.cli import override, parse_config
+from research.entry.launch import relaunch
 from research.studies.presets import HOSTS_HELP
 from research.studies.scalability import MODELS, STRATEGIES, SWEEPS, jobs, plan
 from research.train.config import OUTPUT, flag

@@ -23,11 +23,13 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from research.cli import parse_config
 from research.comm.process.env import launched_by_mpi
-from research.launch import UsageError, fail_usage, maybe_relaunch, set_threads
+from research.entry.cli import parse_config
+from research.entry.launch import maybe_relaunch
 from research.studies.presets import NP_HELP, ExperimentConfig
+from research.threads import set_threads
 from research.train.config import PARALLEL, TrainConfig, flag
+from research.usage import UsageError, fail_usage
 
 PROG = "python -m experiments.train"
 
@@ -41,7 +43,7 @@ class Config(ExperimentConfig):
         0,
         "when the job fails (a lost node, a stalled collective, a rank's error), "
         "relaunch it up to N times on the nodes that still answer and resume "
-        "from the newest committed checkpoint (research/restart.py); "
+        "from the newest committed checkpoint (research/entry/restart.py); "
         "default %(default)s",
         PARALLEL,
         metavar="N",
@@ -64,23 +66,24 @@ def parse(argv: list[str]) -> Config:
 
 
 def with_restarts(cfg: Config, argv: list[str]) -> int:
-    """Run the job under :func:`research.restart.run` (``--max-restarts``)."""
-    from research import restart
+    """Run the job under :func:`research.entry.restart.run` (``--max-restarts``)."""
+    from research.entry import restart
     from research.rundir import default_run_dir
 
     train = cfg.train
-    return restart.run(
+    job = restart.Job(
         "experiments.train",
         argv,
-        np_=cfg.np,
+        np=cfg.np,
         threads=train.threads,
-        max_restarts=cfg.max_restarts,
         run_dir=train.run_dir or default_run_dir("train"),
         batch_size=train.batch_size,
         lr=train.lr,
         scale_lr=train.scale_lr,
         hosts=cfg.hosts,
+        max_restarts=cfg.max_restarts,
     )
+    return restart.run(job)
 
 
 def main(argv: list[str] | None = None) -> dict | None:
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         raise SystemExit(with_restarts(cfg, argv))
     maybe_relaunch("experiments.train", argv, cfg.np, cfg.train.threads, cfg.hosts)
     set_threads(cfg.train.threads)
-    from research.runner import run_training
+    from research.entry.run import run_training
 
     try:
         return run_training(cfg.train, "train")

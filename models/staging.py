@@ -15,7 +15,7 @@ The split is by top-level submodule, so it does not depend on how a layer comput
 
 Dense layers are :class:`TappedDense`: an ``nn.Dense`` (same parameters, same
 names) that can hand out its input and the error at its output, for the SC18
-FC-activation exchange (``research.train.overlapped``): with the ``TAP_INPUTS``
+FC-activation exchange (``research.train.sharded``): with the ``TAP_INPUTS``
 collection mutable it sows its input, and given a zero-valued ``TAP_ERRORS``
 variable (a Flax perturbation) the gradient with respect to that variable is the
 loss's gradient at the layer's output. Without those collections it is exactly

@@ -24,7 +24,7 @@ VGG-16     812 ms       651 ms                            840 ms
 The flag goes into ``XLA_FLAGS``, which XLA reads once, when JAX makes its CPU
 client. Importing ``models`` does not touch the environment (a library must not
 change its caller's numerics): the launchers put it into their ranks'
-environment (``research.launch.thread_env``) and the experiments and benchmarks
+environment (``research.threads.thread_env``) and the experiments and benchmarks
 call :func:`apply` before any computation; a warning says so if JAX was
 already running. It is left out where the user's
 ``XLA_FLAGS`` already sets ``--xla_cpu_experimental_ynn_fusion_type`` (their

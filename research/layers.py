@@ -6,16 +6,22 @@ first, each with the units it may import besides its own modules. A unit names
 only units listed before it, so the table is the layering and nothing imports
 upward: ``research.comm`` imports nothing of ours but the timeline, the
 declared-options reader (``research.options``), the registry and the
-machine's description (``research.provenance``);
-``research.checkpoint`` is a library below training (the Trainer's checkpoint
-hook lives in ``research.train.checkpointing``, the interleaved saver
-benchmark in ``research.studies.checkpoint_bench``); ``research`` never imports
-``experiments``, ``scripts`` or ``tests``.
+machine's description (``research.provenance``); ``research.checkpoint`` is a
+library below training; ``research.entry`` (command lines, launching ranks,
+restarts, one run) is below the studies that use it; ``research`` never
+imports ``experiments``, ``scripts`` or ``tests``.
+
+:data:`INSIDE` does the same within each package of ``research``: its members
+(modules and subpackages), lowest first; a member imports only members listed
+before it (a package's ``__init__`` may hand on any of its members). Together
+they leave no import circle; :func:`circles` finds any, as a second check.
 
 Every import counts, also one inside a function (a lazy import is still a
 dependency) or under ``TYPE_CHECKING``. ``tests/test_layers.py`` runs
-:func:`violations` over the project and over a module with a forbidden import,
-which it must catch. To add a unit, add its row here, after what it imports.
+:func:`violations` and :func:`circles` over the project and over a module with
+a forbidden import, which they must catch. To add a unit, add its row here,
+after what it imports; to add a module to a package, put its name in the
+package's row, after what it imports.
 """
 
 from __future__ import annotations
@@ -50,23 +56,17 @@ UNITS: dict[str, tuple[str, ...]] = {
         "research.registry",
         "research.trace",
     ),
-    # Starting ranks: mpiexec, threads and heap settings of the processes.
-    "research.launch": (
-        "research.comm",
-        "research.localnet",
-        "research.privdir",
-        "models",
-    ),
-    # Relaunching a failed job on the nodes that still answer (--max-restarts).
-    "research.restart": ("research.comm", "research.launch"),
+    # Bad command-line input (one line, exit 2), and threads per rank.
+    "research.usage": ("research.comm",),
+    "research.threads": ("research.comm", "models"),
     # Checkpointing: a library below training.
     "research.checkpoint": (
         "research.comm",
-        "research.launch",
         "research.options",
         "research.periodic",
         "research.privdir",
         "research.registry",
+        "research.threads",
         "research.trace",
     ),
     # Training: state, steps, executors, the loop and its hooks.
@@ -75,53 +75,109 @@ UNITS: dict[str, tuple[str, ...]] = {
         "research.comm",
         "research.data",
         "research.imbalance",
-        "research.launch",
         "research.localnet",
         "research.periodic",
-        "research.restart",
         "research.rundir",
+        "research.threads",
         "research.trace",
+        "research.usage",
         "models",
     ),
     # What users and entry points call.
     "research.api": ("research.comm", "research.train"),
     "research": ("research.api",),  # the package itself: research.averaging
     "research.plots": ("research.rundir", "research.trace"),
-    "research.runner": (
-        "research.comm",
-        "research.plots",
-        "research.rundir",
-        "research.train",
-    ),
-    "research.cli": (
+    # Command lines, launching ranks, restarts, one training run.
+    "research.entry": (
         "research.checkpoint",
         "research.comm",
         "research.data",
-        "research.launch",
+        "research.localnet",
+        "research.plots",
         "research.privdir",
+        "research.rundir",
+        "research.threads",
         "research.train",
+        "research.usage",
         "models",
     ),
     # The papers' experiment logic.
     "research.studies": (
         "research.checkpoint",
-        "research.cli",
         "research.comm",
+        "research.entry",
         "research.imbalance",
-        "research.launch",
         "research.localnet",
         "research.periodic",
         "research.plots",
         "research.provenance",
         "research.rundir",
+        "research.threads",
         "research.trace",
         "research.trace_analysis",
         "research.train",
+        "research.usage",
     ),
     # Entry points and users' code: anything of the library.
     "experiments": ("research.*", "models"),
     "examples": ("research.*", "models"),
     "scripts": ("research.*", "models", "experiments"),
+}
+
+#: package -> its members, lowest first (see the module docstring).
+INSIDE: dict[str, tuple[str, ...]] = {
+    "research.comm": (
+        *("process", "link", "declared", "faults", "world", "asynchronous"),
+        *("base", "registry", "calling"),  # the strategies' seam
+        *("dense", "partial_rounds", "partial", "ps", "sharded", "sparse"),
+        *("adaptive_estimate", "adaptive_candidates", "adaptive_policy"),
+        *("adaptive", "adaptive_call"),
+    ),
+    "research.comm.process": ("env", "malloc", "devices"),
+    "research.comm.faults": ("failures", "lifeline", "rollcall", "traffic", "watchdog"),
+    "research.comm.asynchronous": ("progress", "inflight", "handles"),
+    "research.comm.dense": (
+        *("fusion", "chain", "ring_build", "ring", "hierarchical", "xla"),
+        *("choose", "averagers"),
+    ),
+    "research.comm.sparse": (
+        *("vector", "quant", "wire", "cost", "calibration", "algorithms"),
+        *("select", "topk", "strategy"),
+    ),
+    "research.checkpoint": (
+        *("integrity", "leaves", "partition", "shard", "rawshard", "read"),
+        *("manifest", "tiers", "restore", "agreement", "cpuclock", "snapshot"),
+        *("registry", "base", "background", "baselines", "writer", "deepfreeze"),
+        *("config", "offline", "overhead"),
+    ),
+    "research.data": (
+        *("base", "csv_table", "candle", "cifar10", "digits", "sharding"),
+        "synthetic",
+    ),
+    "research.localnet": ("cluster", "hosts", "__main__"),
+    "research.trace_analysis": ("events", "intervals", "metrics", "report"),
+    "research.train": (
+        *("optim", "split", "state", "step", "stages", "flat"),
+        *("activation_exchange", "profiling", "config", "callback"),
+        *("checkpointing", "restart_record", "preemption", "evaluate"),
+        *("executors", "sharded", "layerwise", "sparse", "adaptive"),
+        *("tensorboard", "report", "setup", "loop", "process"),
+    ),
+    "research.entry": ("launch", "restart", "cli", "run"),
+    "research.studies": (
+        *("presets", "network", "checkpoint_bench", "deepfreeze"),
+        *("deepfreeze_plots", "eager_sgd", "eager_sweep", "eager_sgd_plots"),
+        *("overlap", "scalability", "scalability_plots", "scalability_report"),
+        *("sparcml_arms", "sparcml_bench", "sparcml_commbound", "sparcml_plots"),
+        *("sparcml", "adaptive_link", "adaptive", "adaptive_plots"),
+    ),
+}
+#: Imports that break :data:`INSIDE` and that another issue removes, each with
+#: who does. An entry whose import is gone is reported: delete it then.
+PENDING: dict[tuple[str, str], str] = {
+    ("research.comm.adaptive", "research.comm.adaptive_call"): (
+        "issue 43 opens the circle adaptive <-> adaptive_call (comm/adaptive/)"
+    ),
 }
 #: Top-level names that are ours (an import of anything else is not checked).
 OURS = ("research", "models", "experiments", "scripts", "examples", "tests")
@@ -131,14 +187,17 @@ CHECKED = ("research", "models", "experiments", "scripts", "examples")
 
 @dataclass(frozen=True)
 class Violation:
-    """One import a unit may not make."""
+    """One import a unit (or a package's member) may not make."""
 
     path: str
     line: int
     unit: str
     imported: str
+    why: str = ""  # inside a package, or a stale row: said in full
 
     def __str__(self) -> str:
+        if self.why:
+            return f"{self.path}:{self.line}: {self.why} (research/layers.py)"
         if self.unit not in UNITS:
             return f"{self.path}: {self.unit} is in no row of research/layers.py"
         allowed = ", ".join(UNITS.get(self.unit, ())) or "nothing of ours"
@@ -222,20 +281,144 @@ def _module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
+def check_inside(module: str, target: str) -> str | None:
+    """Why ``module`` may not import ``target`` (modules or packages of
+    ``research``) by :data:`INSIDE`, or None."""
+    if (module, target) in PENDING:
+        return None
+    a, b = module.split("."), target.split(".")
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    package = ".".join(a[:n])
+    if package == module or n < 2:  # a package's face; or between units
+        return None
+    if package == target:
+        return f"{module} imports its own package's face {package}"
+    row = INSIDE.get(package)
+    if row is None:
+        return f"package {package} has no row in INSIDE"
+    mine, theirs = a[n], b[n]
+    for m in (mine, theirs):
+        if m not in row:
+            return f"{package}.{m} is in no place of {package}'s row in INSIDE"
+    if row.index(theirs) > row.index(mine):
+        return (
+            f"{module} imports {target}: in {package}, {mine} is listed before "
+            f"{theirs} (INSIDE)"
+        )
+    return None
+
+
+def _resolve(name: str, modules: set[str]) -> str | None:
+    """The module or package of ours that ``name`` (a module, or a name in
+    one) is, or None."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+@dataclass
+class _Tree:
+    """Every module of the checked folders: its file and its imports."""
+
+    files: dict[str, Path]
+    imports: dict[str, list[tuple[int, str]]]
+
+    @classmethod
+    def read(cls, root: Path) -> _Tree:
+        files: dict[str, Path] = {}
+        imports: dict[str, list[tuple[int, str]]] = {}
+        for top in CHECKED:
+            for path in sorted((root / top).rglob("*.py")):
+                module = _module_name(path, root)
+                files[module] = path
+                tree = ast.parse(path.read_text(), filename=str(path))
+                package = path.name == "__init__.py"
+                imports[module] = _imported(tree, module, package)
+        return cls(files, imports)
+
+    def edges(self, module: str) -> list[tuple[int, str]]:
+        """``(line, module of research)`` that ``module`` imports."""
+        ours = set(self.files)
+        out = []
+        for line, name in self.imports[module]:
+            target = _resolve(name, ours)
+            if target and target != module and target.startswith("research."):
+                out.append((line, target))
+        return out
+
+
 def violations(root: str | Path) -> list[Violation]:
-    """Every forbidden import under ``root`` (the project's folder), plus rows
-    of :data:`UNITS` that name a unit listed after them."""
+    """Every forbidden import under ``root`` (the project's folder): between
+    units (:data:`UNITS`) and inside packages (:data:`INSIDE`); plus rows of
+    :data:`UNITS` that name a unit listed after them, members of
+    :data:`INSIDE` that are no module, and stale :data:`PENDING` entries."""
     root = Path(root)
+    tree = _Tree.read(root)
     out: list[Violation] = []
     order = list(UNITS)
     for i, (unit, deps) in enumerate(UNITS.items()):
         for dep in deps:
             if not dep.endswith(".*") and (dep not in UNITS or order.index(dep) > i):
                 out.append(Violation("research/layers.py", 0, unit, dep))
-    for top in CHECKED:
-        for path in sorted((root / top).rglob("*.py")):
-            module = _module_name(path, root)
-            rel = str(path.relative_to(root))
-            package = path.name == "__init__.py"
-            out += check_source(module, path.read_text(), rel, package)
+    for module, path in tree.files.items():
+        rel = str(path.relative_to(root))
+        package = path.name == "__init__.py"
+        out += check_source(module, path.read_text(), rel, package)
+        if not module.startswith("research."):
+            continue
+        for line, target in tree.edges(module):
+            why = check_inside(module, target)
+            if why:
+                out.append(Violation(rel, line, module, target, why))
+    for package, row in INSIDE.items():
+        for member in row:
+            if f"{package}.{member}" not in tree.files:
+                why = f"INSIDE lists {package}.{member}, which is no module"
+                out.append(Violation("research/layers.py", 0, package, member, why))
+    for (a, b), who in PENDING.items():
+        if a not in tree.files or b not in {t for _, t in tree.edges(a)}:
+            why = f"PENDING lists {a} -> {b} ({who}): no longer imported, delete it"
+            out.append(Violation("research/layers.py", 0, a, b, why))
     return out
+
+
+def circles(root: str | Path) -> list[list[str]]:
+    """Every import circle among the modules of ``research`` (sorted lists of
+    two or more modules that import each other, directly or not), apart from
+    the imports :data:`PENDING` lists."""
+    tree = _Tree.read(Path(root))
+    graph = {
+        m: {t for _, t in tree.edges(m) if (m, t) not in PENDING}
+        for m in tree.files
+        if m.startswith("research.")
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)

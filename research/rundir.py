@@ -1,6 +1,9 @@
 """The run folder: config.json, metrics.jsonl, trace.json, summary.json, figures.
 
 Only rank 0 writes the shared files; plot code reads nothing but these files.
+A restarted run (``--max-restarts``) also has ``restarts.json``: one record per
+restart, written by the launcher (:mod:`research.entry.restart`) and completed
+by the restarted run (:mod:`research.train.restart_record`).
 """
 
 from __future__ import annotations
@@ -142,3 +145,24 @@ def step_medians(run_dir: str | os.PathLike, warmup: int) -> dict[str, Any]:
         "sent_bytes": median("comm_bytes"),
         "steps_measured": len(rows),
     }
+
+
+#: The restarts' records in a run folder.
+RESTARTS = "restarts.json"
+
+
+def read_restarts(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """The restarts recorded so far in ``run_dir`` (an empty list: none)."""
+    try:
+        return json.loads((Path(run_dir) / RESTARTS).read_text())
+    except (OSError, ValueError):
+        return []
+
+
+def write_restarts(run_dir: str | os.PathLike, records: list[dict]) -> None:
+    """Replace ``restarts.json`` atomically."""
+    path = Path(run_dir) / RESTARTS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(records, indent=1))
+    os.replace(tmp, path)

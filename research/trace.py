@@ -54,7 +54,7 @@ TRACKS = {
     "checkpoint-bg": 9,
     "log": 10,
     "profile": 11,  # steps captured by jax.profiler (research.train.profiling)
-    "restart": 12,  # a run relaunched after a failure (research.restart)
+    "restart": 12,  # a run relaunched after a failure (research.entry.restart)
     "strategy": 13,  # which method an adaptive strategy ran, and its switches
 }
 

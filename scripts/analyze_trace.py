@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from research.cli import ArgumentParser
+from research.entry.cli import ArgumentParser
 from research.rundir import write_json
 from research.trace_analysis import TraceError, analyze, format_table
 

@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     if launched_by_mpi():
         bench(args)
         return
-    from research.launch import mpiexec_path
+    from research.entry.launch import mpiexec_path
 
     cmd = [mpiexec_path(), "-n", str(args.ranks)]
     cmd += [sys.executable, "-m", "scripts.bench_handles", *(argv or sys.argv[1:])]

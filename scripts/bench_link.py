@@ -303,7 +303,8 @@ def run_job(args: argparse.Namespace) -> dict:
 def _launch(argv: list[str], hosts: str, np_: int, out: Path,
             job: str | None = None) -> dict:  # fmt: skip
     """Run one job of this benchmark on ``hosts`` (``n1:1,n2:1``); its results."""
-    from research.launch import launch_command, launch_env, thread_env
+    from research.entry.launch import launch_command, launch_env
+    from research.threads import thread_env
 
     env = launch_env(dict(os.environ))
     env.update(thread_env(1))

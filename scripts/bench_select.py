@@ -236,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.np_ < 1:
         p.error(f"--np must be >= 1 (1: this process alone), got {args.np_}")
-    from research.launch import maybe_relaunch
+    from research.entry.launch import maybe_relaunch
 
     maybe_relaunch("scripts.bench_select", argv, args.np_)
     from research.comm.world import get_world, install_abort_on_error

@@ -130,7 +130,7 @@ def report(runs: list[dict], args) -> str:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
-    from research.launch import maybe_relaunch
+    from research.entry.launch import maybe_relaunch
     from research.studies.presets import start_job
 
     maybe_relaunch("scripts.bench_tensorboard", argv, args.np)

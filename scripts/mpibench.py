@@ -145,7 +145,7 @@ def relaunch(
 
     ``env`` is the jobs' environment before
     :func:`research.comm.process.malloc.launch_env` (which gives every rank our malloc,
-    as ``research.launch.relaunch`` does); ``args.ranks`` the rank counts,
+    as ``research.entry.launch.relaunch`` does); ``args.ranks`` the rank counts,
     ``args.hosts`` (if the script has it) the nodes to place them on. Bad counts or
     hosts: one line and exit 2 before any job starts.
     """
@@ -170,7 +170,8 @@ def _launchers(
     module: str, args: argparse.Namespace
 ) -> list[tuple[int, list[str], dict[str, str]]]:
     """``(ranks, launcher, its environment)`` per rank count of ``--ranks``."""
-    from research.launch import USAGE_EXIT, UsageError, launch_command
+    from research.entry.launch import launch_command
+    from research.usage import USAGE_EXIT, UsageError
 
     try:
         counts = [int(r) for r in args.ranks.split(",") if r.strip()]

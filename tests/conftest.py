@@ -223,7 +223,7 @@ def pytest_sessionfinish(session, exitstatus):
         shutil.rmtree(folder, ignore_errors=True)
 
     from research.checkpoint.deepfreeze import remove_stale_transfer_files
-    from research.launch import remove_orphaned_shm
+    from research.entry.launch import remove_orphaned_shm
 
     remove_orphaned_shm()
     remove_stale_transfer_files()

@@ -45,7 +45,7 @@ def injected(rank: int, phase: str) -> RuntimeError:
 def main() -> None:
     from research.checkpoint import CheckpointConfig
     from research.comm.world import get_world
-    from research.runner import run_training
+    from research.entry.run import run_training
     from research.train.checkpointing import CheckpointCallback
     from research.train.config import TrainConfig
     from research.train.loop import Callback

@@ -20,7 +20,7 @@ def main() -> None:
     import jax.numpy as jnp
 
     from research.comm.world import get_world
-    from research.runner import run_training
+    from research.entry.run import run_training
     from research.train import step as steps
     from research.train.config import TrainConfig
     from research.train.loop import Callback

@@ -108,7 +108,7 @@ def test_this_machine_runs_on_the_cpu():
 
 def test_cpu_flags_apply_on_the_cpu_only(monkeypatch):
     from models.xla_cpu import FLAG
-    from research.launch import xla_thread_flags
+    from research.threads import xla_thread_flags
 
     monkeypatch.setenv("XLA_FLAGS", f"--xla_dump_to=/tmp/x {FLAG}")
     on_gpu = xla_thread_flags(1, platform="gpu").split()

@@ -2,7 +2,7 @@
 
 Each ``experiments/<name>.py`` declares ``Config`` (a dataclass whose fields
 carry their flags), ``get_config(...)`` (a preset's defaults) and ``parse``
-(``research.cli.parse_config``). No MPI here: parsing happens before launch.
+(``research.entry.cli.parse_config``). No MPI here: parsing happens before launch.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from research.cli import override
+from research.entry.cli import override
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENTS = (

@@ -26,7 +26,7 @@ import pytest
 from research.checkpoint.deepfreeze import remove_stale_transfer_files
 from research.checkpoint.integrity import remove_tree
 from research.checkpoint.tiers import default_fast_root
-from research.launch import _mapped_shm_files
+from research.entry.launch import _mapped_shm_files
 from tests.fail_driver import PHASES
 from tests.test_mpi import run_under_mpiexec
 

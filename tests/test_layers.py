@@ -1,5 +1,6 @@
-"""The layers of ``research/layers.py`` hold for the real imports, and the check
-catches an import that breaks them."""
+"""The layers of ``research/layers.py`` hold for the real imports, between units
+and inside every package, no import circle is left in ``research``, and the
+checks catch an import that breaks them."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def test_a_forbidden_import_is_caught_even_inside_a_function():
     # The three the issue named: comm importing the API, the launcher, above it.
     for line in (
         "from research.api import wrap",
-        "from research.launch import SHM_DIR",
+        "from research.entry.launch import SHM_DIR",
         "from research import cli",
         "from ..api import wrap",  # relative, from research/comm/base.py
     ):
@@ -63,3 +64,58 @@ def test_a_forbidden_import_added_to_a_copy_of_the_project_fails_it(tmp_path):
     # A module in no row of the table is reported too.
     (tmp_path / "research" / "newthing.py").write_text("import os\n")
     assert any("in no row" in str(v) for v in layers.violations(tmp_path))
+
+
+def test_no_import_circle_anywhere_in_research():
+    assert layers.circles(ROOT) == []
+
+
+def test_every_package_has_its_members_in_order():
+    """Each package of research/ (but research itself, whose units UNITS
+    orders) has a row in INSIDE naming exactly its modules and subpackages."""
+    for init in sorted((ROOT / "research").rglob("__init__.py")):
+        folder = init.parent
+        if folder == ROOT / "research":
+            continue
+        package = ".".join(folder.relative_to(ROOT).parts)
+        members = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+        members |= {d.name for d in folder.iterdir() if (d / "__init__.py").exists()}
+        assert set(layers.INSIDE.get(package, ())) == members, package
+
+
+def test_an_import_back_inside_a_package_is_caught():
+    inside = layers.check_inside
+    # The circle this project opened: the watchdog taking abort from the world.
+    why = inside("research.comm.faults.watchdog", "research.comm.world")
+    assert "faults is listed before world" in why
+    assert inside("research.comm.world", "research.comm.faults.watchdog") is None
+    # Within a subpackage, and a package's face handing on its members.
+    assert inside("research.comm.dense.ring_build", "research.comm.dense.ring")
+    assert inside("research.comm.dense", "research.comm.dense.averagers") is None
+    why = inside("research.comm.dense.ring", "research.comm.dense")
+    assert "own package's face" in why
+    # Between units the table of units decides, not this check.
+    assert inside("research.comm.world", "research.train.loop") is None
+
+
+def test_a_circle_added_to_a_copy_of_the_project_is_caught(tmp_path):
+    for top in layers.CHECKED:
+        shutil.copytree(ROOT / top, tmp_path / top)
+    watchdog = tmp_path / "research" / "comm" / "faults" / "watchdog.py"
+    watchdog.write_text(
+        watchdog.read_text()
+        + "\n\ndef _abort():\n    from research.comm.world import abort\n"
+    )
+    assert layers.circles(tmp_path) == [
+        ["research.comm.faults.watchdog", "research.comm.world"]
+    ]
+    (back,) = layers.violations(tmp_path)
+    assert back.path == "research/comm/faults/watchdog.py"
+    assert "research.comm.world" in str(back) and "INSIDE" in str(back)
+
+
+def test_a_pending_import_that_is_gone_is_reported(monkeypatch):
+    pending = {("research.comm.world", "research.comm.sparse"): "a fake entry"}
+    monkeypatch.setattr(layers, "PENDING", {**layers.PENDING, **pending})
+    (stale,) = layers.violations(ROOT)
+    assert "no longer imported, delete it" in str(stale)

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from research import localnet
-from research.launch import UsageError, placement
+from research.entry.launch import placement
 from research.localnet import cluster as cluster_mod
+from research.usage import UsageError
 from tests.conftest import python
 
 ROOT = Path(__file__).parent.parent

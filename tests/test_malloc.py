@@ -85,7 +85,7 @@ def test_huge_pages_alone_still_keep_the_heap() -> None:
 
 @pytest.mark.launches
 def test_relaunched_ranks_get_huge_pages(tmp_path, monkeypatch) -> None:
-    from research.launch import relaunch
+    from research.entry.launch import relaunch
 
     pkg = tmp_path / "probe_pkg"
     pkg.mkdir()

@@ -69,7 +69,7 @@ def module_dir(tmp_path_factory):
 
 def test_a_saver_from_one_outside_module_is_known_and_checked(module_dir):
     from research.checkpoint.registry import check_saver_options, list_savers
-    from research.cli import listing
+    from research.entry.cli import listing
 
     assert "rank0-slowdisk" in list_savers()
     assert check_saver_options("rank0-slowdisk", {"mb_per_s": 50.0}) is None

@@ -206,10 +206,10 @@ def _metrics(run: Path) -> list[dict]:
 
 
 def test_the_batch_templates_call_records_and_resizes(tmp_path, capsys):
-    """``python -m research.restart after-failure ... -- FLAGS`` as
+    """``python -m research.entry.restart after-failure ... -- FLAGS`` as
     scripts/slurm.sbatch calls it between attempts (its options before ``--``,
     the job's flags after): one node of two lost, the global batch kept."""
-    from research.restart import main
+    from research.entry.restart import main
 
     run = tmp_path / "run"
     main(["after-failure", "--module", "experiments.train", "--attempt", "0",

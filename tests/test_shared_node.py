@@ -266,7 +266,7 @@ def _dead_pid() -> int:
 @NEEDS_ROOT
 def test_sweeps_leave_other_users_files(tmp_path):
     from research.checkpoint.deepfreeze import remove_stale_transfer_files
-    from research.launch import remove_orphaned_shm
+    from research.entry.launch import remove_orphaned_shm
 
     _user(INTRUDER)
     pid, shm, tag = _dead_pid(), Path("/dev/shm"), f"rsh25{os.getpid()}"

@@ -6,7 +6,7 @@ from research.comm.link import Link
 from research.comm.sparse.cost import DEFAULTS, choose
 from research.comm.sparse.strategy import link_model
 from research.studies.sparcml import bench_checks, train_checks, verdict
-from research.studies.sparcml_comm import comm_bound_checks
+from research.studies.sparcml_commbound import comm_bound_checks
 from research.studies.sparcml_plots import crossover
 
 DIM = 1_000_000
@@ -150,7 +150,7 @@ def test_comm_bound_check_says_where_the_time_goes():
 
 def test_real_network_rows_get_the_checks_shared_memory_rows_do_not():
     from research.studies.sparcml import format_bench
-    from research.studies.sparcml_comm import format_comm_bound
+    from research.studies.sparcml_commbound import format_comm_bound
 
     def row(link, arm, t, step, nodes):
         return {

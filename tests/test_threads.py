@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from models import xla_cpu
-from research.launch import check_xla_flags, thread_env, xla_thread_flags
+from research.threads import check_xla_flags, thread_env, xla_thread_flags
 from tests.conftest import python, run_env
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = (
     "import jax, jax.numpy as jnp\n"
-    "from research.launch import xla_compute_threads\n"
+    "from research.threads import xla_compute_threads\n"
     "jax.jit(lambda a: a @ a)(jnp.ones((256, 256))).block_until_ready()\n"
     "print('eigen', xla_compute_threads())\n"
 )
@@ -106,7 +106,7 @@ def test_threads_2_recorded_in_config(tmp_path):
 
 
 def test_bind_args_know_hydra_and_nothing_else(tmp_path):
-    from research.launch import bind_args, mpiexec_path
+    from research.entry.launch import bind_args, mpiexec_path
 
     assert bind_args(mpiexec_path(), 2) == ["-bind-to", "core:2"]  # the mpich wheel's
     assert bind_args(mpiexec_path(), 0) == ["-bind-to", "core:1"]

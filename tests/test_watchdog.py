@@ -21,8 +21,8 @@ import time
 import pytest
 
 from research.comm.faults import failures, lifeline, traffic, watchdog
-from research.launch import JOB_ENV, job_processes, reap_job
-from research.restart import resized
+from research.entry.launch import JOB_ENV, job_processes, reap_job
+from research.entry.restart import resized
 from tests.test_mpi import run_under_mpiexec
 
 #: Seconds from the fault to the job's end beyond the timeout: one tick of the
@@ -122,7 +122,7 @@ def test_an_mpi_error_is_what_a_rank_saw_not_the_cause(tmp_path, monkeypatch):
     from mpi4py import MPI
 
     from research.comm.world import _from_mpi
-    from research.restart import cause_of
+    from research.entry.restart import cause_of
 
     try:
         try:

@@ -58,7 +58,7 @@ from research.checkpoint.integrity import (
     scan_dir,
 )
 from research.checkpoint.rawshard import DATA, RAW_FORMAT, SPARE, make_dirs, write_raw
-from research.launch import thread_env
+from research.threads import thread_env
 
 Progress = Callable[[str], None]
 

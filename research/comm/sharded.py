@@ -16,7 +16,7 @@ module of its own, averager and executor together (``research/train/layerwise.py
   Optimizer memory per rank is 1/P of the replicated strategies' (ZeRO-1's
   saving, with its traffic: reduce-scatter + allgather = one allreduce).
 
-Its executor is in ``research.train.overlapped``. It is exact synchronous SGD,
+Its executor is in ``research.train.sharded``. It is exact synchronous SGD,
 as ``layerwise`` is: every rank applies the mean of all ranks' gradients of the
 step, as ``host`` does (``tests/mpi/test_overlap.py``).
 

@@ -13,8 +13,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from research.launch import fail_usage
 from research.train.config import TrainConfig
+from research.usage import fail_usage
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -265,7 +265,8 @@ def hosts_problem(cfg: Any) -> str | None:
     hosts = getattr(cfg, "hosts", "")
     if not hosts:
         return None
-    from research.launch import UsageError, placement
+    from research.entry.launch import placement
+    from research.usage import UsageError
 
     counts = getattr(cfg, "ranks", None) or [getattr(cfg, "np", 1)]
     for n in counts:
@@ -401,7 +402,7 @@ def validate(cfg: TrainConfig) -> str | None:
         ProfileWindow.parse(cfg.profile, cfg.profile_ranks)
     except ValueError as e:
         return str(e)
-    from research.launch import check_xla_flags, xla_thread_flags
+    from research.threads import check_xla_flags, xla_thread_flags
 
     problem = check_xla_flags(xla_thread_flags(cfg.threads))
     if problem:

@@ -46,38 +46,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from research.comm.faults import failures
-from research.launch import USAGE_EXIT, relaunch
+from research.entry.launch import relaunch
+from research.rundir import read_restarts, write_restarts
+from research.usage import USAGE_EXIT
 
 #: Seconds a host gets to answer the probe.
 PROBE_TIMEOUT_S = 15.0
 #: Exit codes that are not failures: done, bad input.
 NORMAL_EXITS = (0, USAGE_EXIT)
-RECORDS = "restarts.json"
-
-
-def restarts_path(run_dir: str | os.PathLike) -> Path:
-    return Path(run_dir) / RECORDS
-
-
-def read_records(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """The restarts recorded so far in ``run_dir`` (an empty list: none)."""
-    try:
-        return json.loads(restarts_path(run_dir).read_text())
-    except (OSError, ValueError):
-        return []
-
-
-def write_records(run_dir: str | os.PathLike, records: list[dict]) -> None:
-    """Replace ``restarts.json`` atomically."""
-    path = restarts_path(run_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(records, indent=1))
-    os.replace(tmp, path)
 
 
 def resized(
@@ -103,7 +84,7 @@ def answering(hosts: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> list[st
     mpiexec, a one-rank job on each other host (its proxy connects back over
     the network, as a job's would) that must end within ``timeout``. A host
     whose own mpiexec cannot start (a local node that is gone) is not one."""
-    from research.launch import launch_command
+    from research.entry.launch import launch_command
 
     for base in hosts:
         alone = _probe([f"{base}:1"], timeout)
@@ -135,7 +116,7 @@ def answering(hosts: Sequence[str], timeout: float = PROBE_TIMEOUT_S) -> list[st
 
 
 def _probe(spec: list[str], timeout: float) -> bool:
-    from research.launch import launch_command
+    from research.entry.launch import launch_command
 
     try:
         cmd, env = launch_command(len(spec), ",".join(spec))
@@ -211,39 +192,48 @@ def _say(text: str) -> None:
     print(f"restart: {text}", file=sys.stderr, flush=True)
 
 
-def run(
-    module: str,
-    argv: list[str],
-    *,
-    np_: int,
-    threads: int,
-    max_restarts: int,
-    run_dir: str,
-    batch_size: int,
-    lr: float,
-    scale_lr: bool = False,
-    hosts: str = "",
-) -> int:
-    """Run the job, restarting it up to ``max_restarts`` times (module
-    docstring); returns the exit code of the last attempt.
+@dataclass(frozen=True)
+class Job:
+    """A job to run under restarts.
 
-    Args:
-      module, argv, np_, threads, hosts: as for :func:`research.launch.relaunch`.
+    Attributes:
+      module, argv, np, threads, hosts: what :func:`research.entry.launch.relaunch`
+        starts (``python -m MODULE ARGV`` on ``np`` ranks).
       run_dir: the run folder every attempt uses (absolute).
       batch_size, lr, scale_lr: the first attempt's, for rule 3.
+      max_restarts: how many times a failed job is relaunched.
     """
-    from research import launch
 
-    where = launch.placement(hosts, np_) if hosts else []
-    argv = [*argv, "--run-dir", run_dir]
+    module: str
+    argv: list[str]
+    np: int
+    threads: int
+    run_dir: str
+    batch_size: int
+    lr: float
+    scale_lr: bool = False
+    hosts: str = ""
+    max_restarts: int = 0
+
+
+def run(job: Job) -> int:
+    """Run ``job``, restarting it up to ``job.max_restarts`` times (module
+    docstring); returns the exit code of the last attempt."""
+    from research.entry import launch
+
+    np_, batch_size, lr = job.np, job.batch_size, job.lr
+    run_dir, max_restarts = job.run_dir, job.max_restarts
+    where = launch.placement(job.hosts, np_) if job.hosts else []
+    argv = [*job.argv, "--run-dir", run_dir]
     extra: list[str] = []
     attempt = 0
     while True:
         spec = ",".join(f"{h}:{n}" for h, n in where)
         env = {failures.ATTEMPT_ENV: str(attempt)}
         code = relaunch(
-            module, argv + extra, np_, threads, spec, env_extra=env, run_dir=run_dir
-        )
+            job.module, argv + extra, np_, job.threads, spec, env_extra=env,
+            run_dir=run_dir,
+        )  # fmt: skip
         ended_at = time.time()
         if code in NORMAL_EXITS or launch.told_to_stop is not None:
             return code
@@ -270,7 +260,7 @@ def run(
                 lost=lost,
                 batch_size=batch_size,
                 lr=lr,
-                scale_lr=scale_lr,
+                scale_lr=job.scale_lr,
                 ended_at=ended_at,
             )
             or extra
@@ -278,7 +268,7 @@ def run(
         if new_np != np_:
             batch_size = int(extra[extra.index("--batch-size") + 1])
             lr = float(extra[extra.index("--lr") + 1])
-        message = read_records(run_dir)[-1].get("message")
+        message = read_restarts(run_dir)[-1].get("message")
         _say(
             f"attempt {attempt} ended ({message}); lost nodes: "
             f"{', '.join(lost) or 'none'}; restarting on {new_np} ranks"
@@ -329,19 +319,20 @@ def after_failure(
         steps = _total_steps(run_dir)
         if steps:
             extra += ["--steps", str(steps)]
-    write_records(run_dir, [*read_records(run_dir), record])
+    write_restarts(run_dir, [*read_restarts(run_dir), record])
     return extra
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m research.restart after-failure ...``: what a batch template
+    """``python -m research.entry.restart after-failure ...``: what a batch template
     calls between two attempts (``scripts/slurm.sbatch``). Prints the flags
     to add, on one line."""
     import argparse
     import importlib
 
     p = argparse.ArgumentParser(
-        prog="python -m research.restart", epilog="Then -- and the job's own flags."
+        prog="python -m research.entry.restart",
+        epilog="Then -- and the job's own flags.",
     )
     p.add_argument("command", choices=["after-failure"])
     p.add_argument("--module", required=True, help="experiments.NAME")

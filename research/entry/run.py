@@ -16,7 +16,7 @@ def run_training(
     """Train with ``cfg`` on this process's world; rank 0 plots and prints a summary.
 
     Bad data or settings found while the Trainer is built raise
-    :class:`research.launch.UsageError` on every rank alike, for the caller to
+    :class:`research.usage.UsageError` on every rank alike, for the caller to
     report as one line; any other exception, on any rank, aborts the whole job.
     """
     world = get_world()

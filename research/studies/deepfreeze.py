@@ -18,15 +18,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from research.cli import check_private_dir
 from research.comm.process.malloc import launch_env
-from research.launch import (
+from research.entry.cli import check_private_dir
+from research.entry.launch import (
     bind_args,
     check_may_launch,
     launch_command,
     mpiexec_path,
-    thread_env,
 )
+from research.threads import thread_env
 
 #: Rounds of the extra jobs for the ranks figure (blocking times only).
 RANKS_JOB_ROUNDS = 2
@@ -352,7 +352,7 @@ def launch_jobs(cfg: Any, argv: list[str], root: Path, module: str) -> int:
 
     Each job runs ``python -m module argv --run-dir root --job JOB``; with
     ``cfg.bind == "core"`` each rank is bound to ``cfg.train.threads`` cores (at
-    least one; :func:`research.launch.bind_args`), and so are its writer
+    least one; :func:`research.entry.launch.bind_args`), and so are its writer
     process and threads.
     """
     env = dict(launch_env(os.environ), **thread_env(cfg.train.threads))

@@ -4,7 +4,7 @@ Each experiment's flags come from one dataclass (``experiments/<name>.py``):
 ``train`` (:class:`~research.train.config.TrainConfig`, nested), ``np`` (ranks
 of a laptop launch) and the experiment's own fields, each declared with
 :func:`~research.train.config.flag`; ``get_config(model, paper_scale)``
-returns it with a preset's defaults and :func:`research.cli.parse_config`
+returns it with a preset's defaults and :func:`research.entry.cli.parse_config`
 builds it from the command line (explicit flags win over the preset).
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from research.cli import nested
+from research.entry.cli import nested
 from research.train.config import PARALLEL, TrainConfig, flag
 
 NP_HELP = (
@@ -83,7 +83,7 @@ def start_job(
     span several.
     """
     from research.comm.world import get_world, install_abort_on_error
-    from research.launch import set_threads
+    from research.threads import set_threads
     from research.train.process import freeze_imports
 
     set_threads(threads)

@@ -8,7 +8,7 @@ the sparse allreduce at each rank count and density, on the real link and on
 an emulated one (``--bench-link``), with the bytes each sent against the cost
 model's.
 
-Communication-bound comparison (``--comm-bound``, ``sparcml_comm``):
+Communication-bound comparison (``--comm-bound``, ``sparcml_commbound``):
 dense (``host``), top-k with error feedback and top-k with 4-bit values on
 CANDLE P1B2 (29,540,618 parameters on ``synthetic_tabular`` shaped like the
 real CSVs, which this machine cannot download) and ResNet-50 at 32x32, on each
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from research.comm.link import Link
+from research.studies.sparcml_arms import arm_config, load_arm, run_arm
 from research.studies.sparcml_bench import (  # noqa: F401 - re-exported
     SPARSE,
     bench_checks,
@@ -50,59 +51,6 @@ ARMS = ("dense", "topk_ef", "topk_noef", "topk_4bit")
 
 
 # -- training arms ----------------------------------------------------------------
-def arm_config(base, arm: str, run_dir: Path, *, density: float, bits: int, **opts):
-    """The TrainConfig of one training arm."""
-    if arm == "dense":
-        strategy, options = "host", {}
-    else:
-        options = {
-            "density": density,
-            "error_feedback": arm != "topk_noef",
-            "bits": bits if arm == "topk_4bit" else 0,
-            **opts,
-        }
-        strategy = "sparse"
-    return dataclasses.replace(
-        base,
-        strategy=strategy,
-        strategy_options=options,
-        run_dir=str(run_dir / f"{arm}-s{base.seed}"),
-    )
-
-
-def run_arm(cfg, arm: str, world) -> dict[str, Any]:
-    from research.train.loop import Trainer
-
-    trainer = Trainer(cfg, world)
-    if world.rank == 0:
-        print(
-            f"r0 | arm {arm}: {trainer.total_steps} steps -> {cfg.run_dir}", flush=True
-        )
-    return trainer.run()
-
-
-def load_arm(run_dir: Path, target_acc: float) -> dict[str, Any]:
-    """An arm's numbers from its folder: accuracy, time to target, bytes per step."""
-    from research.rundir import read_metrics
-    from research.studies.eager_sgd import load_run
-
-    out = load_run(run_dir, target_acc)
-    rows = read_metrics(run_dir)
-    sent = [r["comm_bytes"] for r in rows if "comm_bytes" in r and "step_time" in r]
-    out["bytes_per_step"] = statistics.fmean(sent) if sent else None
-    out["curve"] = [(e["step"], e["test_acc"]) for e in rows if e.get("kind") == "eval"]
-    # Median ms per step of each phase the executor reports (step 1 compiles):
-    # the common keys (research.train.executors.PHASES) and top-k's selection.
-    keys = {"compute": "compute_s", "select": "select_s", "comm": "comm_busy_s"}
-    keys["update"] = "update_s"
-    out["phases_ms"] = {
-        name: 1e3 * statistics.median(vals)
-        for name, key in keys.items()
-        if (vals := [r[key] for r in rows if r.get(key) is not None and r["step"] > 1])
-    }
-    return out
-
-
 def combine_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One arm's runs (one per seed) as one row: means, and the final accuracy's
     std over seeds (``final_acc_std``; 0 with one seed)."""
@@ -285,7 +233,7 @@ def run_experiment(cfg, root: Path, world) -> dict[str, Any]:
             text.append(format_train(results, cfg.target_acc))
     comm: list[dict[str, Any]] = []
     if cfg.comm_bound:
-        from research.studies.sparcml_comm import (
+        from research.studies.sparcml_commbound import (
             comm_bound_checks,
             format_comm_bound,
             run_comm_bound,

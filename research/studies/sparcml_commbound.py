@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from research.comm.link import Link
-from research.studies.sparcml import arm_config, load_arm, run_arm
+from research.studies.sparcml_arms import arm_config, load_arm, run_arm
 
 #: Models of the comparison: what each trains on (full sizes; tiny ones for tests).
 COMM_BOUND: dict[str, dict[str, Any]] = {

@@ -1,7 +1,7 @@
 """The typed configuration of one training run, and its command-line flags.
 
 Each field that users set from the command line carries its flag in its
-metadata (:func:`flag`), so a new field is one line here and ``research.cli``
+metadata (:func:`flag`), so a new field is one line here and ``research.entry.cli``
 builds the parser and the config from this class alone. The experiments'
 configs (``experiments/*.py``) declare their own fields the same way and nest
 this class as ``train``.
@@ -43,7 +43,7 @@ def flag(
         defaults); for a list, its items' type.
       negatable: a boolean with both ``--X`` and ``--no-X``.
       aliases: older spellings still accepted, each with a one-line note
-        (``research.cli.add_flags``).
+        (``research.entry.cli.add_flags``).
     """
     meta = {"help": help, "group": group, "name": name, "choices": choices}
     meta.update(metavar=metavar, nargs=nargs, type=type, negatable=negatable)

@@ -28,7 +28,7 @@ Built in, chosen by the averager's ``executor`` attribute:
 
 Registered by the modules that define them, found by their source
 (``research.comm.declared.modules_with``): ``overlap``
-(``research.train.overlapped``), ``layerwise`` (``research.train.layerwise``,
+(``research.train.sharded``), ``layerwise`` (``research.train.layerwise``,
 with its averager), ``sparse`` (``research.train.sparse``: top-k with error
 feedback, host SparCML allreduce, jitted update).
 

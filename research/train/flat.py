@@ -1,6 +1,6 @@
 """A stage's parameters as one aligned float32 vector, and host buffers JAX reads.
 
-The message side of the staged strategies (``research.train.overlapped``):
+The message side of the staged strategies (``research.train.sharded``):
 ``FlatStage`` packs a stage's parameter-shaped subtree into one padded vector
 (inside the backward program, as its ``post``) and reads one back as leaves;
 ``aligned_empty`` and ``host_view`` give host buffers that MPI writes and JAX

@@ -33,7 +33,7 @@ from research.trace import get_tracer
 from research.train import step as steps
 from research.train.executors import StepOut, register_executor, step_phases
 from research.train.flat import FlatStage, aligned_empty, host_view
-from research.train.overlapped import StagedExecutor
+from research.train.sharded import StagedExecutor
 from research.train.state import TrainState, tree_bytes
 
 #: PyTorch DDP's default bucket (``bucket_cap_mb=25``, in MiB).

@@ -48,7 +48,7 @@ one line saying why) if the ranks have not agreed on a stop within
 
 Signals reach the ranks through the launcher: ``python -m experiments.X``
 started without mpiexec forwards SIGTERM and SIGUSR1 to its mpiexec
-(``research.launch.relaunch``), and MPICH's mpiexec (Hydra) forwards both to
+(``research.entry.launch.relaunch``), and MPICH's mpiexec (Hydra) forwards both to
 every rank and returns the ranks' exit code. Checkpoint writer processes
 ignore both: their rank tells them when to finish.
 """

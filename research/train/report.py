@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from research.comm.dense import xla as xla_collective
-from research.launch import xla_compute_threads
 from research.rundir import versions
+from research.threads import xla_compute_threads
 from research.train.callback import Run
 from research.train.state import param_count, tree_bytes, tree_digest
 
@@ -94,7 +94,7 @@ def config_record(t: Run) -> dict[str, Any]:
         "dataset": t.dataset.describe(),
         "total_steps": t.total_steps,
         "steps_per_epoch": t.loader.steps_per_epoch,
-        # What sized XLA:CPU's compute pool (research.launch.thread_env), and
+        # What sized XLA:CPU's compute pool (research.threads.thread_env), and
         # the pool this rank really has.
         "compute_threads": {
             **{v: os.environ.get(v) for v in ("PJRT_NPROC", "NPROC", "XLA_FLAGS")},

@@ -1,6 +1,6 @@
 """A restarted run's own record: what it resumed from and what the restart cost.
 
-The launcher (:mod:`research.restart`) relaunches a failed job with
+The launcher (:mod:`research.entry.restart`) relaunches a failed job with
 ``RESEARCH_ATTEMPT=N`` and appends a record to ``RUN_DIR/restarts.json``. In
 the restarted run this callback (added by the Trainer when N > 0)
 
@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from research.comm.faults import failures
+from research.rundir import read_restarts, write_restarts
 from research.train.callback import Callback, Run
 
 
@@ -32,9 +33,7 @@ class RestartRecord(Callback):
         self._done = False
 
     def on_train_start(self, trainer: Run) -> None:
-        from research.restart import read_records
-
-        self.records = read_records(trainer.run_dir)
+        self.records = read_restarts(trainer.run_dir)
         rec = self._mine()
         if rec is None:
             return
@@ -73,13 +72,11 @@ class RestartRecord(Callback):
         if rec.get("stalled_since"):
             rec["seconds_from_stall"] = round(now - rec["stalled_since"], 3)
         if trainer.world.rank == 0:
-            from research.restart import read_records, write_records
-
-            records = read_records(trainer.run_dir)
+            records = read_restarts(trainer.run_dir)
             for i, r in enumerate(records):
                 if r.get("restart") == rec["restart"]:
                     records[i] = rec
-            write_records(trainer.run_dir, records)
+            write_restarts(trainer.run_dir, records)
             self.records = records
 
     def summary(self) -> dict[str, Any]:

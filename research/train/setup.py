@@ -2,7 +2,7 @@
 
 What only reads (data, schedule, model, state, the profile window) is made on
 each rank alone; the ranks then compare outcomes (:func:`agree`), so bad input
-raises the same :class:`research.launch.UsageError` on every rank and no rank
+raises the same :class:`research.usage.UsageError` on every rank and no rank
 is left waiting in a collective that another will never join. The strategy
 (:func:`make_averager`) and the hooks a config implies (:func:`implied_callbacks`:
 checkpoints, a restart's record) follow.
@@ -16,12 +16,12 @@ from typing import Any
 
 from research.comm.base import Averager
 from research.comm.faults import failures
-from research.launch import UsageError
 from research.train.callback import Callback
 from research.train.config import TrainConfig, load_data, model_options
 from research.train.optim import make_optimizer_for
 from research.train.profiling import ProfileWindow
 from research.train.state import TrainState, create_train_state
+from research.usage import UsageError
 
 
 @dataclass
@@ -104,14 +104,14 @@ def make_averager(config: TrainConfig, world: Any, given: Averager | None) -> Av
 
 def implied_callbacks(config: TrainConfig) -> list[Callback]:
     """The hooks a run's config implies: checkpoints (``--checkpoint``) and, in
-    a run that :mod:`research.restart` relaunched, the restart's record."""
+    a run that :mod:`research.entry.restart` relaunched, the restart's record."""
     out: list[Callback] = []
     if config.checkpoint != "none":
         from research.train.checkpointing import CheckpointCallback
 
         out.append(CheckpointCallback.for_run(config))
     if failures.attempt() > 0:
-        from research.train.restarted import RestartRecord
+        from research.train.restart_record import RestartRecord
 
         out.append(RestartRecord())
     return out

@@ -267,7 +267,7 @@ def test_a_killed_rank_is_restarted_within_the_allocation(slurm, tmp_path):
     """``--max-restarts 1``: one rank of the srun step is killed (SIGKILL, as a
     lost node takes its ranks); the template probes the allocation's nodes,
     records the restart and runs the step again, which resumes from the newest
-    committed checkpoint and finishes (research/restart.py)."""
+    committed checkpoint and finishes (research/entry/restart.py)."""
     from research.checkpoint.manifest import committed_steps, read_manifest
 
     run = tmp_path / "run"

@@ -53,7 +53,7 @@ def test_environment_is_open_mpi_only():
 
     import mpi4jax  # noqa: F401  (refuses an MPI it was not built for)
 
-    from research.launch import mpiexec_path
+    from research.entry.launch import mpiexec_path
 
     with pytest.raises(metadata.PackageNotFoundError):
         metadata.version("mpich")

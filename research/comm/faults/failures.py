@@ -6,7 +6,7 @@ it aborts: the cause (``comm-timeout``, ``exception``, ``mpi-error``), its
 one-line message, the rank, its host, the step and the time (UTC seconds).
 ``<dir>`` is the run folder (:func:`set_dir`, called by the Trainer); ``N`` the
 launcher's attempt (``RESEARCH_ATTEMPT``, 0 for the first). The launcher reads
-them back with :func:`read` once ``mpiexec`` has returned (``research.restart``).
+them back with :func:`read` once ``mpiexec`` has returned (``research.entry.restart``).
 
 Writing is best effort and bounded: the folder may be on the file system that
 failed, so a failed write is ignored, and the abort path that calls it has its
@@ -17,7 +17,7 @@ a rank saw of another's end: a peer killed with SIGKILL writes nothing, and the
 rank reading from it then fails with, say, ``process_vm_readv failed``
 (through mpi4py, or in the ring allreduce: :data:`RING_MPI_ERROR`). The
 launcher takes it for the cause only when nothing else was recorded
-(``research.restart.cause_of``).
+(``research.entry.restart.cause_of``).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import os
 
 #: Shared-memory files MPICH's ranks on one node talk through. MPICH removes them
 #: in MPI_Finalize; a job that aborts or is killed leaves them (2-4 MB each).
-#: (Here, below ``research.launch``, so ``world.abort`` can unlink its own.)
+#: (Here, below ``research.entry.launch``, so ``world.abort`` can unlink its own.)
 SHM_DIR = "/dev/shm"
 SHM_PREFIXES = ("mpich_shm_",)
 

@@ -33,7 +33,7 @@ on every step: the kernel gradient of that fc layer (batch 8) took 116 ms alone,
 100,000 faults per call, and 48.5 ms with huge pages. :func:`launch_env` adds
 ``glibc.malloc.hugetlb=1`` (glibc >= 2.35: malloc asks for huge pages for its
 mmaps and heap) to the ranks' environment; a tunable is read only when a process
-starts, so our launchers set it (``research.launch.relaunch``, the DeepFreeze
+starts, so our launchers set it (``research.entry.launch.relaunch``, the DeepFreeze
 study's jobs, the benchmarks); under your own ``mpiexec`` or ``srun`` export
 ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` (the batch templates do). Measured
 with ``python -m scripts.bench_compute --no-torch``, alternating, two runs each:
