@@ -513,6 +513,13 @@ def test_gpu_wheels_lists_what_the_gpu_image_lacks():
 )
 def test_scripts_pass_shellcheck():
     proc = subprocess.run(
-        ["shellcheck", str(INSTALL), str(WHEELS)], capture_output=True, text=True
+        [
+            "shellcheck",
+            str(INSTALL),
+            str(WHEELS),
+            str(ROOT / "scripts" / "gpu_check.sh"),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stdout
