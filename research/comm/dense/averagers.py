@@ -182,7 +182,15 @@ class FusedAllreduce(Averager):
 
     def _average(self, grads: Any, plan: FusionPlan, path: str) -> Any:
         if path == "xla":  # XLA buckets and schedules its own all-reduces
-            return jax.lax.pmean(grads, AXIS)
+            try:
+                return jax.lax.pmean(grads, AXIS)
+            except NameError:  # traced in a program of this rank alone
+                raise ValueError(
+                    "allreduce=xla: the fused mean needs a step that is one "
+                    "program of all ranks: wrap it in research.comm."
+                    "xla_collective.Spmd (the Trainer does), or average with "
+                    "'host' outside jit"
+                ) from None
         allreduce, fold = self._allreduce(path)
         chain = Chain(plan, self.size, self.prescale, self.sequential, fold)
         return chain.run(plan.flatten(grads), allreduce)

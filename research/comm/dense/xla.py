@@ -48,7 +48,8 @@ DENSE = ("fused", "host")
 #: Checkpoint savers that write with Orbax inside the rank's process.
 ORBAX_SAVERS = ("orbax-blocking", "orbax-async-rank0")
 
-_state: dict[str, Any] = {}
+_state: dict[str, Any] = {}  # what start() did, for config.json
+_mesh: list[jax.sharding.Mesh] = []
 
 
 def running() -> bool:
@@ -102,7 +103,7 @@ def start(world: Any) -> bool:
     late = devices.jax_started()
     binding = devices.current()
     shared = binding is not None and binding.shared_by > 1
-    found = world.comm.allgather((late, shared))
+    found = world.allgather((late, shared))
     if any(late for late, _ in found):
         ranks = [r for r, (late, _) in enumerate(found) if late]
         raise RuntimeError(
@@ -114,7 +115,7 @@ def start(world: Any) -> bool:
         _state.update(started=False, reason="ranks share a GPU (NCCL refuses them)")
         return False
     platform = binding.platform if binding else devices.planned_platform()[0]
-    address = world.comm.bcast(_coordinator(world) if world.rank == 0 else None)
+    address = world.bcast(_coordinator(world) if world.rank == 0 else None)
     if platform == "cpu":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
@@ -147,10 +148,10 @@ def _coordinator(world: Any) -> str:
 
 def mesh() -> jax.sharding.Mesh:
     """One device per rank, in rank order, along :data:`AXIS`."""
-    if "mesh" not in _state:
+    if not _mesh:
         devs = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
-        _state["mesh"] = jax.sharding.Mesh(np.array(devs), (AXIS,))
-    return _state["mesh"]
+        _mesh.append(jax.sharding.Mesh(np.array(devs), (AXIS,)))
+    return _mesh[0]
 
 
 def is_global(x: Any) -> bool:
