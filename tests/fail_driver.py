@@ -25,6 +25,8 @@ import signal
 import sys
 import time
 
+from tests.tiny import tiny_config
+
 PHASES = (
     "data",
     "step",
@@ -47,7 +49,6 @@ def main() -> None:
     from research.comm.world import get_world
     from research.entry.run import run_training
     from research.train.checkpointing import CheckpointCallback
-    from research.train.config import TrainConfig
     from research.train.loop import Callback
 
     run_dir, phase, fail_rank, fail_step = (
@@ -77,18 +78,15 @@ def main() -> None:
     def due() -> bool:  # the loop has completed fail_step steps
         return mine and now["trainer"] is not None and now["trainer"].step == fail_step
 
-    cfg = TrainConfig(
-        model="candle_p1b2_tiny",
-        dataset="synthetic_tabular",
-        data_options={"features": 256, "n_train": 512, "n_test": 64},
+    cfg = tiny_config(
+        run_dir,
+        data_options={"n_train": 512, "n_test": 64},
         batch_size=8,
         steps=fail_step + 40,
         eval_every=fail_step if phase == "eval" else 0,
         log_every=1,
         strategy="solo" if phase == "average" else "host",
         trace=True,
-        progress=False,
-        run_dir=run_dir,
     )
     callbacks: list = [Tick()]
     if phase in ("checkpoint-thread", "writer"):

@@ -14,6 +14,8 @@ from __future__ import annotations
 import sys
 import time
 
+from tests.tiny import tiny_config
+
 
 def main() -> None:
     import jax
@@ -22,7 +24,6 @@ def main() -> None:
     from research.comm.world import get_world
     from research.entry.run import run_training
     from research.train import step as steps
-    from research.train.config import TrainConfig
     from research.train.loop import Callback
 
     run_dir, hang_rank, hang_step = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -49,17 +50,13 @@ def main() -> None:
         return grad_step(state, x, y)
 
     steps.grad_step = hanging_grad_step
-    cfg = TrainConfig(
-        model="candle_p1b2_tiny",
-        dataset="synthetic_tabular",
-        data_options={"features": 256, "n_train": 512, "n_test": 64},
+    cfg = tiny_config(
+        run_dir,
+        data_options={"n_train": 512, "n_test": 64},
         batch_size=8,
         steps=hang_step + 1000,
-        eval_every=0,
         strategy="host",
         comm_timeout="off",
-        progress=False,
-        run_dir=run_dir,
     )
     run_training(cfg, "hang", callbacks=[Tick()])
 

@@ -19,26 +19,16 @@ import numpy as np
 
 from research.comm.registry import list_averagers
 from research.comm.world import get_world
-from research.train.config import TrainConfig
 from research.train.loop import Trainer
+from tests.tiny import tiny_config
 
 
 def main(out: str, folder: str) -> None:
     world = get_world()
     found = {}
     for name in list_averagers():
-        cfg = TrainConfig(
-            model="candle_p1b2_tiny",
-            dataset="synthetic_tabular",
-            data_options={"n_train": 256, "n_test": 32, "features": 256},
-            batch_size=4,
-            steps=6,
-            eval_every=0,
-            log_every=100,
-            strategy=name,
-            warmup_steps=2,
-            progress=False,
-            run_dir=f"{folder}/{name}",
+        cfg = tiny_config(
+            f"{folder}/{name}", steps=6, log_every=100, strategy=name, warmup_steps=2
         )
         trainer = Trainer(cfg, world)
         trainer.run()

@@ -21,6 +21,7 @@ from research.checkpoint.deepfreeze import DeepFreeze
 from research.checkpoint.restore import restore_latest
 from research.checkpoint.tiers import Tier
 from tests.checkpoint_state import advance, host, identical, initial, state_at
+from tests.tiny import PLAIN_SGD, tiny_config
 
 
 @pytest.fixture
@@ -234,25 +235,14 @@ def test_a_resumed_run_continues_exactly_like_one_that_never_stopped(world, shar
     (Stopping by kill -9 is covered with real processes in test_checkpoint_faults.)
     """
     from research.train.checkpointing import CheckpointCallback
-    from research.train.config import TrainConfig
     from research.train.loop import Trainer
 
     def cfg(name):
         # Staged averaging: its jitted steps are module-level, compiled once. An
         # MLP with dropout: the RNG key and step decide the masks. (BatchNorm's
         # rank-local statistics: test_rank_local_leaves_come_back_to_their_rank.)
-        return TrainConfig(
-            model="candle_p1b2_tiny",
-            dataset="synthetic_tabular",
-            data_options={"n_train": 256, "n_test": 32, "features": 256},
-            batch_size=4,
-            steps=8,
-            eval_every=0,
-            log_every=100,
-            strategy="host",
-            warmup_steps=2,
-            progress=False,
-            run_dir=str(shared / name),
+        return tiny_config(
+            str(shared / name), steps=8, log_every=100, strategy="host", warmup_steps=2
         )
 
     ck = CheckpointConfig(
@@ -288,7 +278,6 @@ def test_a_solo_restart_applies_every_gradient_exactly_once(world, shared):
     from research.comm.partial import SoloAverager
     from research.imbalance import parse_imbalance
     from research.train.checkpointing import CheckpointCallback
-    from research.train.config import TrainConfig
     from research.train.loop import Trainer
 
     def flat(tree):
@@ -316,22 +305,12 @@ def test_a_solo_restart_applies_every_gradient_exactly_once(world, shared):
             return out
 
     def run(steps):
-        cfg = TrainConfig(
-            model="candle_p1b2_tiny",
-            dataset="synthetic_tabular",
-            data_options={"n_train": 256, "n_test": 32, "features": 256},
-            batch_size=4,
+        cfg = tiny_config(
+            str(shared / f"run{steps}"),
             steps=steps,
-            eval_every=0,
             log_every=100,
             strategy="solo",
-            lr=0.05,
-            momentum=0.0,
-            weight_decay=0.0,
-            schedule="constant",
-            warmup_steps=0,
-            progress=False,
-            run_dir=str(shared / f"run{steps}"),
+            **PLAIN_SGD,
         )
         ck = CheckpointConfig(
             every=5,

@@ -28,6 +28,7 @@ import pytest
 from research.comm.registry import list_averagers
 from research.train.callback import Callback
 from tests.checkpoint_state import identical
+from tests.tiny import tiny_config
 
 #: Strategies whose result depends on timing (which gradients make a round).
 TIMING_DEPENDENT = {"solo", "majority", "ps"}
@@ -89,22 +90,11 @@ def _check_phases(name: str, run_dir: Path) -> None:
 def test_every_strategy_keeps_the_contract(world, shared, name):
     from research.checkpoint import CheckpointConfig
     from research.train.checkpointing import CheckpointCallback
-    from research.train.config import TrainConfig
     from research.train.loop import Trainer
 
     def run(folder: str):
-        cfg = TrainConfig(
-            model="candle_p1b2_tiny",
-            dataset="synthetic_tabular",
-            data_options={"n_train": 256, "n_test": 32, "features": 256},
-            batch_size=4,
-            steps=8,
-            eval_every=0,
-            log_every=100,
-            strategy=name,
-            warmup_steps=2,
-            progress=False,
-            run_dir=str(shared / folder),
+        cfg = tiny_config(
+            str(shared / folder), steps=8, log_every=100, strategy=name, warmup_steps=2
         )
         ck = CheckpointConfig(
             every=5, directory=str(shared / "ck"), fast_dir=None, fsync=False

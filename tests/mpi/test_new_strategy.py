@@ -17,6 +17,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from tests.tiny import tiny_config
+
 MODULE = '''
 import jax
 from research.comm.dense import HostAllreduce
@@ -40,13 +42,11 @@ class ScaledMean(HostAllreduce):
 
 
 def _train(world, tmp: Path, strategy: str, options: dict, lr: float):
-    from research.train.config import TrainConfig
     from research.train.loop import Trainer
 
-    cfg = TrainConfig(
-        model="candle_p1b2_tiny",
-        dataset="synthetic_tabular",
-        data_options={"features": 256, "n_train": 128, "n_test": 32},
+    cfg = tiny_config(
+        str(tmp / strategy),
+        data_options={"n_train": 128},
         batch_size=8,
         steps=4,
         eval_every=100,
@@ -56,8 +56,6 @@ def _train(world, tmp: Path, strategy: str, options: dict, lr: float):
         warmup_steps=0,
         strategy=strategy,
         strategy_options=options,
-        progress=False,
-        run_dir=str(tmp / strategy),
     )
     trainer = Trainer(cfg, world)
     trainer.run()

@@ -12,8 +12,8 @@ from jax.flatten_util import ravel_pytree
 from research.comm.sparse import sparse_allreduce
 from research.comm.sparse.select import TopKSelector
 from research.comm.sparse.vector import SparseVector
-from research.train.config import TrainConfig
 from research.train.loop import Trainer
+from tests.tiny import PLAIN_SGD, tiny_config
 
 
 def test_select_then_allreduce_every_rank(world):
@@ -50,22 +50,13 @@ def _train(world, tmp_path_factory, select: str) -> np.ndarray:
     run_dir = world.bcast(
         str(tmp_path_factory.mktemp(f"sel-{select}")) if world.rank == 0 else None
     )
-    cfg = TrainConfig(
-        model="candle_p1b2_tiny",
-        dataset="synthetic_tabular",
-        data_options={"features": 256, "n_train": 256, "n_test": 32},
+    cfg = tiny_config(
+        run_dir,
         batch_size=8,
         steps=5,
-        eval_every=0,
         strategy="sparse",
         strategy_options={"density": 0.05, "select": select, "algorithm": "ssar_sag"},
-        schedule="constant",
-        warmup_steps=0,
-        lr=0.05,
-        momentum=0.9,
-        weight_decay=0.0,
-        progress=False,
-        run_dir=run_dir,
+        **{**PLAIN_SGD, "momentum": 0.9},
     )
     trainer = Trainer(cfg, world)
     trainer.run()

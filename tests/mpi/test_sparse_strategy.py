@@ -14,6 +14,7 @@ from research.train import step as steps
 from research.train.checkpointing import CheckpointCallback
 from research.train.config import TrainConfig
 from research.train.loop import Trainer
+from tests.tiny import tiny_config
 
 LR = 0.05
 
@@ -24,22 +25,9 @@ def _checksum(tree) -> int:
 
 
 def _config(run_dir: str, total: int, strategy: str, **kw) -> TrainConfig:
-    base = dict(
-        model="candle_p1b2_tiny",
-        dataset="synthetic_tabular",
-        data_options={"features": 256, "n_train": 256, "n_test": 32},
-        batch_size=8,
-        steps=total,
-        eval_every=0,
-        strategy=strategy,
-        schedule="constant",
-        warmup_steps=0,
-        lr=LR,
-        progress=False,
-        run_dir=run_dir,
-    )
-    base.update(kw)
-    return TrainConfig(**base)
+    base = dict(batch_size=8, steps=total, strategy=strategy, lr=LR)
+    base.update(schedule="constant", warmup_steps=0)
+    return tiny_config(run_dir, **{**base, **kw})
 
 
 def _run_dir(world, tmp_path_factory, name: str) -> str:

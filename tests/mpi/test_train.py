@@ -10,6 +10,7 @@ import pytest
 
 from research.train.config import TrainConfig
 from research.train.loop import Trainer
+from tests.tiny import PLAIN_SGD, tiny_config
 
 
 def _checksum(tree) -> int:
@@ -114,22 +115,14 @@ def test_solo_restart_applies_every_gradient_exactly_once(world, tmp_path_factor
         return out
 
     def trainer(total: int) -> Trainer:
-        cfg = TrainConfig(
-            model="candle_p1b2_tiny",
-            dataset="synthetic_tabular",
-            data_options={"features": 256, "n_train": 512, "n_test": 64},
+        cfg = tiny_config(
+            run_dir,
+            data_options={"n_train": 512, "n_test": 64},
             batch_size=8,
             steps=total,
-            eval_every=0,
             strategy="solo",
             strategy_options={"full_every": None},
-            schedule="constant",
-            warmup_steps=0,
-            momentum=0.0,
-            weight_decay=0.0,
-            lr=0.05,
-            progress=False,
-            run_dir=run_dir,
+            **PLAIN_SGD,
         )
         late = f"fixed:ranks={world.size - 1}:seconds=0.01"
         ck = CheckpointConfig(saver="deepfreeze", every=6, fast_dir=None, final=True)
