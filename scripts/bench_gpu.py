@@ -33,17 +33,14 @@ import statistics
 import time
 from typing import Any
 
+from research.entry.cli import doc_parser
+
 #: Our model name -> torchvision's constructor.
 TORCHVISION = {"resnet50": "resnet50", "vgg16": "vgg16", "resnet18": "resnet18"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m scripts.bench_gpu",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-    )
+    p = doc_parser("python -m scripts.bench_gpu", __doc__)
     p.add_argument("--framework", choices=("jax", "torch"), required=True)
     p.add_argument("--model", default="resnet50", help="default %(default)s")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")

@@ -27,16 +27,12 @@ import subprocess
 import sys
 import time
 
+from research.entry.cli import doc_parser
 from scripts.mpibench import ROOT, root_on_path
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m scripts.bench_handles",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-    )
+    p = doc_parser("python -m scripts.bench_handles", __doc__)
     p.add_argument("--ranks", type=int, default=2, help="ranks when self-launching")
     p.add_argument("--count", type=int, default=8, help="collectives per batch (K)")
     p.add_argument(

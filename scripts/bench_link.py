@@ -50,6 +50,8 @@ import sys
 import time
 from pathlib import Path
 
+from research.entry.cli import doc_parser
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from research.studies.network import format_table, render  # noqa: E402
@@ -63,12 +65,7 @@ SPARSE = ("ssar_rd", "ssar_sag", "dsar_sag", "dense")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m scripts.bench_link",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-    )
+    p = doc_parser("python -m scripts.bench_link", __doc__)
     p.add_argument(
         "--hosts",
         help="nodes of a running local cluster, one rank each (e.g. n1,n2)",

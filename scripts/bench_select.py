@@ -37,12 +37,13 @@ Measured on this 2-core machine: see the SparCML experiment's docstring
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 
 import numpy as np
+
+from research.entry.cli import doc_parser
 
 MODELS = {
     "resnet50": {"num_classes": 1000},
@@ -217,12 +218,7 @@ def bench_step(world, args) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    p = argparse.ArgumentParser(
-        prog="python -m scripts.bench_select",
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = doc_parser("python -m scripts.bench_select", __doc__)
     p.add_argument("--np", dest="np_", type=int, default=2, help="ranks")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--density", type=float, default=0.01)

@@ -37,14 +37,11 @@ import statistics
 import sys
 import time
 
+from research.entry.cli import doc_parser
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m scripts.bench_stages",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-    )
+    p = doc_parser("python -m scripts.bench_stages", __doc__)
     p.add_argument("--models", default="resnet50,vgg16", help="comma-separated")
     p.add_argument("--batch", type=int, default=8, help="examples per step (8)")
     p.add_argument("--image-size", type=int, default=64, help="height = width (64)")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from research.entry.cli import doc_parser
 from scripts import mpibench
 from scripts.mpibench import PINNED, gradient_shapes
 
@@ -38,12 +39,7 @@ PATHS = ("fused", "host")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m scripts.bench_watchdog",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-    )
+    p = doc_parser("python -m scripts.bench_watchdog", __doc__)
     p.add_argument("--ranks", default="2", help="comma-separated rank counts")
     p.add_argument("--blocks", type=int, default=8, help="blocks of each (default 8)")
     p.add_argument("--calls", type=int, default=4, help="calls per path per block")

@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from research.entry.cli import doc_parser
+
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = ("machine", "models", "strategies", "stop", "allreduce", "eager_sgd")
 STRATEGIES = (
@@ -70,12 +72,7 @@ JOB_TIMEOUT_S = 240
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m scripts.gpu_check",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
-    )
+    p = doc_parser("python -m scripts.gpu_check", __doc__)
     p.add_argument("--out", help="run folder (default runs/gpu-<UTC time>)")
     p.add_argument(
         "--stages",

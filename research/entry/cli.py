@@ -24,6 +24,25 @@ class ArgumentParser(argparse.ArgumentParser):
         fail_usage(self.prog, message)
 
 
+def doc_parser(
+    prog: str,
+    doc: str,
+    cls: type[argparse.ArgumentParser] = argparse.ArgumentParser,
+    **kw: Any,
+) -> argparse.ArgumentParser:
+    """A parser (``cls``, with ``kw``) whose help is the module docstring
+    ``doc``: its first paragraph the description, the rest the epilog, as
+    written."""
+    first, _, rest = doc.partition("\n\n")
+    return cls(
+        prog=prog,
+        description=first,
+        epilog=rest or None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        **kw,
+    )
+
+
 def parse_options(pairs: Sequence[str] | None, flag: str) -> dict[str, Any]:
     """``["width=16", "stem=cifar"]`` -> ``{"width": 16, "stem": "cifar"}``.
 
@@ -214,13 +233,8 @@ def parse_config(
     argv = list(argv)
 
     def parser(defaults: Any, given_only: bool = False) -> argparse.ArgumentParser:
-        p = ArgumentParser(
-            prog=prog,
-            add_help=not given_only,  # --help is the full parser's
-            description=doc.split("\n\n")[0],
-            epilog=doc.split("\n\n", 1)[1] if "\n\n" in doc else None,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
+        # --help is the full parser's
+        p = doc_parser(prog, doc, ArgumentParser, add_help=not given_only)
         add_flags(p, defaults, hide=hide, given_only=given_only)
         if hasattr(defaults, "train"):
             p.add_argument(
