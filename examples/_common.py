@@ -68,3 +68,22 @@ def digest(params) -> str:
 def accuracy(model, params, x, y) -> float:
     logits = model.apply({"params": params}, x)
     return float(jnp.mean(jnp.argmax(logits, -1) == y))
+
+
+def host_step(model, tx):
+    """The two jitted halves of a step around a host-side average:
+    ``grad(params, x, y)`` and ``apply(params, opt, grads) -> (params, opt)``."""
+    grad = jax.jit(jax.grad(lambda p, xb, yb: loss_fn(model, p, xb, yb)))
+
+    @jax.jit
+    def apply(params, opt, grads):
+        updates, opt = tx.update(grads, opt, params)
+        return optax.apply_updates(params, updates), opt
+
+    return grad, apply
+
+
+def tested(world, model, params, test) -> float:
+    """Test accuracy, once every rank is checked to hold the same parameters."""
+    assert len(set(world.allgather(digest(params)))) == 1, "replicas differ"
+    return accuracy(model, params, *test)

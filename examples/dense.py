@@ -15,8 +15,7 @@ import argparse
 
 import jax
 import optax
-from _common import accuracy, batches, digits, init, loss_fn
-from _common import digest as params_digest
+from _common import batches, digits, init, loss_fn, tested
 
 import research
 from research.comm.dense import xla
@@ -29,7 +28,7 @@ def main(steps: int, allreduce: str = "auto") -> float:
         xla.start(world)  # JAX's distributed runtime: before JAX computes
     # "host": call avg outside jit
     avg = research.averaging("fused", world, allreduce=allreduce)
-    (x, y), (tx_, ty_) = digits(world.rank, world.size)
+    (x, y), test = digits(world.rank, world.size)
     model, params, tx, opt = init()
 
     def body(state, xb, yb):
@@ -46,9 +45,7 @@ def main(steps: int, allreduce: str = "auto") -> float:
     if allreduce == "xla":
         state = step.local(state)  # this rank's arrays again
     params, opt = state
-    acc = accuracy(model, params, tx_, ty_)
-    digest = params_digest(params)
-    assert len(set(world.allgather(digest))) == 1, "replicas differ"
+    acc = tested(world, model, params, test)
     world.log(f"{world.size} ranks, {steps} steps: test accuracy {acc:.4f}")
     return acc
 

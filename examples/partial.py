@@ -15,11 +15,8 @@ from __future__ import annotations
 import argparse
 import time
 
-import jax
 import numpy as np
-import optax
-from _common import accuracy, batches, digits, init, loss_fn
-from _common import digest as params_digest
+from _common import batches, digits, host_step, init, tested
 
 import research
 from research.comm.world import get_world
@@ -27,15 +24,9 @@ from research.comm.world import get_world
 
 def main(mode: str, steps: int, delay: float) -> float:
     world = get_world()
-    (x, y), (tx_, ty_) = digits(world.rank, world.size)
+    (x, y), test = digits(world.rank, world.size)
     model, params, tx, opt = init()
-    grad = jax.jit(jax.grad(lambda p, xb, yb: loss_fn(model, p, xb, yb)))
-
-    @jax.jit
-    def apply(params, opt, grads):
-        updates, opt = tx.update(grads, opt, params)
-        return optax.apply_updates(params, updates), opt
-
+    grad, apply = host_step(model, tx)
     straggler = np.random.default_rng(1)  # the same draws on every rank
     t0 = time.perf_counter()
     with research.averaging(mode, world, full_every=8) as avg:
@@ -49,9 +40,7 @@ def main(mode: str, steps: int, delay: float) -> float:
         if rest is not None:  # (a zero gradient would still move momentum)
             params, opt = apply(params, opt, rest[0])
     seconds = time.perf_counter() - t0
-    acc = accuracy(model, params, tx_, ty_)
-    digest = params_digest(params)
-    assert len(set(world.allgather(digest))) == 1, "replicas differ"
+    acc = tested(world, model, params, test)
     world.log(f"{mode}: {steps} steps in {seconds:.1f} s, test accuracy {acc:.4f}")
     return acc
 

@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 
 import jax
-import optax
-from _common import accuracy, batches, digits, init, loss_fn
-from _common import digest as params_digest
+from _common import batches, digits, host_step, init, tested
 
 import research
 from research.comm.world import get_world
@@ -25,15 +23,9 @@ from research.comm.world import get_world
 
 def main(density: float, steps: int) -> float:
     world = get_world()
-    (x, y), (tx_, ty_) = digits(world.rank, world.size)
+    (x, y), test = digits(world.rank, world.size)
     model, params, tx, opt = init()
-    grad = jax.jit(jax.grad(lambda p, xb, yb: loss_fn(model, p, xb, yb)))
-
-    @jax.jit
-    def apply(params, opt, grads):
-        updates, opt = tx.update(grads, opt, params)
-        return optax.apply_updates(params, updates), opt
-
+    grad, apply = host_step(model, tx)
     avg = research.averaging("sparse", world, density=density)
     sent = 0
     for s in range(steps):
@@ -42,9 +34,7 @@ def main(density: float, steps: int) -> float:
         params, opt = apply(params, opt, mean)
         sent += info.bytes
     dense = sum(p.size for p in jax.tree.leaves(params)) * 4
-    acc = accuracy(model, params, tx_, ty_)
-    digest = params_digest(params)
-    assert len(set(world.allgather(digest))) == 1, "replicas differ"
+    acc = tested(world, model, params, test)
     world.log(
         f"density {density}: {steps} steps, test accuracy {acc:.4f}, "
         f"{sent / steps / 1e3:.1f} KB sent per step (dense: {dense / 1e3:.1f} KB)"

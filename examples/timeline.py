@@ -16,8 +16,7 @@ import argparse
 from pathlib import Path
 
 import jax
-import optax
-from _common import batches, digits, init, loss_fn
+from _common import batches, digits, host_step, init
 
 from research.comm.registry import get_averager
 from research.comm.world import get_world
@@ -33,8 +32,7 @@ def main(run_dir: str, steps: int) -> Path:
     (x, y), _ = digits(world.rank, world.size)
     model, params, tx, opt = init()
     averager = get_averager("host", world)  # on the host: its calls are traced
-    grad = jax.jit(jax.grad(lambda p, xb, yb: loss_fn(model, p, xb, yb)))
-    update = jax.jit(lambda p, o, g: _apply(tx, p, o, g))
+    grad, update = host_step(model, tx)
     for s in range(steps):
         with get_tracer().span("data", track="data", step=s):
             xb, yb = batches(x, y, 32, s)
@@ -46,11 +44,6 @@ def main(run_dir: str, steps: int) -> Path:
     tracer.close()  # collective: rank 0 merges every rank into trace.json
     world.log(f"{steps} steps traced -> {Path(run_dir) / 'trace.json'}")
     return Path(run_dir) / "trace.json"
-
-
-def _apply(tx, params, opt, grads):
-    updates, opt = tx.update(grads, opt, params)
-    return optax.apply_updates(params, updates), opt
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import pytest
 from models import xla_cpu
 from research.threads import check_xla_flags, thread_env, xla_thread_flags
 from tests.conftest import python, run_env
+from tests.tiny import tiny_flags
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = (
@@ -71,31 +72,8 @@ def test_a_bare_token_in_xla_flags_is_named():
 @pytest.mark.launches
 def test_threads_2_recorded_in_config(tmp_path):
     env = {k: v for k, v in run_env().items() if k not in ("NPROC", "PJRT_NPROC")}
-    cmd = [
-        "-m",
-        "experiments.train",
-        "--np",
-        "2",
-        "--threads",
-        "2",
-        "--model",
-        "candle_p1b2_tiny",
-        "--dataset",
-        "synthetic_tabular",
-        "--data-opt",
-        "features=256",
-        "--data-opt",
-        "n_train=128",
-        "--data-opt",
-        "n_test=32",
-        "--batch-size",
-        "8",
-        "--steps",
-        "2",
-        "--run-dir",
-        "run",
-        "--no-progress",
-    ]
+    cmd = ["-m", "experiments.train", "--np", "2", "--threads", "2"]
+    cmd += [*tiny_flags(n_train=128, batch=8), "--steps", "2", "--run-dir", "run"]
     proc = python(cmd, cwd=tmp_path, env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     config = json.loads((tmp_path / "run" / "config.json").read_text())

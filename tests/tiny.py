@@ -2,8 +2,9 @@
 
 The MLP of CANDLE P1B2 at 256 features on 256 synthetic rows (32 to test), a
 few steps: what tests/mpi and the drivers train when they need a real run
-whose numbers they compare. :func:`tiny_config` gives its config; a test sets
-what it checks over it.
+whose numbers they compare. :func:`tiny_config` gives its config, and
+:func:`tiny_flags` the same run as ``python -m experiments.train`` flags; a
+test sets what it checks over them.
 """
 
 from __future__ import annotations
@@ -36,3 +37,13 @@ def tiny_config(run_dir: str, **fields: Any):
         progress=False,
     )
     return TrainConfig(**{**base, **fields}, data_options=data, run_dir=run_dir)
+
+
+def tiny_flags(n_train: int = 256, n_test: int = 32, batch: int = 4) -> list[str]:
+    """The tiny run's model and data as command-line flags, no progress bar."""
+    return [
+        *("--model", "candle_p1b2_tiny", "--dataset", "synthetic_tabular"),
+        *("--data-opt", "features=256", "--data-opt", f"n_train={n_train}"),
+        *("--data-opt", f"n_test={n_test}", "--batch-size", str(batch)),
+        "--no-progress",
+    ]

@@ -68,6 +68,21 @@ def nodes_record(world: Any) -> dict[str, Any] | None:
     return topology.record() if topology is not None else None
 
 
+def platform_record(t: Run) -> dict[str, Any]:
+    """Each rank's platform, device and GPU binding
+    (research.comm.process.devices), the computation dtype, and XLA's
+    collectives where they run."""
+    return {
+        "devices": t.devices,
+        "precision": {
+            "flag": t.config.precision,
+            "compute": str(getattr(t.model, "dtype", "float32")),
+            "params_and_updates": "float32",
+        },
+        "xla_collectives": xla_collective.status() or None,
+    }
+
+
 def config_record(t: Run) -> dict[str, Any]:
     """The resolved configuration, world, model and versions (rank 0 writes it)."""
     return {
@@ -78,15 +93,7 @@ def config_record(t: Run) -> dict[str, Any]:
         "strategy": {"name": t.averager.name, "executor": t.averager.executor},
         # Which allreduce ran and why (research.comm.dense: agreed by all ranks).
         "allreduce": getattr(t.averager, "allreduce_choice", None),
-        # Each rank's platform, device and GPU binding (research.comm.process.devices),
-        # the computation dtype, and XLA's collectives where they run.
-        "devices": t.devices,
-        "precision": {
-            "flag": t.config.precision,
-            "compute": str(getattr(t.model, "dtype", "float32")),
-            "params_and_updates": "float32",
-        },
-        "xla_collectives": xla_collective.status() or None,
+        **platform_record(t),
         "link": link_label(t.config.link, t.world),
         "imbalance": getattr(t.imbalance, "describe", lambda: t.imbalance.name)(),
         "model_params": param_count(t.state.params),
@@ -124,15 +131,7 @@ def summary_record(t: Run) -> dict[str, Any]:
         "allreduce": getattr(t.averager, "allreduce_choice", None),
         "model": t.config.model,
         "dataset": t.config.dataset,
-        # Each rank's platform, device and GPU binding (research.comm.process.devices),
-        # the computation dtype, and XLA's collectives where they run.
-        "devices": t.devices,
-        "precision": {
-            "flag": t.config.precision,
-            "compute": str(getattr(t.model, "dtype", "float32")),
-            "params_and_updates": "float32",
-        },
-        "xla_collectives": xla_collective.status() or None,
+        **platform_record(t),
         "link": link_label(t.config.link, t.world),
         "global_batch": global_batch,
         "median_step_s": med,

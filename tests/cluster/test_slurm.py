@@ -15,23 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.tiny import tiny_flags
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 SCRIPT = ROOT / "scripts" / "cluster" / "slurm_localhost.sh"
-TINY = [
-    "--model",
-    "candle_p1b2_tiny",
-    "--dataset",
-    "synthetic_tabular",
-    "--data-opt",
-    "features=256",
-    "--data-opt",
-    "n_train=256",
-    "--data-opt",
-    "n_test=64",
-    "--batch-size",
-    "8",
-    "--no-progress",
-]
+TINY = tiny_flags(n_train=256, n_test=64, batch=8)
 
 
 @pytest.fixture(scope="module")

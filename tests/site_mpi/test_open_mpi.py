@@ -17,6 +17,7 @@ import pytest
 
 from research.comm.registry import known_averagers
 from tests.test_mpi import FILES, launcher, run_under_mpiexec
+from tests.tiny import tiny_flags
 
 
 def _library() -> str:
@@ -30,21 +31,7 @@ pytestmark = pytest.mark.skipif(
     reason="needs an environment built against Open MPI: make test-site-mpi",
 )
 
-TINY = [
-    "--model",
-    "candle_p1b2_tiny",
-    "--dataset",
-    "synthetic_tabular",
-    "--data-opt",
-    "features=256",
-    "--data-opt",
-    "n_train=512",
-    "--data-opt",
-    "n_test=256",
-    "--batch-size",
-    "8",
-    "--no-progress",
-]
+TINY = tiny_flags(n_train=512, n_test=256, batch=8)
 
 
 def test_environment_is_open_mpi_only():
