@@ -250,21 +250,12 @@ def run(job: Job) -> int:
                 _say("no host answers; giving up")
                 return code
         new_np = sum(n for _, n in where) if where else np_
-        extra = (
-            after_failure(
-                run_dir,
-                attempt=attempt,
-                code=code,
-                np_before=np_,
-                np_after=new_np,
-                lost=lost,
-                batch_size=batch_size,
-                lr=lr,
-                scale_lr=job.scale_lr,
-                ended_at=ended_at,
-            )
-            or extra
-        )
+        resized_flags = after_failure(
+            run_dir, attempt=attempt, code=code, np_before=np_, np_after=new_np,
+            lost=lost, batch_size=batch_size, lr=lr, scale_lr=job.scale_lr,
+            ended_at=ended_at,
+        )  # fmt: skip
+        extra = resized_flags or extra
         if new_np != np_:
             batch_size = int(extra[extra.index("--batch-size") + 1])
             lr = float(extra[extra.index("--lr") + 1])

@@ -88,15 +88,9 @@ class TopKAllreduce:
         averager: SparseSum | None = None,
     ) -> None:
         self.averager = averager or _sparse_averager(
-            world,
-            density=density,
-            scope=scope,
-            bits=bits,
-            error_feedback=error_feedback,
-            algorithm=algorithm,
-            seed=seed,
-            link=link,
-        )
+            world, density=density, scope=scope, bits=bits, seed=seed, link=link,
+            error_feedback=error_feedback, algorithm=algorithm,
+        )  # fmt: skip
         self.wd = float(wd)
         self.step = 0
         self._layout: tuple | None = None
