@@ -6,50 +6,41 @@ naming what it waits for::
     with watch("allreduce-host", peers=(1,)):
         ...  # blocking communication
 
-Watched today: a handle's ``wait`` and ``AsyncComm.drain``
-(:mod:`research.comm.asynchronous.handles`, so the overlap and layerwise strategies),
-the partial collectives' rounds (solo, majority, sync), the parameter server's push,
-pull and finish, the host allreduce, the fused step (its allreduce runs inside
-``jit``: the whole step is watched, named after the collective it holds), the
-sparse allreduce, ``progress.wait_all`` (checkpoint agreement and its other
-callers), the stop agreement, the evaluation's sum, ``native=auto``'s timing
-and the :class:`~research.comm.world.World`'s own collectives.
+Watched: handles (so the overlap and layerwise strategies), the partial
+collectives' rounds, the parameter server, the host allreduce, the fused step
+(its allreduce runs inside ``jit``), the sparse allreduce,
+``progress.wait_all``, the stop agreement, the evaluation's sum, the timing of
+``allreduce=auto`` and the world's own collectives.
 
-One background thread per rank (started with the world by
-:func:`research.comm.world.get_world`) looks at the watches once a second. A
-watch is *quiet* for as long as none of the rank's communication has moved since
-the later of its start and the last progress. Progress is: any watch ending; a
-round of the progress thread (:mod:`research.comm.asynchronous.progress`) that advanced
-one of its tasks; a step of the sparse allreduce; a piece of the native ring allreduce
-(its byte counter, read inside ``jit`` too); bytes moving on this process's
-TCP connections, or on those of another rank of its node (its leader, which
-moves the node's bytes when MPI reduces within the node first;
-:mod:`research.comm.faults.traffic`). That is how a slow link is told
-from a dead one: over a 1 Mbit/s link bytes still arrive every second, so no
-watch stays quiet however long the collective takes; a link that is down, a
-frozen node or a dead one moves nothing (a frozen peer's kernel may acknowledge
-what is sent to it until its buffers fill; only bytes received, or 64 KiB
+One background thread per rank (started with the world, which hands it its
+``abort``) looks at the watches once a second. A watch is *quiet* for as long
+as none of the rank's communication has moved since the later of its start and
+the last progress. Progress is: any watch ending; a round of the progress
+thread that advanced one of its tasks; a step of the sparse allreduce; a piece
+of the native ring allreduce (its byte counter, read inside ``jit`` too); bytes
+moving on this process's TCP connections, or on those of its node's leader
+(:mod:`research.comm.faults.traffic`). That is how a slow link is told from a
+dead one: over a 1 Mbit/s link bytes still arrive every second, so no watch
+stays quiet however long the collective takes; a link that is down, a frozen
+node or a dead one moves nothing (a frozen peer's kernel may acknowledge what
+is sent to it until its buffers fill; only bytes received, or 64 KiB
 acknowledged, count).
 
 Quiet for the warning time (a third of the timeout): one line per stalled rank
-naming the wait, the step, the peers it waits for and for how long. The peers
-come from the watch where it knows them (the ring's neighbours, the parameter
-server); otherwise from a roll call (:mod:`research.comm.faults.rollcall`): the rank
-asks every other rank where it is, and those that do not answer within a few
-seconds are named as unreachable. Quiet for the timeout: one more line, a
-failure record (:mod:`research.comm.faults.failures`) and the job ends through
-:func:`research.comm.world.abort` with exit code :data:`EXIT_CODE` (124); if
-``MPI_Abort`` itself hangs (the network gone), the rank exits anyway
-:data:`research.comm.world.ABORT_FALLBACK_S` later.
+naming the wait, the step, the peers it waits for and for how long (from the
+watch where it knows them, else from a roll call, :mod:`.rollcall`: the ranks
+that do not answer within a few seconds are named as unreachable). Quiet for
+the timeout: one more line, a failure record (:mod:`.failures`) and the job
+ends through the world's abort with exit code :data:`EXIT_CODE` (124), within
+:data:`research.comm.world.ABORT_FALLBACK_S` even where ``MPI_Abort`` hangs.
 
 The timeout (``--comm-timeout``, ``get_world(comm_timeout=...)``,
 ``research.averaging(..., comm_timeout=...)``, ``RESEARCH_COMM_TIMEOUT``): a
 number of seconds, ``off``, or ``auto`` (the default): :data:`DEFAULT_TIMEOUT_S`,
 raised to :data:`STEP_FACTOR` times the slowest training step measured so far.
-The longest healthy quiet wait measured here is in the journal:
-first-step compilation and ``native=auto``'s timing while another rank still
-compiles, a few tens of seconds on a loaded 2-core machine; every run's own
-longest is in ``summary.json`` (``comm_watchdog``).
+The longest healthy quiet wait (first-step compilation while another rank
+still compiles: a few tens of seconds on a loaded 2-core machine) is in the
+journal; every run's own longest is in ``summary.json`` (``comm_watchdog``).
 
 Cost on a healthy step (``make bench``: ``scripts/bench_watchdog.py``, 2 ranks,
 ResNet-50's 102 MB allreduce): within the run's noise (fused 0.98x,
