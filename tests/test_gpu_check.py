@@ -27,7 +27,7 @@ def test_the_quick_gpu_check_runs_and_renders_its_page(tmp_path):
     checks = json.loads((root / "checks.json").read_text())
     assert [c["met"] for c in checks] == [True, True], checks
     table = (root / "table.md").read_text()
-    assert "| fused | 2 |" in table and "| solo | 1 |" in table
+    assert "| fused | 1 |" in table and "| solo | 2 |" in table
     assert "| fused | 143 |" in table  # SIGTERM: exit 143
     results = json.loads((root / "results.json").read_text())
     assert {r["platforms"][0] for r in results["strategies"]} == {"cpu"}

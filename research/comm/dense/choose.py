@@ -27,7 +27,7 @@ The ``allreduce`` option of the ``fused`` and ``host`` strategies:
 * ``"xla"``: XLA's own collectives across the processes (NCCL on GPUs, gloo on
   the CPU; :mod:`research.comm.dense.xla`): a candidate of ``auto``
   where JAX's distributed runtime runs, which the Trainer starts on GPUs with
-  one rank each (on the CPU it measured 7x the ring: named, not timed).
+  one rank each (on the CPU gloo took 4x the ring: named, not timed).
 
 The spellings before ``allreduce`` (``native=true|false|auto``: the ring, MPI's,
 or the faster of the two) are accepted for one release, with a note.

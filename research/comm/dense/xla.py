@@ -10,10 +10,11 @@ to gloo on the CPU (so CI runs this path without a GPU).
 A rank's arrays enter such a program without a copy: an array of shape
 ``(d0, ...)`` is this rank's block of a global ``(P * d0, ...)`` array sharded
 along the axis (a 0-d one travels as ``(1,)``); :class:`Spmd` turns a per-rank
-function into that program and back. Measured on the 2-core CPU machine
-(2026-11-28, 3 ranks, gloo): the mean of 102 MB took 277 ms against the ring's
-~40 ms, so ``allreduce=auto`` times this path only where it can win (GPUs, one
-per rank: NCCL refuses two ranks on one GPU); ``allreduce=xla`` forces it.
+function into that program and back. On the 2-core CPU machine (3 ranks,
+``scripts.bench_allreduce --xla``, ResNet-50's 102 MB, other jobs running) the
+fused mean took 875 ms through gloo against 206 ms through the ring, so
+``allreduce=auto`` times this path only where it can win (GPUs, one per rank:
+NCCL refuses two ranks on one GPU); ``allreduce=xla`` forces it.
 
 The runtime must start before JAX's first computation: the Trainer starts it
 when its strategy asks for the path; a loop of one's own calls
