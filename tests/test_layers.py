@@ -73,10 +73,9 @@ def test_no_import_circle_anywhere_in_research():
 def test_every_package_has_its_members_in_order():
     """Each package of research/ (but research itself, whose units UNITS
     orders) has a row in INSIDE naming exactly its modules and subpackages."""
-    for init in sorted((ROOT / "research").rglob("__init__.py")):
-        folder = init.parent
-        if folder == ROOT / "research":
-            continue
+    folders = {p.parent for p in (ROOT / "research").rglob("*.py")}
+    for folder in sorted(folders - {ROOT / "research"}):
+        assert (folder / "__init__.py").exists(), f"{folder}: no __init__.py"
         package = ".".join(folder.relative_to(ROOT).parts)
         members = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
         members |= {d.name for d in folder.iterdir() if (d / "__init__.py").exists()}
