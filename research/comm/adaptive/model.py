@@ -1,0 +1,295 @@
+"""What each candidate of the ``adaptive`` strategy would cost now: a fitted model.
+
+Pure bookkeeping on agreed figures (every rank feeds the same stamps, so
+every rank predicts the same): no MPI, no numpy, plain floats.
+
+A step of candidate ``k`` is modelled as::
+
+    arrivals   the ranks' times to their gradient (computation and any delay),
+               the last ``WINDOW`` steps as measured, whatever method ran
+    comm_k     = alpha_k + c_k * wire_k * beta          (seconds per step)
+    other_k    what else a step of k costs (top-k's selection, the update, ...):
+               each rank's step less its arrival and its wait, as measured
+
+    synchronous (dense, top-k):  mean over steps of the latest arrival
+                                 + comm_k + other_k
+    partial (majority, solo):    the ranks' clocks replayed over the arrivals
+                                 (:func:`replay`: solo never waits, majority
+                                 waits for its round's initiator, every
+                                 ``staleness``-th round waits for all)
+                                 + comm_k + other_k
+
+* ``beta`` is the link's seconds per byte, one number for every candidate:
+  fitted from the running candidate's own transfers (its bytes and seconds,
+  each step) as ``(comm - alpha_k) / (c_k wire_k)``, followed by a
+  :class:`~research.comm.adaptive.changepoint.ChangePoint` on its
+  communication time, so a new rate is taken at its second step;
+* ``alpha_k`` (latency and the collective's own CPU work, which no link
+  changes) and ``c_k`` (how its bytes use the link; 1 to begin with) are the
+  candidate's own, fitted from the pairs (link, seconds) it was measured at:
+  at start-up (every candidate's collective once, at the first rate) and in
+  its first steps after each switch (at the rate the previous candidate saw);
+  with pairs at two rates both are fitted, else ``alpha_k`` alone;
+* ``wire_k``: the bytes one rank moves per step (a ring allreduce moves
+  ``2 (P - 1) / P`` of its buffer; top-k what it sent);
+* ``other_k`` is what the candidate's measured steps took beyond their
+  arrival and their wait (median over ranks, a running mean), kept from its
+  last run: a new link rate never shows in it.
+
+A candidate's prediction for its own next step is checked against the step
+(the model's error); :mod:`research.comm.adaptive.policy` decides from the
+predictions and probes only when that error stays above a bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from research.comm.adaptive.changepoint import ChangePoint
+
+#: Steps of arrivals the model keeps (since the last change in lateness).
+WINDOW = 24
+#: Pairs (link, seconds) kept per candidate.
+PAIRS = 4
+#: Link estimates this far apart (ratio) fit alpha and c apart.
+SPREAD = 2.0
+
+
+@dataclass
+class Fit:
+    """One candidate's communication and the rest of its step (module doc)."""
+
+    alpha: float = math.nan
+    c: float = 1.0
+    wire: float = math.nan  # bytes per step on the link, this rank
+    other: float = math.nan  # seconds per step beyond arrivals and comm
+    at: int = -1  # the step it was last measured at (-1: never)
+    pairs: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def known(self) -> bool:
+        return math.isfinite(self.alpha) and math.isfinite(self.wire)
+
+    def comm(self, beta: float) -> float:
+        return self.alpha + self.c * self.wire * beta
+
+    def add_pair(self, beta: float, seconds: float) -> None:
+        """A measurement at a known link; refit alpha (and c, given the spread)."""
+        if not (math.isfinite(beta) and beta > 0 and math.isfinite(seconds)):
+            return
+        self.pairs = [p for p in self.pairs if abs(p[0] / beta - 1) > 0.1]
+        self.pairs = (self.pairs + [(beta, seconds)])[-PAIRS:]
+        xs = [b * self.wire for b, _ in self.pairs]
+        ys = [s for _, s in self.pairs]
+        if len(xs) >= 2 and max(xs) >= SPREAD * min(xs):
+            mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+            sxx = sum((x - mx) ** 2 for x in xs)
+            c = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+            if c > 0:
+                self.c, self.alpha = c, max(0.0, my - c * mx)
+                return
+        self.alpha = max(0.0, seconds - self.c * self.wire * beta)
+
+
+def replay(
+    arrivals: list[list[float]], per_step: float, full_every: int, mode: str,
+    first_round: int = 1,
+) -> float:  # fmt: skip
+    """Seconds per step of a partial collective over these arrivals.
+
+    Each rank's clock advances by its arrival and ``per_step`` (communication
+    and the rest of the step); ``solo`` never waits for another rank,
+    ``majority`` waits for its round's initiator when it arrives first (the
+    initiator drawn as the strategy draws it, here from the round number),
+    ``sync`` waits for every rank, and every ``full_every``-th round (round
+    numbers from ``first_round``) waits for every rank. The pace is the
+    slowest clock over the steps (the ranks meet at every full round).
+    """
+    if not arrivals:
+        return math.nan
+    P = len(arrivals[0])
+    t = [0.0] * P
+    for i, row in enumerate(arrivals):
+        r = first_round + i
+        ready = [t[q] + row[q] for q in range(P)]
+        if mode == "sync" or (full_every and r % full_every == 0):
+            m = max(ready)
+            t = [m + per_step] * P
+        elif mode == "majority":
+            ini = _initiator(r, P)
+            t = [max(ready[q], ready[ini]) + per_step for q in range(P)]
+        else:  # solo
+            t = [ready[q] + per_step for q in range(P)]
+    return max(t) / len(arrivals)
+
+
+def _initiator(r: int, P: int) -> int:
+    # A fixed stand-in for the seeded draw: any rank equally often.
+    return (r * 2654435761) % (2**32) % P
+
+
+class CostModel:
+    """Predicted seconds per step of every candidate (module docstring).
+
+    Args:
+      kinds: each candidate's kind, ``"dense"``, ``"sparse"`` or ``"partial"``.
+      modes: each candidate's partial mode (``"solo"``, ``"majority"``) or
+        ``"sync"``.
+      size: ranks.
+      staleness: the partial collectives' full round every this many rounds.
+    """
+
+    def __init__(
+        self, kinds: list[str], modes: list[str], size: int, staleness: int
+    ) -> None:
+        self.kinds, self.modes = list(kinds), list(modes)
+        self.size, self.staleness = int(size), int(staleness)
+        self.fits = [Fit() for _ in kinds]
+        self.beta = math.nan
+        self.link = ChangePoint(window=3, rel=0.2)
+        self.lateness = ChangePoint(window=3, rel=0.5)
+        self.arrivals: list[list[float]] = []
+        self.first = 1  # the round number of arrivals[0] (for the replay)
+        self._seed_comm: dict[int, float] = {}  # start-up's, until anchored
+
+    def wire_factor(self, k: int) -> float:
+        """Bytes on the link per byte handed in: a ring moves 2 (P - 1) / P."""
+        P = self.size
+        return 1.0 if self.kinds[k] == "sparse" else 2 * (P - 1) / max(P, 1)
+
+    # -- what was measured -------------------------------------------------------
+    def seed(self, k: int, comm: float, nbytes: float, other: float) -> None:
+        """Start-up: candidate ``k``'s collective took ``comm`` seconds for
+        ``nbytes`` bytes (at the first rate); ``other`` its other work."""
+        f = self.fits[k]
+        f.wire = nbytes * self.wire_factor(k)
+        f.other = other
+        f.pairs, f.at = [], 0
+        f.alpha = comm  # until beta is known (the dense candidate sets it)
+        self._seed_comm[k] = comm
+
+    def anchor(self, dense: int, latency: float) -> None:
+        """Start-up: the link from the dense candidate's collective, taking
+        ``latency`` (a tiny message's time) as its own fixed part; every other
+        candidate's fixed part is then what its collective took beyond its
+        bytes at that link."""
+        f = self.fits[dense]
+        comm = self._seed_comm[dense]
+        self.beta = max(comm - latency, 1e-6 * comm) / f.wire
+        for k, c in self._seed_comm.items():
+            self.fits[k].add_pair(self.beta, c)
+
+    def observe(
+        self, k: int, step: int, arrivals: list[float], comm: float,
+        nbytes: float, other: float, fresh: bool,
+    ) -> str:  # fmt: skip
+        """One agreed step of the running candidate ``k``: every rank's arrival,
+        its communication (the least exposed wait of a synchronous collective,
+        the longest of a partial one), bytes handed in, and the rest of the
+        step (its seconds less arrival and wait, median over ranks).
+        ``fresh``: the first measured steps after a switch (the link is then
+        the previous candidate's; their seconds fit ``k``). Returns what
+        changed (``"lateness"``, ``"link"``), "" for nothing.
+        """
+        changed = []
+        late = max(arrivals) - _median(arrivals)
+        step_s = max(arrivals) + comm + max(other, 0.0)
+        if self.lateness.add(late, floor=0.05 * step_s):
+            # Only the arrivals since the change: the steps the rule saw move.
+            kept = int(self.lateness.n) - 1
+            self.arrivals = self.arrivals[-kept:] if kept > 0 else []
+            changed.append("lateness")
+        self.arrivals.append(list(arrivals))
+        if len(self.arrivals) > WINDOW:
+            self.arrivals.pop(0)
+        self.first = step - len(self.arrivals) + 1
+        f = self.fits[k]
+        f.at = step
+        if nbytes > 0:
+            f.wire = nbytes * self.wire_factor(k)
+        if fresh:
+            f.add_pair(self.beta, comm)
+            self.link.reset()
+            self.link.add(comm)
+        elif self.link.add(comm, floor=0.05 * step_s):
+            changed.append("link")
+        if not fresh and f.known and f.c * f.wire > 0:
+            beta = (self.link.level - f.alpha) / (f.c * f.wire)
+            # A rate the fixed part cannot explain: the fixed part was too big.
+            self.beta = max(beta, 1e-3 * self.link.level / (f.c * f.wire))
+        o = max(other, 0.0)
+        f.other = o if not math.isfinite(f.other) or fresh else 0.8 * f.other + 0.2 * o
+        return ",".join(changed)
+
+    # -- what it predicts ----------------------------------------------------------
+    def predict(self, k: int, other: float | None = None) -> float:
+        """Seconds per step of candidate ``k`` now (NaN: not enough known)."""
+        f = self.fits[k]
+        if not (f.known and math.isfinite(self.beta) and self.arrivals):
+            return math.nan
+        o = f.other if other is None else other
+        if not math.isfinite(o):
+            o = 0.0
+        per = max(f.comm(self.beta), 0.0) + o
+        mode = self.modes[k]
+        if self.kinds[k] == "partial":
+            return replay(self.arrivals, per, self.staleness, mode, self.first)
+        latest = sum(max(row) for row in self.arrivals) / len(self.arrivals)
+        return latest + per
+
+    def lateness_now(self) -> float:
+        """Mean over the window of (latest - median arrival), seconds."""
+        if not self.arrivals:
+            return math.nan
+        return sum(max(r) - _median(r) for r in self.arrivals) / len(self.arrivals)
+
+    # -- state -------------------------------------------------------------------
+    def state(self) -> list[float]:
+        """Every number as a flat list of a fixed length (checkpoints)."""
+        out = [self.beta, float(self.first), float(len(self.arrivals))]
+        rows = self.arrivals + [[math.nan] * self.size] * (WINDOW - len(self.arrivals))
+        out += [x for r in rows for x in r]
+        out += self.link.state() + self.lateness.state()
+        for f in self.fits:
+            pairs = f.pairs + [(math.nan, math.nan)] * (PAIRS - len(f.pairs))
+            out += [f.alpha, f.c, f.wire, f.other, float(f.at)]
+            out += [x for p in pairs for x in p]
+        return out
+
+    def load(self, values: list[float]) -> None:
+        """Take what :meth:`state` gave."""
+        v = list(values)
+        self.beta, self.first, n = v[0], int(v[1]), int(v[2])
+        i = 3
+        rows = [v[i + j * self.size : i + (j + 1) * self.size] for j in range(WINDOW)]
+        self.arrivals = [list(r) for r in rows[:n]]
+        i += WINDOW * self.size
+        for cp in (self.link, self.lateness):
+            m = 4 + cp.window
+            cp.load(v[i : i + m])
+            i += m
+        for f in self.fits:
+            f.alpha, f.c, f.wire, f.other, f.at = (
+                v[i],
+                v[i + 1],
+                v[i + 2],
+                v[i + 3],
+                int(v[i + 4]),
+            )
+            flat = v[i + 5 : i + 5 + 2 * PAIRS]
+            f.pairs = [
+                (flat[2 * j], flat[2 * j + 1])
+                for j in range(PAIRS)
+                if math.isfinite(flat[2 * j])
+            ]
+            i += 5 + 2 * PAIRS
+
+    def length(self) -> int:
+        return len(self.state())
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])

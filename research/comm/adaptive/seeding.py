@@ -1,0 +1,88 @@
+"""The ``adaptive`` strategy's first figures: every candidate's collective once.
+
+Before the model has seen a step of a candidate it needs that candidate's
+figures: :func:`seed` runs each candidate's collective twice on a tree shaped
+like the gradients (top-k: its selection and its sparse allreduce, with the
+cost model it agrees on; a partial collective: two rounds, what they carried
+taken back and dropped, then left resting unless it runs first; the dense
+allreduce: its timed choice of path first),
+times the second call, and a tiny dense allreduce for the latency the model
+takes as dense's own fixed part. Collective: every rank runs it at the same
+point (the Trainer's executor at start-up, the one-call form at its first
+call), so every candidate's buffers, communicators and choices also exist
+before a step needs them.
+
+Every rank's figures are gathered; a synchronous collective's time is the
+least over the ranks (the last to arrive waits least), a partial one's the
+most (the one that started the round waited for all of it). Returns the
+figures for ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from research.comm.adaptive.candidates import DENSE, PARTIAL, SPARSE
+from research.comm.sparse.topk import TopKAllreduce
+
+
+def _timed(fn, *args) -> tuple[Any, float]:
+    fn(*args)
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - t0
+
+
+def seed(avg: Any, grads: Any, other: dict[str, float] | None = None) -> dict:
+    """Measure every candidate of ``avg`` (an ``AdaptiveAverager``) on
+    ``grads`` (numpy leaves) and seed its model; ``other``: seconds per step
+    besides the collective, by kind (``"dense"``, ``"sparse"``, ``"partial"``:
+    the update; top-k's selection is added here)."""
+    other = other or {}
+    t_all = time.perf_counter()
+    mine: list[float] = []
+    for c in avg.cands:
+        child = avg.child(c.label)
+        extra = other.get(c.kind, 0.0)
+        if c.kind == SPARSE:
+            topk = TopKAllreduce(avg.world, averager=child)
+            leaves, treedef = jax.tree.flatten(grads)
+            topk.start(leaves, treedef)
+            (idx, vals), select_s = _timed(topk.select, leaves, None, 0)
+            (_, info), comm_s = _timed(topk.sum, idx, vals, 0)
+            extra += select_s
+        else:
+            (_, info), comm_s = _timed(child.reduce, grads)
+            if c.kind == PARTIAL:
+                child.take_carried()  # start-up's gradients: dropped
+                if c is not avg.current:
+                    child.rest()
+        mine += [comm_s, float(info.bytes), extra]
+    dense = avg.child(avg.cands[avg.policy.dense].label)
+    _, latency = _timed(dense.reduce, {"x": np.zeros(8, np.float32)})
+    mine.append(latency)
+    every = np.asarray(avg.comm.allgather(mine), np.float64)
+    model = avg.policy.model
+    out: dict[str, Any] = {}
+    for i, c in enumerate(avg.cands):
+        col = every[:, 3 * i : 3 * i + 3]
+        comm = col[:, 0].max() if c.kind == PARTIAL else col[:, 0].min()
+        nbytes, extra = col[:, 1].max(), float(np.median(col[:, 2]))
+        model.seed(i, float(comm), float(nbytes), extra)
+        out[c.label] = {
+            "comm_ms": round(float(comm) * 1e3, 3),
+            "bytes": int(nbytes),
+            "other_ms": round(extra * 1e3, 3),
+        }
+    lat = float(every[:, -1].min())
+    assert avg.cands[avg.policy.dense].kind == DENSE
+    model.anchor(avg.policy.dense, lat)
+    return {
+        "seconds": round(time.perf_counter() - t_all, 3),
+        "latency_ms": round(lat * 1e3, 3),
+        "candidates": out,
+    }
