@@ -33,6 +33,7 @@ class Cluster:
         self.size, self.rng = size, random.Random(seed)
         self.rate = 10.0  # Gb/s
         self.straggler = 0.0  # seconds, one random rank each step
+        self.clock = [0.0] * size  # a partial collective's ranks run apart
 
     def comm(self, kind: str) -> float:
         wire = {"dense": 19.4, "partial": 19.4, "sparse": 2.6}[kind] * 8e-3
@@ -47,10 +48,16 @@ class Cluster:
         comm = self.comm(kind)
         nbytes = SPARSE_BYTES if kind == "sparse" else DENSE_BYTES
         rows = []
+        waits = [0.0] * self.size
+        if kind == "partial":  # its own pace; every 8th round waits for all
+            self.clock = [t + a + comm + other for t, a in zip(self.clock, arrive)]
+            if (step + 1) % 8 == 0:
+                waits = [max(self.clock) - t for t in self.clock]
+                self.clock = [max(self.clock)] * self.size
         for r in range(self.size):
-            if kind == "partial":  # nobody waits: its own arrival, the round
-                total, wait = arrive[r] + comm + other, comm
-                age = 2.0 if self.straggler else 0.3
+            if kind == "partial":
+                wait = comm + waits[r]
+                total, age = arrive[r] + wait + other, 2.0 if self.straggler else 0.3
             else:
                 wait = max(arrive) - arrive[r] + comm
                 total, age = max(arrive) + comm + other, math.nan
@@ -194,23 +201,38 @@ def test_keeps_dense_first_and_when_the_gain_is_inside_the_margin():
     assert set(_run(q, cl, range(40), {})) == {"host"}  # 10% gain < 90% margin
 
 
-def test_probes_when_the_model_keeps_missing():
-    """A step whose time the model cannot explain (no change to blame): after
-    ``patience`` steps of it, one probe of the next-best candidate."""
+def test_a_partial_replay_learns_its_bias_and_probes_past_its_bound():
+    """The model replays solo over the arrivals; a solo that waits for every
+    rank each round (a broken one) is 1.4x slower than its replay: the model
+    takes the bias from solo's own steps and goes back to dense. A solo ten
+    times faster than its replay is beyond what the model takes (0.25): its
+    error stays above the bound, so it probes dense, counted with its seconds,
+    and comes back to solo."""
 
-    class Erratic(Cluster):
+    class Scaled(Cluster):
+        def __init__(self, factor: float) -> None:
+            super().__init__()
+            self.factor, self.straggler = factor, 0.32
+
         def step(self, step, method, since, kind, lag=math.nan):
             rows = super().step(step, method, since, kind, lag)
-            for row in rows:  # every other step twice as long, the comm alike
-                row[FIELDS.index("total")] *= 2.0 if step % 2 else 1.0
+            if kind == "partial":
+                for row in rows:
+                    row[FIELDS.index("total")] *= self.factor
             return rows
 
-    cl = Erratic()
-    p = _policy(candidates="host,sparse", dense_steps=0, patience=10)
-    _seed(p, cl)
-    _run(p, cl, range(60), {})
-    assert p.probes >= 1 and p.probe_s > 0
-    assert p.probes <= 3  # not every window: patience again after each
+    slow = Scaled(1.4)
+    p = _policy(candidates="host,solo", dense_steps=0, patience=10)
+    _seed(p, slow)
+    ran = _run(p, slow, range(80), {})
+    assert "solo" in ran and ran[-10:] == ["host"] * 10, ran
+    assert p.model.fits[1].scale > 1.2 and p.probes == 0
+    fast = Scaled(0.1)
+    q = _policy(candidates="host,solo", dense_steps=0, patience=10)
+    _seed(q, fast)
+    ran = _run(q, fast, range(80), {})
+    assert 1 <= q.probes <= 3 and q.probe_s > 0, (q.probes, ran)
+    assert ran[-1] == "solo" and q.model.fits[1].scale == 0.25
 
 
 def test_guard_leaves_topk_and_keeps_it_away():

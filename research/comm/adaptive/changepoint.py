@@ -15,8 +15,10 @@ with one test, so a window is entered and left on the same evidence:
   beyond half the band (a lone outlier, such as one step that paid for a
   page fault, moves neither);
 * on a change the probe's samples at the new level become the reference;
-  otherwise the oldest probe sample joins the reference (whose weight is
-  capped at ``memory`` samples, so a slow drift is followed).
+  otherwise the oldest probe sample joins the reference, clipped to twice the
+  band around it (an outlier the probe let pass must not drag the reference
+  off, or the next ordinary samples would look like a change), whose weight
+  is capped at ``memory`` samples, so a slow drift is followed.
 
 With ``window=3`` a step change is declared at its second sample. Nothing
 here knows what the numbers mean; pure Python floats, so every rank that adds
@@ -91,7 +93,11 @@ class ChangePoint:
             self.changes += 1
             return True
         if len(self.probe) > self.window - 1:
-            self._absorb(self.probe.popleft())
+            x = self.probe.popleft()
+            if self.n >= 1:
+                b = 2 * self.band(floor)
+                x = min(max(x, self.mean - b), self.mean + b)
+            self._absorb(x)
         return False
 
     def _shifted(self, floor: float) -> list[float]:
@@ -115,6 +121,10 @@ class ChangePoint:
         d = x - self.mean
         self.mean += d / self.n
         self.m2 += d * (x - self.mean)
+
+    def take(self, x: float) -> None:
+        """Add a sample to the reference itself (one known to be at the level)."""
+        self._absorb(float(x))
 
     def reset(self, samples: list[float] = ()) -> None:
         """Forget the reference; ``samples`` become it (the probe empties)."""

@@ -33,8 +33,11 @@ A step of candidate ``k`` is modelled as::
 * ``wire_k``: the bytes one rank moves per step (a ring allreduce moves
   ``2 (P - 1) / P`` of its buffer; top-k what it sent);
 * ``other_k`` is what the candidate's measured steps took beyond their
-  arrival and their wait (median over ranks, a running mean), kept from its
-  last run: a new link rate never shows in it.
+  arrival and their wait (median over ranks, then over its last ``RECENT``
+  steps), kept from its last run: a new link rate never shows in it;
+* a partial candidate's replay is multiplied by its measured pace over the
+  replayed one, from its last ``staleness`` steps (between 0.25 and 4; back
+  to 1 when the lateness changes).
 
 A candidate's prediction for its own next step is checked against the step
 (the model's error); :mod:`research.comm.adaptive.policy` decides from the
@@ -54,6 +57,8 @@ WINDOW = 24
 PAIRS = 4
 #: Link estimates this far apart (ratio) fit alpha and c apart.
 SPREAD = 2.0
+#: Steps whose other work (median) is a candidate's ``other``.
+RECENT = 8
 
 
 @dataclass
@@ -64,8 +69,10 @@ class Fit:
     c: float = 1.0
     wire: float = math.nan  # bytes per step on the link, this rank
     other: float = math.nan  # seconds per step beyond arrivals and comm
+    scale: float = 1.0  # a partial candidate's measured pace / its replay
     at: int = -1  # the step it was last measured at (-1: never)
     pairs: list[tuple[float, float]] = field(default_factory=list)
+    recent: list[float] = field(default_factory=list)  # its last others
 
     @property
     def known(self) -> bool:
@@ -182,15 +189,16 @@ class CostModel:
 
     def observe(
         self, k: int, step: int, arrivals: list[float], comm: float,
-        nbytes: float, other: float, fresh: bool,
+        nbytes: float, other: float, fresh: int,
     ) -> str:  # fmt: skip
         """One agreed step of the running candidate ``k``: every rank's arrival,
         its communication (the least exposed wait of a synchronous collective,
         the longest of a partial one), bytes handed in, and the rest of the
         step (its seconds less arrival and wait, median over ranks).
-        ``fresh``: the first measured steps after a switch (the link is then
-        the previous candidate's; their seconds fit ``k``). Returns what
-        changed (``"lateness"``, ``"link"``), "" for nothing.
+        ``fresh``: 1, 2, ... for the first measured steps after a switch (the
+        link is then the previous candidate's; their seconds fit ``k`` and
+        start the link's reference), 0 after them. Returns what changed
+        (``"lateness"``, ``"link"``), "" for nothing.
         """
         changed = []
         late = max(arrivals) - _median(arrivals)
@@ -199,6 +207,8 @@ class CostModel:
             # Only the arrivals since the change: the steps the rule saw move.
             kept = int(self.lateness.n) - 1
             self.arrivals = self.arrivals[-kept:] if kept > 0 else []
+            for g in self.fits:  # a replay's bias was learnt at the old lateness
+                g.scale = 1.0
             changed.append("lateness")
         self.arrivals.append(list(arrivals))
         if len(self.arrivals) > WINDOW:
@@ -210,31 +220,40 @@ class CostModel:
             f.wire = nbytes * self.wire_factor(k)
         if fresh:
             f.add_pair(self.beta, comm)
-            self.link.reset()
-            self.link.add(comm)
+            if fresh == 1:
+                self.link.reset()
+            self.link.take(comm)
         elif self.link.add(comm, floor=0.05 * step_s):
             changed.append("link")
         if not fresh and f.known and f.c * f.wire > 0:
             beta = (self.link.level - f.alpha) / (f.c * f.wire)
             # A rate the fixed part cannot explain: the fixed part was too big.
             self.beta = max(beta, 1e-3 * self.link.level / (f.c * f.wire))
-        o = max(other, 0.0)
-        f.other = o if not math.isfinite(f.other) or fresh else 0.8 * f.other + 0.2 * o
+        if fresh == 1:
+            f.recent = []
+        f.recent = (f.recent + [max(other, 0.0)])[-RECENT:]
+        f.other = _median(f.recent)  # one slow step moves nothing
         return ",".join(changed)
 
+    def rescale(self, k: int, measured: float, replayed: float) -> None:
+        """A partial candidate's measured pace against its replay over the same
+        steps (unscaled): the replay's bias, kept and applied to it."""
+        if self.kinds[k] == "partial" and replayed > 0 and measured > 0:
+            self.fits[k].scale = min(max(measured / replayed, 0.25), 4.0)
+
     # -- what it predicts ----------------------------------------------------------
-    def predict(self, k: int, other: float | None = None) -> float:
-        """Seconds per step of candidate ``k`` now (NaN: not enough known)."""
+    def predict(self, k: int, scaled: bool = True) -> float:
+        """Seconds per step of candidate ``k`` now (NaN: not enough known);
+        ``scaled``: a partial candidate's replay times its measured bias."""
         f = self.fits[k]
         if not (f.known and math.isfinite(self.beta) and self.arrivals):
             return math.nan
-        o = f.other if other is None else other
-        if not math.isfinite(o):
-            o = 0.0
+        o = f.other if math.isfinite(f.other) else 0.0
         per = max(f.comm(self.beta), 0.0) + o
         mode = self.modes[k]
         if self.kinds[k] == "partial":
-            return replay(self.arrivals, per, self.staleness, mode, self.first)
+            pace = replay(self.arrivals, per, self.staleness, mode, self.first)
+            return pace * (f.scale if scaled else 1.0)
         latest = sum(max(row) for row in self.arrivals) / len(self.arrivals)
         return latest + per
 
@@ -253,7 +272,8 @@ class CostModel:
         out += self.link.state() + self.lateness.state()
         for f in self.fits:
             pairs = f.pairs + [(math.nan, math.nan)] * (PAIRS - len(f.pairs))
-            out += [f.alpha, f.c, f.wire, f.other, float(f.at)]
+            recent = f.recent + [math.nan] * (RECENT - len(f.recent))
+            out += [f.alpha, f.c, f.wire, f.other, f.scale, float(f.at), *recent]
             out += [x for p in pairs for x in p]
         return out
 
@@ -270,20 +290,18 @@ class CostModel:
             cp.load(v[i : i + m])
             i += m
         for f in self.fits:
-            f.alpha, f.c, f.wire, f.other, f.at = (
-                v[i],
-                v[i + 1],
-                v[i + 2],
-                v[i + 3],
-                int(v[i + 4]),
-            )
-            flat = v[i + 5 : i + 5 + 2 * PAIRS]
+            f.alpha, f.c, f.wire, f.other, f.scale = v[i : i + 5]
+            f.at = int(v[i + 5])
+            i += 6
+            f.recent = [x for x in v[i : i + RECENT] if math.isfinite(x)]
+            i += RECENT
+            flat = v[i : i + 2 * PAIRS]
             f.pairs = [
                 (flat[2 * j], flat[2 * j + 1])
                 for j in range(PAIRS)
                 if math.isfinite(flat[2 * j])
             ]
-            i += 5 + 2 * PAIRS
+            i += 2 * PAIRS
 
     def length(self) -> int:
         return len(self.state())

@@ -24,8 +24,10 @@ Each step (:meth:`Policy.observe`, then :meth:`Policy.decide`):
    by more than ``margin`` and the running one has had its steps measured
    (``settle`` steps after a switch; a partial candidate's figures come
    ``staleness`` steps late).
-5. Probes: the model's error, the running candidate's predicted step against
-   its measured one, is followed; when it stays above ``error_bound`` for
+5. Probes: the model's error, the running candidate's predicted steps
+   against its measured ones over the last ``staleness`` steps (a partial
+   collective's steps differ one by one, its full rounds wait: only their mean
+   is its pace), is followed; when it stays above ``error_bound`` for
    ``patience`` steps with no change to explain it, the model is not trusted:
    the candidate of next-best score runs for ``probe_steps`` steps, its own
    figures refit its model, and the choice is made again. Each probe is
@@ -139,6 +141,8 @@ class Policy:
         self.delay = [math.nan] * len(candidates)
         self.events: list[dict[str, Any]] = []
         self._guard_lag = math.nan  # the newest top-k lag, for the next decide
+        #: (measured, predicted, replayed unscaled) of the last steps.
+        self._recent: list[tuple[float, float, float]] = []
         #: Whether :meth:`observe` returns a ``kind: "model"`` row per step too
         #: (what the model took and predicted; rank 0 of the Trainer's).
         self.record = False
@@ -198,23 +202,28 @@ class Policy:
         comm = max(comms) if c.kind == PARTIAL else min(comms)
         total = sum(s.total for s in st) / len(st)
         other = _median([s.total - s.arrive - s.comm for s in st])
-        pred = self.model.predict(k)
-        fresh = n < SKIP + FRESH
+        pred, raw = self.model.predict(k), self.model.predict(k, scaled=False)
+        fresh = n - SKIP + 1 if n < SKIP + FRESH else 0  # 1, 2: fit k
         changed = self.model.observe(
             k, step, [s.arrive for s in st], comm, max(s.bytes for s in st),
             other, fresh,
         )  # fmt: skip
         self.measured += 1
-        if math.isfinite(pred) and total > 0:
-            e = abs(total - pred) / total
-            if n == SKIP and e > self.error_bound:
-                self.mispredicted += 1  # a switch's (or start's) prediction
-            self.err = 0.8 * self.err + 0.2 * e
-        if changed:
-            self.last_change = step
+        if changed:  # the steps before it are another regime's: not compared
+            self.last_change, self._recent, self.err = step, [], 0.0
             for what in changed.split(","):
                 events.append(self._event(step, what))
-        self.err_high = self.err_high + 1 if self.err > self.error_bound else 0
+        elif math.isfinite(pred) and total > 0:
+            self._recent = (self._recent + [(total, pred, raw)])[-self.staleness :]
+            measured = sum(r[0] for r in self._recent)
+            self.err = abs(measured - sum(r[1] for r in self._recent)) / measured
+            if len(self._recent) >= self.staleness:
+                self.model.rescale(k, measured, sum(r[2] for r in self._recent))
+            if n == SKIP + FRESH and self.err > self.error_bound:
+                self.mispredicted += 1  # a switch's (or start's) prediction
+        full = len(self._recent) >= self.staleness
+        high = full and self.err > self.error_bound
+        self.err_high = self.err_high + 1 if high else 0
         self.events += events
         if self.record:
             predicted = {
@@ -322,7 +331,7 @@ class Policy:
         self.back, self.current = self.current, to
         self.since, self.measured = step, 0
         self.switches += 1
-        self.err, self.err_high = 0.0, 0
+        self.err, self.err_high, self._recent = 0.0, 0, []
         return Decision(step, to, reason, why, self.table(step))
 
     def table(self, step: int) -> dict[str, Any]:
