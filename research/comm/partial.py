@@ -234,10 +234,11 @@ class PartialAllreduce(Rounds):
         renamed("PartialAllreduce.flush()", "drain()")
         return self.drain()
 
-    def take_carried(self) -> tuple[Any, int] | None:
+    def take_carried(self, flat: bool = False) -> tuple[Any, int] | None:
         """Take back this rank's gradients that missed their rounds, instead of
         a round delivering them: ``(tree, count)`` (the tree their sum, not
-        divided by P) or None. Local, no round: for a caller that leaves this
+        divided by P; ``flat``: the sum as one vector, the leaves in tree
+        order) or None. Local, no round: for a caller that leaves this
         collective for a while and applies them another way (the adaptive
         strategy folds them into the next method's gradient). Call it between
         calls, when every rank has made the same number of calls and none
@@ -249,17 +250,20 @@ class PartialAllreduce(Rounds):
             self._inbox = [d for d in self._inbox if d.kind != _REDUCE]
         if not mine:
             return None
-        total = np.zeros(self._n, self._dtype)
-        for d in mine:
+        total = np.array(mine[0].flat[: self._n])
+        for d in mine[1:]:
             total += d.flat[: self._n]
-        return self._layout.unpack(total), len(mine)
+        return (total if flat else self._layout.unpack(total)), len(mine)
 
-    def rest(self) -> None:
+    def rest(self, resting: bool = True) -> None:
         """Poll for a peer's round rarely (every ``REST_SLEEP``) until this
         rank's next call: for a caller that leaves this collective for a
         while, whose idle polling would cost CPU. A round a peer starts
-        meanwhile is joined up to that much later."""
-        self._resting = True
+        meanwhile is joined up to that much later; ``rest(False)`` ends the
+        rest at once (every rank about to call again), waking the thread."""
+        self._resting = resting
+        if not resting:
+            get_progress().wake()
 
     def close(self) -> None:
         """Stop the background task after a final synchronous round. Collective.
@@ -435,13 +439,13 @@ class PartialAverager(Averager):
         tree, info = self.pa.drain()
         return (tree, info) if info.extra["carried_total"] else None
 
-    def take_carried(self) -> tuple[Any, int] | None:
+    def take_carried(self, flat: bool = False) -> tuple[Any, int] | None:
         """:meth:`PartialAllreduce.take_carried` (None before the first call)."""
-        return None if self.pa._layout is None else self.pa.take_carried()
+        return None if self.pa._layout is None else self.pa.take_carried(flat)
 
-    def rest(self) -> None:
+    def rest(self, resting: bool = True) -> None:
         """:meth:`PartialAllreduce.rest`."""
-        self.pa.rest()
+        self.pa.rest(resting)
 
     def close(self) -> None:
         self.pa.close()

@@ -96,7 +96,9 @@ class AdaptiveExecutor(Executor):
         flat, self._unravel = ravel_pytree(state.params)
         self._rows: list[dict[str, Any]] = []
         avg.policy.record = avg.rank == 0  # rows for metrics.jsonl
-        self._startup = startup(self, self._inner(state)[0], flat)
+        topks = {label: ex.topk for label, ex in self._execs.items()
+                 if getattr(ex, "topk", None) is not None}  # fmt: skip
+        self._startup = startup(self, self._inner(state)[0], flat, topks)
         self._since = time.perf_counter()  # the current method's span
         return self._publish(state)
 
@@ -194,25 +196,33 @@ class AdaptiveExecutor(Executor):
         kind, to = avg.candidate(old).kind, avg.candidate(new).kind
         carried, count = None, None
         if kind == SPARSE:
-            state = self._drain_one(state, old)  # publishes the live residual
+            topk = self._execs[old].topk
+            if to == SPARSE or topk is None:
+                state = self._drain_one(state, old)  # publishes the live residual
             if to != SPARSE:
-                residual = state.strategy["residual"]
-                carried = self._unravel(jnp.asarray(residual))
-                zero = jnp.zeros_like(residual)
-                state = state.replace(strategy={**state.strategy, "residual": zero})
+                # The live residual's views, summed into in place by the fold
+                # (top-k takes its buffer afresh from the state when it runs).
+                carried = (
+                    topk.residual_tree()
+                    if topk is not None
+                    else self._unravel(jnp.asarray(state.strategy["residual"]))
+                )
+                # A new array each time: a candidate's update donates the state.
+                zeros = jnp.zeros_like(state.strategy["residual"])
+                strategy = {**state.strategy, "residual": zeros}
+                state = state.replace(strategy=strategy)
         elif kind == PARTIAL:
-            taken = self._execs[old].averager.take_carried()
+            taken = self._execs[old].averager.take_carried(flat=to == SPARSE)
             self._execs[old].averager.rest()  # idle until a switch back
             count = 0 if taken is None else taken[1]
-            if taken is not None:
+            if taken is not None and to == SPARSE:  # into the residual
+                r = np.add(np.asarray(state.strategy["residual"]), taken[0])
+                residual = jnp.asarray(r.astype(np.float32, copy=False))
+                state = state.replace(strategy={**state.strategy, "residual": residual})
+            elif taken is not None:
                 carried = taken[0]
-                if to == SPARSE:  # into the residual: sent as top-k sends it
-                    flat = ravel_pytree(carried)[0].astype(jnp.float32)
-                    residual = state.strategy["residual"] + flat
-                    state = state.replace(
-                        strategy={**state.strategy, "residual": residual}
-                    )
-                    carried = None
+        if to == PARTIAL:  # every rank switches now: poll at its usual pace
+            self._execs[new].averager.rest(False)
         if carried is not None:
             self._execs[new].averager.fold(carried)
         return state, count

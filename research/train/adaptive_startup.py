@@ -4,7 +4,8 @@ Run by :meth:`research.train.adaptive.AdaptiveExecutor.start` on every rank
 (collective), outside the steps' time, so that no step pays for what a
 candidate sets up on first use: the update program of every state shape the
 candidates use is compiled and timed (on a copy of the state, a zero
-gradient), then every candidate's collective runs and seeds the model
+gradient), then every candidate's collective runs (top-k's on the executor's
+own selection and buffers, which it first touches) and seeds the model
 (:func:`research.comm.adaptive.seeding.seed`). The first step compiles the
 gradient, as every strategy's first step does.
 """
@@ -35,8 +36,10 @@ def _update(state: Any, grads: Any) -> float:
     return run()
 
 
-def startup(ex: Any, inner: Any, flat: Any) -> dict[str, Any]:
-    """Set every candidate up and seed the model (module docstring)."""
+def startup(ex: Any, inner: Any, flat: Any, topks: dict) -> dict[str, Any]:
+    """Set every candidate up and seed the model (module docstring); ``topks``:
+    the top-k candidates' own objects (label -> ``TopKAllreduce``), warmed in
+    place and their residuals zeroed after."""
     avg = ex.averager
     t0 = time.perf_counter()
     jax.block_until_ready(ex._unravel(jnp.zeros_like(flat)))  # the fold's unravel
@@ -47,7 +50,9 @@ def startup(ex: Any, inner: Any, flat: Any) -> dict[str, Any]:
     kept = {k: v for k, v in inner.strategy.items() if k != "residual"}
     host = _update(inner, zeros)
     sparse = _update(inner.replace(strategy=kept), zeros)  # top-k's own update
-    out = seed(avg, grads, {"dense": host, "partial": host, "sparse": sparse})
+    out = seed(avg, grads, {"dense": host, "partial": host, "sparse": sparse}, topks)
+    for topk in topks.values():  # the start-up's noise is no residual
+        topk.residual.fill(0.0)
     out["update_ms"] = round(host * 1e3, 3)
     out["seconds"] = round(time.perf_counter() - t0, 3)
     return out

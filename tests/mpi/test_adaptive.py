@@ -220,15 +220,17 @@ def test_resumes_bit_identical_in_every_phase(world, tmp_path_factory, whole, st
     )
 
 
-def test_a_partial_phase_carries_over_and_resumes(world, tmp_path_factory):
+@pytest.mark.parametrize("to", ["host", "sparse:0.05"])
+def test_a_partial_phase_carries_over_and_resumes(world, tmp_path_factory, to):
     """Rank 1 is late every step: solo's rounds run without it, its gradients
-    are carried; the switch to host at step 4 takes them back into host's
-    first gradient (no round); a run resumed inside the solo phase goes on
-    with solo and switches on schedule."""
+    are carried; the switch at step 4 takes them back into host's first
+    gradient, or into top-k's residual (no round); a run resumed inside the
+    solo phase goes on with solo and switches on schedule; the replicas stay
+    equal."""
     from research.imbalance import FixedImbalance
 
     folder = _dir(world, tmp_path_factory, "p")
-    opts = _adaptive("solo@0,host@4")
+    opts = _adaptive(f"solo@0,{to}@4", densities="0.05")
     ck = CheckpointConfig(every=2, directory=f"{folder}/ck", fast_dir=None, fsync=False)
     slow = FixedImbalance([1], 0.05)
     first = Trainer(
@@ -254,10 +256,10 @@ def test_a_partial_phase_carries_over_and_resumes(world, tmp_path_factory):
     if world.rank == 0:
         steps = [r for r in read_metrics(folder) if "comm_method" in r]
         assert [r["comm_method"] for r in steps if r["step"] in (3, 4, 5, 6)] == [
-            "solo", "solo", "host", "host",
+            "solo", "solo", to, to,
         ]  # fmt: skip
         (switch,) = [r for r in read_metrics(folder) if r.get("kind") == "switch"]
-        assert (switch["step"], switch["from"], switch["to"]) == (4, "solo", "host")
+        assert (switch["step"], switch["from"], switch["to"]) == (4, "solo", to)
         carry = [r for r in read_metrics(folder) if r.get("kind") == "carry"]
         assert [r["step"] for r in carry] == [4], carry  # rank 1's, taken back
         assert carry[0]["gradients"] >= 1, carry

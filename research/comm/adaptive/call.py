@@ -84,7 +84,16 @@ class AdaptiveCall(Averaging):
         t_in = time.perf_counter()
         policy = self.avg.policy
         if self.startup is None:
-            self.startup = seed(self.avg, jax.tree.map(np.asarray, grads))
+            leaves, treedef = jax.tree.flatten(jax.tree.map(np.asarray, grads))
+            topks = {}
+            for c in self.avg.cands:  # their own buffers, set up by the seeding
+                if c.kind == SPARSE:
+                    topks[c.label] = self._form(c.label).topk
+                    topks[c.label].start(leaves, treedef)
+            tree = jax.tree.unflatten(treedef, leaves)
+            self.startup = seed(self.avg, tree, topks=topks)
+            for topk in topks.values():
+                topk.residual.fill(0.0)
             t_in = time.perf_counter()
         old = self.method
         self._carried = 0

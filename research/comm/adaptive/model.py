@@ -37,7 +37,11 @@ A step of candidate ``k`` is modelled as::
   steps), kept from its last run: a new link rate never shows in it;
 * a partial candidate's replay is multiplied by its measured pace over the
   replayed one, from its last ``staleness`` steps (between 0.25 and 4; back
-  to 1 when the lateness changes).
+  to 1 when the lateness changes);
+* the fixed part and the other work are CPU work: they are scaled by how much
+  slower the computation runs now than when they were measured (the quickest
+  rank's arrival, a median over the last steps), so a core that other work
+  took over is not mistaken for a slower link.
 
 A candidate's prediction for its own next step is checked against the step
 (the model's error); :mod:`research.comm.adaptive.policy` decides from the
@@ -70,6 +74,7 @@ class Fit:
     wire: float = math.nan  # bytes per step on the link, this rank
     other: float = math.nan  # seconds per step beyond arrivals and comm
     scale: float = 1.0  # a partial candidate's measured pace / its replay
+    level: float = math.nan  # the computation's speed alpha and other are at
     at: int = -1  # the step it was last measured at (-1: never)
     pairs: list[tuple[float, float]] = field(default_factory=list)
     recent: list[float] = field(default_factory=list)  # its last others
@@ -78,8 +83,9 @@ class Fit:
     def known(self) -> bool:
         return math.isfinite(self.alpha) and math.isfinite(self.wire)
 
-    def comm(self, beta: float) -> float:
-        return self.alpha + self.c * self.wire * beta
+    def comm(self, beta: float, cpu: float = 1.0) -> float:
+        """Seconds at ``beta``, the fixed part at ``cpu`` x its speed."""
+        return self.alpha * cpu + self.c * self.wire * beta
 
     def add_pair(self, beta: float, seconds: float) -> None:
         """A measurement at a known link; refit alpha (and c, given the spread)."""
@@ -158,7 +164,22 @@ class CostModel:
         self.lateness = ChangePoint(window=3, rel=0.5)
         self.arrivals: list[list[float]] = []
         self.first = 1  # the round number of arrivals[0] (for the replay)
+        self.speeds: list[float] = []  # the quickest rank's arrival, last steps
         self._seed_comm: dict[int, float] = {}  # start-up's, until anchored
+
+    @property
+    def speed(self) -> float:
+        """The computation's pace now: the median of the quickest rank's
+        arrival over the last ``RECENT`` steps (a straggler is never the
+        quickest; more load on the cores, or less, shows here)."""
+        return _median(self.speeds) if self.speeds else math.nan
+
+    def cpu(self, f: Fit) -> float:
+        """How much slower (> 1) the cores work now than when ``f`` was fitted."""
+        now = self.speed
+        if math.isfinite(now) and math.isfinite(f.level) and f.level > 0:
+            return now / f.level
+        return 1.0
 
     def wire_factor(self, k: int) -> float:
         """Bytes on the link per byte handed in: a ring moves 2 (P - 1) / P."""
@@ -201,6 +222,10 @@ class CostModel:
         (``"lateness"``, ``"link"``), "" for nothing.
         """
         changed = []
+        self.speeds = (self.speeds + [min(arrivals)])[-RECENT:]
+        for g in self.fits:  # start-up's figures: at the first steps' speed
+            if g.known and not math.isfinite(g.level):
+                g.level = self.speed
         late = max(arrivals) - _median(arrivals)
         step_s = max(arrivals) + comm + max(other, 0.0)
         if self.lateness.add(late, floor=0.05 * step_s):
@@ -220,18 +245,21 @@ class CostModel:
             f.wire = nbytes * self.wire_factor(k)
         if fresh:
             f.add_pair(self.beta, comm)
+            f.level = self.speed
             if fresh == 1:
                 self.link.reset()
             self.link.take(comm)
         elif self.link.add(comm, floor=0.05 * step_s):
             changed.append("link")
         if not fresh and f.known and f.c * f.wire > 0:
-            beta = (self.link.level - f.alpha) / (f.c * f.wire)
+            fixed = f.alpha * self.cpu(f)
+            beta = (self.link.level - fixed) / (f.c * f.wire)
             # A rate the fixed part cannot explain: the fixed part was too big.
             self.beta = max(beta, 1e-3 * self.link.level / (f.c * f.wire))
         if fresh == 1:
             f.recent = []
-        f.recent = (f.recent + [max(other, 0.0)])[-RECENT:]
+        # Other work in the units of the fixed part's speed.
+        f.recent = (f.recent + [max(other, 0.0) / self.cpu(f)])[-RECENT:]
         f.other = _median(f.recent)  # one slow step moves nothing
         return ",".join(changed)
 
@@ -248,8 +276,9 @@ class CostModel:
         f = self.fits[k]
         if not (f.known and math.isfinite(self.beta) and self.arrivals):
             return math.nan
-        o = f.other if math.isfinite(f.other) else 0.0
-        per = max(f.comm(self.beta), 0.0) + o
+        cpu = self.cpu(f)
+        o = f.other * cpu if math.isfinite(f.other) else 0.0
+        per = max(f.comm(self.beta, cpu), 0.0) + o
         mode = self.modes[k]
         if self.kinds[k] == "partial":
             pace = replay(self.arrivals, per, self.staleness, mode, self.first)
@@ -266,14 +295,16 @@ class CostModel:
     # -- state -------------------------------------------------------------------
     def state(self) -> list[float]:
         """Every number as a flat list of a fixed length (checkpoints)."""
-        out = [self.beta, float(self.first), float(len(self.arrivals))]
+        speeds = self.speeds + [math.nan] * (RECENT - len(self.speeds))
+        out = [self.beta, float(self.first), float(len(self.arrivals)), *speeds]
         rows = self.arrivals + [[math.nan] * self.size] * (WINDOW - len(self.arrivals))
         out += [x for r in rows for x in r]
         out += self.link.state() + self.lateness.state()
         for f in self.fits:
             pairs = f.pairs + [(math.nan, math.nan)] * (PAIRS - len(f.pairs))
             recent = f.recent + [math.nan] * (RECENT - len(f.recent))
-            out += [f.alpha, f.c, f.wire, f.other, f.scale, float(f.at), *recent]
+            out += [f.alpha, f.c, f.wire, f.other, f.scale, f.level, float(f.at)]
+            out += recent
             out += [x for p in pairs for x in p]
         return out
 
@@ -281,7 +312,8 @@ class CostModel:
         """Take what :meth:`state` gave."""
         v = list(values)
         self.beta, self.first, n = v[0], int(v[1]), int(v[2])
-        i = 3
+        self.speeds = [x for x in v[3 : 3 + RECENT] if math.isfinite(x)]
+        i = 3 + RECENT
         rows = [v[i + j * self.size : i + (j + 1) * self.size] for j in range(WINDOW)]
         self.arrivals = [list(r) for r in rows[:n]]
         i += WINDOW * self.size
@@ -290,9 +322,9 @@ class CostModel:
             cp.load(v[i : i + m])
             i += m
         for f in self.fits:
-            f.alpha, f.c, f.wire, f.other, f.scale = v[i : i + 5]
-            f.at = int(v[i + 5])
-            i += 6
+            f.alpha, f.c, f.wire, f.other, f.scale, f.level = v[i : i + 6]
+            f.at = int(v[i + 6])
+            i += 7
             f.recent = [x for x in v[i : i + RECENT] if math.isfinite(x)]
             i += RECENT
             flat = v[i : i + 2 * PAIRS]

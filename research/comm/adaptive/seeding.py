@@ -1,16 +1,16 @@
 """The ``adaptive`` strategy's first figures: every candidate's collective once.
 
 Before the model has seen a step of a candidate it needs that candidate's
-figures: :func:`seed` runs each candidate's collective twice on a tree shaped
-like the gradients (top-k: its selection and its sparse allreduce, with the
-cost model it agrees on; a partial collective: two rounds, what they carried
-taken back and dropped, then left resting unless it runs first; the dense
-allreduce: its timed choice of path first),
-times the second call, and a tiny dense allreduce for the latency the model
-takes as dense's own fixed part. Collective: every rank runs it at the same
-point (the Trainer's executor at start-up, the one-call form at its first
-call), so every candidate's buffers, communicators and choices also exist
-before a step needs them.
+figures: :func:`seed` runs each candidate's collective four times on a tree
+shaped like the gradients and takes the median time of the last three (top-k:
+its selection and its sparse allreduce, with the cost model it agrees on; a
+partial collective: its rounds, what they carried taken back and dropped,
+then left resting unless it runs first; the dense allreduce: its timed choice
+of path first), and a tiny dense allreduce's, the latency the model takes as
+dense's own fixed part. Collective: every rank runs it at the same point (the
+Trainer's executor at start-up, the one-call form at its first call), so every
+candidate's buffers, communicators and choices also exist before a step needs
+them.
 
 Every rank's figures are gathered; a synchronous collective's time is the
 least over the ranks (the last to arrive waits least), a partial one's the
@@ -30,28 +30,41 @@ from research.comm.adaptive.candidates import DENSE, PARTIAL, SPARSE
 from research.comm.sparse.topk import TopKAllreduce
 
 
-def _timed(fn, *args) -> tuple[Any, float]:
-    fn(*args)
-    t0 = time.perf_counter()
+def _timed(fn, *args, reps: int = 3) -> tuple[Any, float]:
+    """The result of the last of ``reps + 1`` calls and the median time of
+    the last ``reps`` (the first sets things up)."""
     out = fn(*args)
-    return out, time.perf_counter() - t0
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = fn(*args)
+        times.append(time.perf_counter() - t0)
+    return out, float(np.median(times))
 
 
-def seed(avg: Any, grads: Any, other: dict[str, float] | None = None) -> dict:
+def seed(
+    avg: Any, grads: Any, other: dict[str, float] | None = None,
+    topks: dict[str, Any] | None = None,
+) -> dict:  # fmt: skip
     """Measure every candidate of ``avg`` (an ``AdaptiveAverager``) on
     ``grads`` (numpy leaves) and seed its model; ``other``: seconds per step
     besides the collective, by kind (``"dense"``, ``"sparse"``, ``"partial"``:
-    the update; top-k's selection is added here)."""
-    other = other or {}
+    the update; top-k's selection is added here); ``topks``: the top-k objects
+    that will run (label -> ``TopKAllreduce``, started), so that their own
+    buffers are set up here (the caller zeroes their residuals), else one is
+    made for the measurement."""
+    other, topks = other or {}, topks or {}
     t_all = time.perf_counter()
     mine: list[float] = []
     for c in avg.cands:
         child = avg.child(c.label)
         extra = other.get(c.kind, 0.0)
         if c.kind == SPARSE:
-            topk = TopKAllreduce(avg.world, averager=child)
             leaves, treedef = jax.tree.flatten(grads)
-            topk.start(leaves, treedef)
+            topk = topks.get(c.label)
+            if topk is None:
+                topk = TopKAllreduce(avg.world, averager=child)
+                topk.start(leaves, treedef)
             (idx, vals), select_s = _timed(topk.select, leaves, None, 0)
             (_, info), comm_s = _timed(topk.sum, idx, vals, 0)
             extra += select_s
