@@ -34,17 +34,24 @@ class Cluster:
         self.rate = 10.0  # Gb/s
         self.straggler = 0.0  # seconds, one random rank each step
         self.clock = [0.0] * size  # a partial collective's ranks run apart
+        self.load = 1.0  # the cores' work takes this much longer (others' jobs)
+
+    def transfer(self, kind: str) -> float:
+        """Top-k's wait for messages (its sparse allreduce says it)."""
+        return 2.6 * 8e-3 / self.rate + 2e-4 if kind == "sparse" else math.nan
 
     def comm(self, kind: str) -> float:
         wire = {"dense": 19.4, "partial": 19.4, "sparse": 2.6}[kind] * 8e-3
         fixed = {"dense": 0.013, "partial": 0.02, "sparse": 0.023}[kind]
-        return fixed + wire / self.rate
+        return fixed * self.load + wire / self.rate
 
     def step(self, step: int, method: int, since: int, kind: str, lag=math.nan):
-        arrive = [0.018 + self.rng.uniform(0, 0.004) for _ in range(self.size)]
+        arrive = [
+            (0.018 + self.rng.uniform(0, 0.004)) * self.load for _ in range(self.size)
+        ]
         if self.straggler:
             arrive[self.rng.randrange(self.size)] += self.straggler
-        other = {"dense": 0.006, "partial": 0.01, "sparse": 0.03}[kind]
+        other = {"dense": 0.006, "partial": 0.01, "sparse": 0.03}[kind] * self.load
         comm = self.comm(kind)
         nbytes = SPARSE_BYTES if kind == "sparse" else DENSE_BYTES
         rows = []
@@ -64,7 +71,7 @@ class Cluster:
             row = dict(
                 step=step, method=method, since=since, total=total,
                 arrive=arrive[r], comm=wait, bytes=nbytes, lag=lag, age=age,
-                carried=0,
+                carried=0, transfer=self.transfer(kind),
             )  # fmt: skip
             rows.append([row[f] for f in FIELDS])
         return rows
@@ -81,7 +88,9 @@ def _seed(p: Policy, cl: Cluster) -> None:
         nbytes = SPARSE_BYTES if kind == "sparse" else DENSE_BYTES
         other = 0.03 if kind == "sparse" else 0.006
         p.model.seed(i, cl.comm(kind), nbytes, other)
-    p.model.anchor(p.dense, 1e-4)
+    sparse = {i: cl.transfer("sparse") for i, c in enumerate(p.candidates)
+              if c.kind == "sparse"}  # fmt: skip
+    p.model.anchor(p.dense, 1e-4, sparse)
 
 
 def _run(p: Policy, cl: Cluster, steps: range, events: dict) -> list[str]:
@@ -188,6 +197,24 @@ def test_follows_a_fast_link_a_slow_one_and_a_straggler_without_probing():
     assert ran[120 + 8 + 4 :] == ["host"] * (150 - 132), ran[118:]
     assert p.probes == 0 and p.switches == 4
     assert [e["what"] for e in p.events].count("lateness") >= 2
+
+
+def test_sees_the_link_come_back_under_topk_while_the_cores_slow_down():
+    """Top-k sends little: when the link comes back its step barely moves, and
+    here the cores slow down twice at the same step (another job), which
+    alone would hide it. Its sparse allreduce's wait for messages shows the
+    link; the CPU parts are scaled by the slower computation: dense again."""
+    cl = Cluster()
+    p = _policy(candidates="host,sparse", dense_steps=5)
+    _seed(p, cl)
+
+    def back(c):
+        c.rate, c.load = 10.0, 2.0
+
+    ran = _run(p, cl, range(60), {10: lambda c: setattr(c, "rate", 1.0), 30: back})
+    assert ran[14:30] == ["sparse:0.05"] * 16, ran
+    assert ran[35:] == ["host"] * 25, ran
+    assert [e["what"] for e in p.events if e["step"] >= 30][:1] == ["link"]
 
 
 def test_keeps_dense_first_and_when_the_gain_is_inside_the_margin():

@@ -21,9 +21,11 @@ A step of candidate ``k`` is modelled as::
 
 * ``beta`` is the link's seconds per byte, one number for every candidate:
   fitted from the running candidate's own transfers (its bytes and seconds,
-  each step) as ``(comm - alpha_k) / (c_k wire_k)``, followed by a
-  :class:`~research.comm.adaptive.changepoint.ChangePoint` on its
-  communication time, so a new rate is taken at its second step;
+  each step): top-k's sparse allreduce says how long it waited for messages,
+  so there ``beta`` is that time over its bytes; another candidate's is
+  ``(comm - alpha_k) / (c_k wire_k)``; a
+  :class:`~research.comm.adaptive.changepoint.ChangePoint` on that time takes
+  a new rate at its second step;
 * ``alpha_k`` (latency and the collective's own CPU work, which no link
   changes) and ``c_k`` (how its bytes use the link; 1 to begin with) are the
   candidate's own, fitted from the pairs (link, seconds) it was measured at:
@@ -197,20 +199,27 @@ class CostModel:
         f.alpha = comm  # until beta is known (the dense candidate sets it)
         self._seed_comm[k] = comm
 
-    def anchor(self, dense: int, latency: float) -> None:
-        """Start-up: the link from the dense candidate's collective, taking
-        ``latency`` (a tiny message's time) as its own fixed part; every other
-        candidate's fixed part is then what its collective took beyond its
-        bytes at that link."""
-        f = self.fits[dense]
-        comm = self._seed_comm[dense]
-        self.beta = max(comm - latency, 1e-6 * comm) / f.wire
+    def anchor(self, dense: int, latency: float, transfer: dict | None = None) -> None:
+        """Start-up: the link. From a candidate's pure transfer time where one
+        says it (``transfer``: candidate -> seconds waiting for messages, top-k's
+        sparse allreduce): its bytes over it; else from the dense candidate's
+        collective, taking ``latency`` (a tiny message's time) as its own fixed
+        part. Every candidate's fixed part is then what its collective took
+        beyond its bytes at that link."""
+        known = {k: t for k, t in (transfer or {}).items() if t > 0}
+        if known:
+            k, t = min(known.items(), key=lambda kv: kv[1] / self.fits[kv[0]].wire)
+            self.beta = t / self.fits[k].wire
+        else:
+            f = self.fits[dense]
+            comm = self._seed_comm[dense]
+            self.beta = max(comm - latency, 1e-6 * comm) / f.wire
         for k, c in self._seed_comm.items():
             self.fits[k].add_pair(self.beta, c)
 
     def observe(
         self, k: int, step: int, arrivals: list[float], comm: float,
-        nbytes: float, other: float, fresh: int,
+        nbytes: float, other: float, fresh: int, transfer: float = math.nan,
     ) -> str:  # fmt: skip
         """One agreed step of the running candidate ``k``: every rank's arrival,
         its communication (the least exposed wait of a synchronous collective,
@@ -218,7 +227,10 @@ class CostModel:
         step (its seconds less arrival and wait, median over ranks).
         ``fresh``: 1, 2, ... for the first measured steps after a switch (the
         link is then the previous candidate's; their seconds fit ``k`` and
-        start the link's reference), 0 after them. Returns what changed
+        start the link's reference), 0 after them. ``transfer``: of the
+        communication, the seconds spent waiting for messages, where the
+        candidate can tell (top-k): the link is then read from it alone, not
+        through the collective's fixed part. Returns what changed
         (``"lateness"``, ``"link"``), "" for nothing.
         """
         changed = []
@@ -243,19 +255,24 @@ class CostModel:
         f.at = step
         if nbytes > 0:
             f.wire = nbytes * self.wire_factor(k)
+        pure = math.isfinite(transfer) and transfer > 0
+        seen = transfer if pure else comm  # what the link shows in
         if fresh:
             f.add_pair(self.beta, comm)
             f.level = self.speed
             if fresh == 1:
                 self.link.reset()
-            self.link.take(comm)
-        elif self.link.add(comm, floor=0.05 * step_s):
+            self.link.take(seen)
+        elif self.link.add(seen, floor=(0.2 if pure else 0.05) * seen):
             changed.append("link")
         if not fresh and f.known and f.c * f.wire > 0:
-            fixed = f.alpha * self.cpu(f)
-            beta = (self.link.level - fixed) / (f.c * f.wire)
-            # A rate the fixed part cannot explain: the fixed part was too big.
-            self.beta = max(beta, 1e-3 * self.link.level / (f.c * f.wire))
+            if pure:  # the network's own seconds per byte
+                self.beta = self.link.level / f.wire
+            else:
+                fixed = f.alpha * self.cpu(f)
+                beta = (self.link.level - fixed) / (f.c * f.wire)
+                # A rate the fixed part cannot explain: it was too big.
+                self.beta = max(beta, 1e-3 * self.link.level / (f.c * f.wire))
         if fresh == 1:
             f.recent = []
         # Other work in the units of the fixed part's speed.

@@ -204,9 +204,11 @@ class Policy:
         other = _median([s.total - s.arrive - s.comm for s in st])
         pred, raw = self.model.predict(k), self.model.predict(k, scaled=False)
         fresh = n - SKIP + 1 if n < SKIP + FRESH else 0  # 1, 2: fit k
+        transfers = [s.transfer for s in st if math.isfinite(s.transfer)]
+        transfer = min(transfers) if transfers else math.nan  # the last to come
         changed = self.model.observe(
             k, step, [s.arrive for s in st], comm, max(s.bytes for s in st),
-            other, fresh,
+            other, fresh, transfer,
         )  # fmt: skip
         self.measured += 1
         if changed:  # the steps before it are another regime's: not compared

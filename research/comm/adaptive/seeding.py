@@ -56,6 +56,7 @@ def seed(
     other, topks = other or {}, topks or {}
     t_all = time.perf_counter()
     mine: list[float] = []
+    transfer: dict[str, float] = {}
     for c in avg.cands:
         child = avg.child(c.label)
         extra = other.get(c.kind, 0.0)
@@ -68,13 +69,14 @@ def seed(
             (idx, vals), select_s = _timed(topk.select, leaves, None, 0)
             (_, info), comm_s = _timed(topk.sum, idx, vals, 0)
             extra += select_s
+            transfer[c.label] = float(info.extra.get("transfer_s", 0.0))
         else:
             (_, info), comm_s = _timed(child.reduce, grads)
             if c.kind == PARTIAL:
                 child.take_carried()  # start-up's gradients: dropped
                 if c is not avg.current:
                     child.rest()
-        mine += [comm_s, float(info.bytes), extra]
+        mine += [comm_s, float(info.bytes), extra, transfer.get(c.label, 0.0)]
     dense = avg.child(avg.cands[avg.policy.dense].label)
     _, latency = _timed(dense.reduce, {"x": np.zeros(8, np.float32)})
     mine.append(latency)
@@ -82,7 +84,7 @@ def seed(
     model = avg.policy.model
     out: dict[str, Any] = {}
     for i, c in enumerate(avg.cands):
-        col = every[:, 3 * i : 3 * i + 3]
+        col = every[:, 4 * i : 4 * i + 4]
         comm = col[:, 0].max() if c.kind == PARTIAL else col[:, 0].min()
         nbytes, extra = col[:, 1].max(), float(np.median(col[:, 2]))
         model.seed(i, float(comm), float(nbytes), extra)
@@ -93,7 +95,10 @@ def seed(
         }
     lat = float(every[:, -1].min())
     assert avg.cands[avg.policy.dense].kind == DENSE
-    model.anchor(avg.policy.dense, lat)
+    # The last rank to come waits for no one: the least transfer time is pure.
+    pure = {i: float(every[:, 4 * i + 3].min()) for i, c in enumerate(avg.cands)
+            if c.kind == SPARSE}  # fmt: skip
+    model.anchor(avg.policy.dense, lat, pure)
     return {
         "seconds": round(time.perf_counter() - t_all, 3),
         "latency_ms": round(lat * 1e3, 3),
