@@ -72,6 +72,7 @@ class Cluster:
                 step=step, method=method, since=since, total=total,
                 arrive=arrive[r], comm=wait, bytes=nbytes, lag=lag, age=age,
                 carried=0, transfer=self.transfer(kind),
+                full=float(kind == "partial" and (step + 1) % 8 == 0),
             )  # fmt: skip
             rows.append([row[f] for f in FIELDS])
         return rows

@@ -154,6 +154,7 @@ class AdaptiveExecutor(Executor):
             "lag": lag,
             "age": age,
             "carried": self._carried,
+            "full": float(bool(info.extra.get("full"))) if info else 0.0,
         })  # fmt: skip
         policy.account(time.perf_counter() - t_in)
         if info is not None:

@@ -127,6 +127,7 @@ class AdaptiveCall(Averaging):
             "lag": lag,
             "age": info.extra.get("mean_age", math.nan) if partial else math.nan,
             "carried": self._carried,
+            "full": float(bool(info.extra.get("full"))),
         })  # fmt: skip
         policy.account(t_out - start)
         self._last = t_out

@@ -7,7 +7,8 @@ communicator, every rank in the same order; the stamps of a step are read
 ``lag`` steps later (its *due* step), in step order, so every rank's policy
 reads the same stamps at the same step. A synchronous candidate's stamps are
 due at the next step: its ranks meet in every step's collective anyway, so
-the wait is one small message's latency. A partial candidate's are due
+the wait is one small message's latency (tested with sleeps in between, not
+MPICH's spinning wait). A partial candidate's are due
 ``staleness`` steps later: its ranks run apart, but never by more than that
 (its full round), so the wait costs nothing there either.
 :meth:`Exchange.flush` completes all of them (a switch away from a partial
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from research.comm.adaptive.stamp import FIELDS
+from research.comm.progress import wait_all
 
 
 class Exchange:
@@ -62,7 +64,9 @@ class Exchange:
 
     def _complete(self) -> list[list[float]]:
         _, req, _, got = self._pending.popleft()
-        req.Wait()
+        # Sleeping tests, not MPICH's Wait, which polls at full speed: with
+        # more ranks than cores it would take a core from a rank still busy.
+        wait_all([req], max_sleep=2e-4, what="adaptive stamps")
         return got.tolist()
 
     def __len__(self) -> int:

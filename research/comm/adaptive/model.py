@@ -223,7 +223,8 @@ class CostModel:
     ) -> str:  # fmt: skip
         """One agreed step of the running candidate ``k``: every rank's arrival,
         its communication (the least exposed wait of a synchronous collective,
-        the longest of a partial one), bytes handed in, and the rest of the
+        the longest of a partial one; NaN for a partial collective's full round,
+        which says nothing of the link), bytes handed in, and the rest of the
         step (its seconds less arrival and wait, median over ranks).
         ``fresh``: 1, 2, ... for the first measured steps after a switch (the
         link is then the previous candidate's; their seconds fit ``k`` and
@@ -234,12 +235,13 @@ class CostModel:
         (``"lateness"``, ``"link"``), "" for nothing.
         """
         changed = []
+        measured = math.isfinite(comm)  # else no link in it (a full round)
         self.speeds = (self.speeds + [min(arrivals)])[-RECENT:]
         for g in self.fits:  # start-up's figures: at the first steps' speed
             if g.known and not math.isfinite(g.level):
                 g.level = self.speed
         late = max(arrivals) - _median(arrivals)
-        step_s = max(arrivals) + comm + max(other, 0.0)
+        step_s = max(arrivals) + (comm + max(other, 0.0) if measured else 0.0)
         if self.lateness.add(late, floor=0.05 * step_s):
             # Only the arrivals since the change: the steps the rule saw move.
             kept = int(self.lateness.n) - 1
@@ -255,6 +257,8 @@ class CostModel:
         f.at = step
         if nbytes > 0:
             f.wire = nbytes * self.wire_factor(k)
+        if not measured:
+            return ",".join(changed)
         pure = math.isfinite(transfer) and transfer > 0
         seen = transfer if pure else comm  # what the link shows in
         if fresh:
@@ -263,7 +267,7 @@ class CostModel:
             if fresh == 1:
                 self.link.reset()
             self.link.take(seen)
-        elif self.link.add(seen, floor=(0.2 if pure else 0.05) * seen):
+        elif self.link.add(seen, floor=0.05 * step_s):  # too small to matter
             changed.append("link")
         if not fresh and f.known and f.c * f.wire > 0:
             if pure:  # the network's own seconds per byte

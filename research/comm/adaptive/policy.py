@@ -200,8 +200,12 @@ class Policy:
             return events  # compilation, the switch itself, or an older candidate
         comms = [s.comm for s in st]
         comm = max(comms) if c.kind == PARTIAL else min(comms)
+        if any(s.full > 0 for s in st):  # a full round waited for the last rank
+            comm = math.nan
         total = sum(s.total for s in st) / len(st)
         other = _median([s.total - s.arrive - s.comm for s in st])
+        if not math.isfinite(comm):
+            other = math.nan
         pred, raw = self.model.predict(k), self.model.predict(k, scaled=False)
         fresh = n - SKIP + 1 if n < SKIP + FRESH else 0  # 1, 2: fit k
         transfers = [s.transfer for s in st if math.isfinite(s.transfer)]

@@ -20,7 +20,9 @@ unless said:
 * ``age``: a partial collective's mean age of the gradients in its round
   (rounds late; NaN for a synchronous candidate);
 * ``carried``: gradients a partial collective had carried for this rank and
-  that a switch at this step took back into the next method (0 else).
+  that a switch at this step took back into the next method (0 else);
+* ``full``: 1 when a partial collective's round was a full one (every rank
+  waited for every other: no measure of the link), else 0.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import NamedTuple
 
 FIELDS = (
     "step", "method", "since", "total", "arrive", "comm", "transfer", "bytes",
-    "lag", "age", "carried",
+    "lag", "age", "carried", "full",
 )  # fmt: skip
 
 
@@ -47,3 +49,4 @@ class Stamp(NamedTuple):
     lag: float
     age: float
     carried: float
+    full: float
