@@ -14,10 +14,12 @@ the same recomputation inside; ``dot(dy, patches)`` followed by transposing the
 small ``(O, taps * I)`` result makes XLA transpose ``dy`` instead, whose producer is
 shallow, and the 1x1 kernel gradients become plain matmuls.
 
-Whole ResNet-50 training steps ran 1.42x faster with this module's kernel gradient
-(VGG-16, all 3x3 but the first layer: equal within the noise), so the matmul path
-is the default; ``RESEARCH_CONV_WGRAD=xla`` (or ``set_weight_grad("xla")``)
-restores XLA's. It is used for every 1x1 kernel (any stride) and for kernels with
+Whole ResNet-50 training steps ran 1.42x faster on XLA:CPU with this module's
+kernel gradient (VGG-16, all 3x3 but the first layer: equal within the noise), so
+the default, ``auto``, takes the matmul path where JAX computes on the CPU and
+XLA's own gradient elsewhere (on a GPU, cuDNN's kernels are what XLA has for
+it); ``RESEARCH_CONV_WGRAD=matmul|xla`` (or ``set_weight_grad``) forces one.
+It is used for every 1x1 kernel (any stride) and for kernels with
 ``prod(window) * in_channels <= 64``; other convolutions are left to XLA. The
 forward pass and the input gradient are always XLA's. The measurements (taken with
 XLA:CPU's convolutions on YNNPACK, before ``models.xla_cpu`` sent them to Eigen;
@@ -49,15 +51,16 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-MODES = ("matmul", "xla")
+MODES = ("auto", "matmul", "xla")
 # Largest ``prod(window) * in_channels`` that is gathered into patches for one
 # matmul (1x1 kernels always are). Measured: 20 (1-D k20, 1 input) wins 3.4x,
 # 147 (the 7x7x3 stem) loses 1.3-2.9x, 1152 (3x3x128) loses 2x.
 PATCH_LIMIT = 64
 
-# The matmul path by default: whole ResNet-50 steps are 1.4x faster with it (see
-# the module docstring); ``bench_compute`` compares both in every run.
-_mode = os.environ.get("RESEARCH_CONV_WGRAD", "matmul")
+# ``auto``: the matmul path on the CPU, where whole ResNet-50 steps are 1.4x
+# faster with it (see the module docstring; ``bench_compute`` compares both in
+# every run), XLA's on any other platform.
+_mode = os.environ.get("RESEARCH_CONV_WGRAD", "auto")
 if _mode not in MODES:
     raise ValueError(f"RESEARCH_CONV_WGRAD must be one of {MODES}, got {_mode!r}")
 
@@ -66,8 +69,10 @@ def set_weight_grad(mode: str) -> str:
     """Selects the kernel-gradient formulation for functions traced from now on.
 
     Args:
-        mode: ``"matmul"`` (this module's, where ``_plan`` says it wins; the
-            default) or ``"xla"`` (XLA's own convolution gradient everywhere).
+        mode: ``"auto"`` (the default: ``matmul`` where JAX's default backend
+            is the CPU, else ``xla``), ``"matmul"`` (this module's, where
+            ``_plan`` says it wins) or ``"xla"`` (XLA's own convolution
+            gradient everywhere).
 
     Returns:
         The previous mode.
@@ -80,7 +85,9 @@ def set_weight_grad(mode: str) -> str:
 
 
 def get_weight_grad() -> str:
-    """The kernel-gradient formulation new traces use."""
+    """The kernel-gradient formulation new traces use (``auto`` resolved)."""
+    if _mode == "auto":
+        return "matmul" if jax.default_backend() == "cpu" else "xla"
     return _mode
 
 
@@ -144,7 +151,7 @@ def conv_general_dilated(
         precision=precision,
         preferred_element_type=preferred_element_type,
     )
-    if _mode == "xla" or nd < 1 or nd > 3 or rhs.ndim != lhs.ndim:
+    if get_weight_grad() == "xla" or nd < 1 or nd > 3 or rhs.ndim != lhs.ndim:
         return fallback()
     names = _channels_last(lhs.ndim)
     wanted = lax.conv_dimension_numbers(lhs.shape, rhs.shape, names)

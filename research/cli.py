@@ -370,6 +370,14 @@ def validate(cfg: TrainConfig) -> str | None:
         return f"--checkpoint: {problem}"
     if cfg.checkpoint != "none" and cfg.checkpoint_every < 1:
         return f"--checkpoint-every must be >= 1, got {cfg.checkpoint_every}"
+    if str(
+        cfg.strategy_options.get("allreduce", "")
+    ).lower() == "xla" and cfg.checkpoint.startswith("orbax"):
+        return (
+            f"--checkpoint {cfg.checkpoint} cannot go with allreduce=xla: under "
+            "JAX's distributed runtime orbax-checkpoint writes numpy arrays from "
+            "process 0 only; use --checkpoint deepfreeze or rank0-blocking"
+        )
     if cfg.checkpoint == "deepfreeze" and cfg.fast_dir not in ("auto", "none"):
         problem = check_private_dir(cfg.fast_dir, "--fast-dir")
         if problem:

@@ -97,20 +97,43 @@ _BLAS_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _STALE_TOKENS = ("intra_op_parallelism_threads",)
 
 
-def xla_thread_flags(threads: int, model_flags: bool = True) -> str:
+#: XLA:CPU settings this module adds (one Eigen thread); with the models'
+#: XLA:CPU defaults, taken out again where the ranks run on GPUs.
+_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false"
+
+
+def xla_thread_flags(
+    threads: int, model_flags: bool = True, platform: str | None = None
+) -> str:
     """XLA_FLAGS for ``threads`` per rank: the inherited flags, with
     ``--xla_cpu_multi_thread_eigen=false`` added for one thread (0: untouched),
     and the models' XLA:CPU defaults (``models.xla_cpu``) unless opted out or
     ``model_flags`` is False (a process that runs no model: nothing of
-    ``models`` is imported then)."""
+    ``models`` is imported then).
+
+    Those are CPU settings: where this node's ranks will run on GPUs
+    (``platform``, else :func:`research.comm.devices.planned_platform`) the
+    ones this project adds are left out (and removed where inherited), and
+    XLA's own GPU defaults stand.
+    """
+    if platform is None:
+        from research.comm.devices import planned_platform
+
+        platform = planned_platform()[0]
     flags = [
         f
         for f in os.environ.get("XLA_FLAGS", "").split()
         if not f.startswith(_STALE_TOKENS)
         and not (threads > 0 and f.startswith("--xla_cpu_multi_thread_eigen"))
     ]
+    if platform != "cpu":
+        if model_flags:
+            from models.xla_cpu import FLAG
+
+            flags = [f for f in flags if f != FLAG]
+        return " ".join(f for f in flags if f != _ONE_THREAD)
     if threads == 1:
-        flags.append("--xla_cpu_multi_thread_eigen=false")
+        flags.append(_ONE_THREAD)
     if not model_flags:
         return " ".join(flags)
     from models.xla_cpu import with_defaults

@@ -19,6 +19,9 @@ interleaved repetitions (median of the slowest rank per repetition):
 * ``host``, ``host-ring``, ``host-mpi``, ``host-hierarchical``:
   ``HostAllreduce.reduce`` (numpy buckets) with ``allreduce=auto``, the ring,
   mpi4py's ``Allreduce`` and the hierarchical one;
+* ``fused-xla``, ``host-xla`` (with ``--xla``): XLA's own collectives across
+  the processes (``allreduce=xla``: NCCL on GPUs, gloo on the CPU), the fused
+  one as a program of all ranks (``research/comm/xla_collective.py``);
 * ``fused-again``, ``host-again``: a second ``allreduce=auto`` averager of each:
   how far two identical ones differ is the noise ``auto`` is judged against;
 * ``mpi4py-per-leaf-sum``: one ``Allreduce(IN_PLACE)`` per leaf on warm numpy
@@ -114,6 +117,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run the ranks on these hosts in blocks (n1,n2 or n1:2,n2:2), e.g. "
         "the nodes of scripts/cluster/localnet.sh",
     )
+    p.add_argument(
+        "--xla",
+        action="store_true",
+        help="also time allreduce=xla (XLA's collectives: NCCL on GPUs, gloo on "
+        "the CPU), fused and host (research/comm/xla_collective.py)",
+    )
     p.add_argument("--json", metavar="PATH", help="save all numbers as JSON here")
     args = p.parse_args(argv)
     mpibench.check_tree_args(p, args)
@@ -143,6 +152,14 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
 
     world = get_world()
     comm, rank, size = world.comm, world.rank, world.size
+    xla = None  # XLA's collectives: their runtime starts before JAX computes
+    if args.xla:
+        from research.comm import xla_collective
+
+        xla = xla_collective if xla_collective.start(world) else None
+        if xla is None and rank == 0:
+            why = xla_collective.status().get("reason")
+            print(f"bench_allreduce: no xla variants: {why}", flush=True)
     shapes, source = gradient_shapes(args.synthetic, args.model)
     rng = np.random.default_rng(rank)
     tree = jax.tree.map(
@@ -191,6 +208,13 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
         "host-again": lambda: host_again.reduce(tree),
         "mpi4jax-per-leaf": lambda: jax.block_until_ready(per_leaf_jit(tree)),
     }
+    if xla is not None:
+        fused_xla = xla.Spmd(
+            lambda t: (FusedAllreduce(world, allreduce="xla").average_in_jit(t),)
+        )
+        host_xla = HostAllreduce(world, allreduce="xla", **opts)
+        variants["fused-xla"] = lambda: jax.block_until_ready(fused_xla(tree))
+        variants["host-xla"] = lambda: host_xla.reduce(tree)
     if world.nodes > 1:  # one node: the hierarchical path is MPI's reduce + bcast
         fused_hier = jax.jit(
             FusedAllreduce(world, allreduce="hierarchical", **opts).average_in_jit

@@ -44,10 +44,11 @@ TITLES = {
     "adaptive": "Adaptive averaging: dense, top-k or partial, chosen while it trains",
     "train": "experiments.train",
     "network": "The network: the link model against TCP between nodes",
+    "gpu": "GPUs: every strategy, the allreduce paths and the models on a GPU",
 }
 #: The program that writes each experiment's run folder, where not
 #: ``experiments.<name>``.
-PROGRAMS = {"network": "scripts.bench_link"}
+PROGRAMS = {"network": "scripts.bench_link", "gpu": "scripts.gpu_check"}
 
 #: The markers around a named section (``--section``).
 BEGIN, END = "<!-- begin section: {} -->", "<!-- end section: {} -->"

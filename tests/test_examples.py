@@ -22,8 +22,9 @@ def run(script: str, *args: str) -> str:
     return proc.stdout
 
 
-def test_dense_trains_identical_replicas():
-    out = run("dense.py", "--steps", "120")
+@pytest.mark.parametrize("allreduce", ["auto", "xla"])
+def test_dense_trains_identical_replicas(allreduce):
+    out = run("dense.py", "--steps", "120", "--allreduce", allreduce)
     acc = float(re.search(r"2 ranks, 120 steps: test accuracy ([\d.]+)", out)[1])
     assert acc > 0.8, out  # replicas identical: the script asserts it
 

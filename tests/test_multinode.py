@@ -132,12 +132,15 @@ def test_checkpoint_of_two_nodes_restores_on_one(cluster, tmp_path):
 
 def test_train_with_hosts_resumes_on_fewer_nodes(cluster, tmp_path):
     """``python -m experiments.train --hosts n1,n2 --np 4`` (the user's command)
-    checkpoints; the same run continued with ``--hosts n2 --np 2`` resumes."""
+    checkpoints; the same run continued with ``--hosts n2 --np 2`` resumes.
+    Both average with XLA's collectives (gloo over TCP between the nodes: JAX's
+    coordinator at rank 0's address on the bridge)."""
     run_dir = tmp_path / "run"
     base = ["-m", "experiments.train", "--model", "candle_p1b2_tiny", "--dataset",
             "synthetic_tabular", "--data-opt", "features=256", "--batch-size", "4",
             "--eval-every", "0", "--checkpoint", "deepfreeze",
-            "--checkpoint-every", "3", "--run-dir", str(run_dir)]  # fmt: skip
+            "--checkpoint-every", "3", "--run-dir", str(run_dir),
+            "--strategy", "fused", "--strategy-opt", "allreduce=xla"]  # fmt: skip
     env = env_for(cluster)
     for var in ("RESEARCH_UNDER_MPI",):
         env.pop(var, None)
@@ -150,6 +153,9 @@ def test_train_with_hosts_resumes_on_fewer_nodes(cluster, tmp_path):
     assert config["nodes"]["hosts"] == ["n1", "n2"]
     assert config["nodes"]["ranks_per_node"] == [2, 2]
     assert "real network link, 2 nodes at 10gbit" in config["link"]
+    assert config["allreduce"]["path"] == "xla"
+    coordinator = config["xla_collectives"]["coordinator"]
+    assert not coordinator.startswith("127."), coordinator  # reachable from n2
     second = subprocess.run(
         [sys.executable, *base, "--hosts", "n2", "--np", "2", "--steps", "9"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,

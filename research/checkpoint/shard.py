@@ -29,15 +29,41 @@ from research.checkpoint.leaves import nest, unnest
 SHARD_FORMAT = "research.checkpoint.shard/1"
 
 
+def alone() -> ocp.options.MultiprocessingOptions:
+    """Orbax's options for a checkpointer that this process uses alone.
+
+    Every rank writes its own shard into its own folder. Without JAX's
+    distributed runtime each process is Orbax's process 0 anyway; with it
+    (``allreduce=xla``: research.comm.xla_collective) Orbax would wait at its
+    barriers for every process and leave the writing to process 0.
+    """
+    import jax
+
+    if jax.process_count() == 1:
+        return ocp.options.MultiprocessingOptions()
+    me = jax.process_index()
+    return ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
+
+
 def _registry(compress: bool) -> ocp.handlers.DefaultCheckpointHandlerRegistry:
     reg = ocp.handlers.DefaultCheckpointHandlerRegistry()
-    tree = ocp.PyTreeCheckpointHandler(use_compression=compress)
+    options = alone()
+    tree = ocp.PyTreeCheckpointHandler(
+        use_compression=compress, multiprocessing_options=options
+    )
     reg.add("state", ocp.args.PyTreeSave, tree)
     reg.add("state", ocp.args.PyTreeRestore, tree)
-    js = ocp.JsonCheckpointHandler()
+    js = ocp.JsonCheckpointHandler(multiprocessing_options=options)
     reg.add("shard", ocp.args.JsonSave, js)
     reg.add("shard", ocp.args.JsonRestore, js)
     return reg
+
+
+def _composite(compress: bool) -> ocp.CompositeCheckpointHandler:
+    return ocp.CompositeCheckpointHandler(
+        handler_registry=_registry(compress),
+        composite_options=ocp.CompositeOptions(multiprocessing_options=alone()),
+    )
 
 
 def new_checkpointer(*, use_async: bool, compress: bool = False):
@@ -50,10 +76,10 @@ def new_checkpointer(*, use_async: bool, compress: bool = False):
       compress: zstd-compress chunks. Off by default: trained float weights
         shrink by a few percent while compression costs CPU that training needs.
     """
-    handler = ocp.CompositeCheckpointHandler(handler_registry=_registry(compress))
+    handler = _composite(compress)
     if use_async:
-        return ocp.AsyncCheckpointer(handler)
-    return ocp.Checkpointer(handler)
+        return ocp.AsyncCheckpointer(handler, multiprocessing_options=alone())
+    return ocp.Checkpointer(handler, multiprocessing_options=alone())
 
 
 def shard_args(arrays: dict[str, Any], meta: dict[str, Any]) -> ocp.args.Composite:
@@ -69,9 +95,7 @@ def read_shard(
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Read a shard's arrays (as numpy, by leaf name) and its JSON metadata."""
     restore_args = nest({n: ocp.RestoreArgs(restore_type=np.ndarray) for n in names})
-    ckptr = ocp.Checkpointer(
-        ocp.CompositeCheckpointHandler(handler_registry=_registry(False))
-    )
+    ckptr = ocp.Checkpointer(_composite(False), multiprocessing_options=alone())
     out = ckptr.restore(
         Path(path),
         args=ocp.args.Composite(

@@ -23,7 +23,11 @@ The ``allreduce`` option of the ``fused`` and ``host`` strategies:
   ``jit``, mpi4py on the host path);
 * ``"hierarchical"``: reduce within each node (shared memory), allreduce among
   one leader per node (the network), broadcast within the node
-  (:mod:`research.comm.hierarchical`).
+  (:mod:`research.comm.hierarchical`);
+* ``"xla"``: XLA's own collectives across the processes (NCCL on GPUs, gloo on
+  the CPU; :mod:`research.comm.xla_collective`): a candidate of ``auto``
+  where JAX's distributed runtime runs, which the Trainer starts on GPUs with
+  one rank each (on the CPU gloo took 4x the ring: named, not timed).
 
 The spellings before ``allreduce`` (``native=true|false|auto``: the ring, MPI's,
 or the faster of the two) are accepted for one release, with a note.
@@ -51,7 +55,7 @@ import numpy as np
 from research.comm import ring
 
 #: The allreduce paths a dense averager can take.
-PATHS = ("ring", "mpi", "hierarchical")
+PATHS = ("ring", "mpi", "hierarchical", "xla")
 #: Accepted values of ``allreduce``.
 ALLREDUCE_VALUES = ("auto", *PATHS)
 #: The former option's values and what they mean now.
@@ -60,7 +64,12 @@ _NATIVE = {True: "ring", False: "mpi", "auto": "auto"}
 #: at least MIN_REPS, and for fast calls as many as fit in BUDGET_S, at most
 #: MAX_REPS (a 0.3 ms allreduce varies by tens of percent from call to call).
 MIN_REPS, MAX_REPS, BUDGET_S = 3, 30, 0.05
-_LABEL = {"ring": "ring", "mpi": "MPI_Allreduce", "hierarchical": "hierarchical"}
+_LABEL = {
+    "ring": "ring",
+    "mpi": "MPI_Allreduce",
+    "hierarchical": "hierarchical",
+    "xla": "XLA collectives",
+}
 
 
 def check_allreduce(value: Any) -> str:
@@ -103,7 +112,9 @@ def hierarchical_differs(topology: Any) -> bool:
     return topology.nodes > 1 and max(topology.node_sizes) > 1
 
 
-def agree(comm: Any, allreduce: str, topology: Any = None) -> dict[str, Any]:
+def agree(
+    comm: Any, allreduce: str, topology: Any = None, host_memory: bool = False
+) -> dict[str, Any]:
     """The path every rank of ``comm`` takes, or ``pending`` for :func:`settle`.
 
     Collective over ``comm`` when there is more than one rank and the ring may
@@ -114,6 +125,8 @@ def agree(comm: Any, allreduce: str, topology: Any = None) -> dict[str, Any]:
       allreduce: one of :data:`ALLREDUCE_VALUES`.
       topology: the world's :class:`~research.comm.world.Topology` (None:
         unknown, the hierarchical path is not a candidate of ``auto``).
+      host_memory: the averager sums host (numpy) buffers whatever JAX's
+        platform, so the ring serves it on GPUs too (copied to the host).
 
     Returns:
       ``{"path": ..., "ring": bool, "allreduce": allreduce, "reason": str |
@@ -130,7 +143,17 @@ def agree(comm: Any, allreduce: str, topology: Any = None) -> dict[str, Any]:
     if allreduce == "hierarchical":
         why = "allreduce=hierarchical: forced"
         return _path("hierarchical", base, why, ["hierarchical"])
-    decision = ring.decide(comm)
+    from research.comm import xla_collective
+
+    if allreduce == "xla":
+        if not xla_collective.running():
+            why = xla_collective.status().get("reason") or (
+                "JAX's distributed runtime is not running (start it with "
+                "research.comm.xla_collective.start(world) before any JAX array)"
+            )
+            raise ValueError(f"allreduce=xla: {why}")
+        return _path("xla", base, "allreduce=xla: XLA's collectives forced", ["xla"])
+    decision = ring.decide(comm, "cpu" if host_memory else None)
     base["notes"] = decision.get("notes", [])
     if allreduce == "ring":
         if decision["ring"]:
@@ -140,6 +163,8 @@ def agree(comm: Any, allreduce: str, topology: Any = None) -> dict[str, Any]:
     candidates.append("mpi")
     if hierarchical_differs(topology):
         candidates.append("hierarchical")
+    if xla_collective.running():
+        candidates.append("xla")
     if len(candidates) == 1:
         return _path("mpi", base, decision["reason"], candidates)
     out = _path(candidates[0], base, None, candidates)
@@ -214,7 +239,7 @@ def settle(
     slowest = np.empty_like(mine)
     comm.Allreduce(mine, slowest, op=MPI.MAX)
     times = {n: float(t) for n, t in zip(names, slowest)}
-    # Ties go to the earlier candidate (ring, mpi, hierarchical).
+    # Ties go to the earlier candidate (ring, mpi, hierarchical, xla).
     chosen = min(names, key=lambda n: (times[n], names.index(n)))
     out = {k: v for k, v in decision.items() if k != "pending"}
     out["path"] = chosen

@@ -74,7 +74,7 @@ import jax.numpy as jnp
 import numpy as np
 from mpi4py import MPI
 
-from research.comm import choose, ring, watchdog
+from research.comm import choose, ring, watchdog, xla_collective
 from research.comm.base import Averager, CommInfo
 from research.comm.chain import Chain
 from research.comm.fusion import DEFAULT_BUCKET_BYTES, FusionPlan, HostBuffers
@@ -82,6 +82,7 @@ from research.comm.hierarchical import NodeComms, host_allreduce_all, jit_allred
 from research.comm.link import Link
 from research.comm.registry import Range, register_averager
 from research.comm.world import as_world
+from research.comm.xla_collective import AXIS
 from research.trace import get_tracer
 
 #: Leaves at least this large skip fusion in the jitted path: a whole leaf is
@@ -144,9 +145,11 @@ class FusedAllreduce(Averager):
         large temporaries), mpi4jax's ``MPI_Allreduce`` and, across nodes, the
         hierarchical allreduce on the first trace's buckets and keep the
         fastest, the same on every rank (:mod:`research.comm.choose`);
-        ``"ring"``, ``"mpi"``, ``"hierarchical"``: that one. Any rank that
-        cannot load the ring (or a backend other than CPU) rules the ring out
-        for all.
+        ``"ring"``, ``"mpi"``, ``"hierarchical"``: that one; ``"xla"``:
+        XLA's collectives, the whole step one program of all ranks
+        (:mod:`research.comm.xla_collective`; a candidate of ``auto`` where
+        JAX's distributed runtime runs). Any rank that cannot load the ring
+        (or a backend other than CPU) rules the ring out for all.
       native: the former spelling of ``allreduce`` (True: ring, False: mpi,
         "auto"), accepted for one release with a note.
       in_place: sum each buffer in place (the ring's result aliases its
@@ -171,7 +174,7 @@ class FusedAllreduce(Averager):
         alone_bytes: int | None = DEFAULT_ALONE_BYTES,
         sequential: bool = True,
         prescale: bool = True,
-        allreduce: Literal["auto", "ring", "mpi", "hierarchical"] = "auto",
+        allreduce: Literal["auto", "ring", "mpi", "hierarchical", "xla"] = "auto",
         native: Literal[True, False, "auto", None] = None,
         in_place: bool = False,
         segment_bytes: int | None = None,
@@ -198,32 +201,61 @@ class FusedAllreduce(Averager):
         return self._plans.get(grads)
 
     def average_in_jit(self, grads: Any) -> Any:
-        """The mean of ``grads`` over all ranks (call inside ``jit``)."""
+        """The mean of ``grads`` over all ranks (call inside ``jit``; on the
+        ``xla`` path inside the program of :meth:`spmd`)."""
         if self.size == 1:
             return grads
         plan = self.plan(grads)
         if self.allreduce_choice.get("pending"):
-            self.allreduce_choice = self._measure(grads, plan)
+            # Not xla: the program being traced is this rank's alone.
+            self.allreduce_choice = self._measure(grads, plan, spmd=False)
         return self._average(grads, plan, self.allreduce_choice["path"])
 
     def _average(self, grads: Any, plan: FusionPlan, path: str) -> Any:
+        if path == "xla":  # XLA buckets and schedules its own all-reduces
+            try:
+                return jax.lax.pmean(grads, AXIS)
+            except NameError:  # traced in a program of this rank alone
+                raise ValueError(
+                    "allreduce=xla: the fused mean needs a step that is one "
+                    "program of all ranks: wrap it in research.comm."
+                    "xla_collective.Spmd (the Trainer does), or average with "
+                    "'host' outside jit"
+                ) from None
         allreduce, fold = self._allreduce(path)
         chain = Chain(plan, self.size, self.prescale, self.sequential, fold)
         return chain.run(plan.flatten(grads), allreduce)
 
-    def _measure(self, grads: Any, plan: FusionPlan) -> dict[str, Any]:
+    def _measure(self, grads: Any, plan: FusionPlan, spmd: bool) -> dict[str, Any]:
         """``allreduce=auto``: each candidate's program compiled and timed on
         zeros shaped like ``grads``, while the step is being traced
-        (collective: every rank traces the same step together)."""
+        (collective: every rank traces the same step together); ``xla`` only
+        where the step can become a program of all ranks (``spmd``)."""
         with jax.ensure_compile_time_eval():
             zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), grads)
 
             def program(path: str) -> Any:
+                if path == "xla":  # a program of all ranks (xla_collective)
+                    mean = xla_collective.Spmd(lambda t: (jax.lax.pmean(t, AXIS),))
+                    return lambda: jax.block_until_ready(mean(zeros))
                 run = jax.jit(lambda t: self._average(t, plan, path))
                 return lambda: jax.block_until_ready(run(zeros))
 
-            paths = {p: program(p) for p in self.allreduce_choice["candidates"]}
+            wanted = self.allreduce_choice["candidates"]
+            paths = {p: program(p) for p in wanted if spmd or p != "xla"}
             return _settled(self, paths, plan, "fused")
+
+    def settle(self, grads: Any) -> None:
+        """Decide ``auto`` now, on zeros shaped like ``grads`` (collective),
+        where the ``xla`` path is a candidate: it needs a step program of its
+        own (:meth:`spmd`), so it cannot be chosen while a step is traced."""
+        choice = self.allreduce_choice
+        if self.size > 1 and choice.get("pending") and "xla" in choice["candidates"]:
+            self.allreduce_choice = self._measure(grads, self.plan(grads), spmd=True)
+
+    def spmd(self) -> bool:
+        """Whether the step must run as one program of all ranks (``xla``)."""
+        return self.size > 1 and self.allreduce_choice["path"] == "xla"
 
     def uses_ring(self) -> bool:
         """True when the sums go through :mod:`research.comm.ring`."""
@@ -331,9 +363,10 @@ class HostAllreduce(Averager):
         (the calling thread sleeps, leaving the CPU free as a NIC would).
       alone_bytes: leaves at least this large are buckets of their own (None:
         pack every leaf).
-      allreduce: ``"auto"`` (default), ``"ring"``, ``"mpi"`` or
-        ``"hierarchical"``: as for :class:`FusedAllreduce`, with mpi4py's
-        ``Allreduce`` as MPI's own.
+      allreduce: ``"auto"`` (default), ``"ring"``, ``"mpi"``,
+        ``"hierarchical"`` or ``"xla"``: as for :class:`FusedAllreduce`, with
+        mpi4py's ``Allreduce`` as MPI's own; the ring sums host copies of GPU
+        arrays; ``xla`` returns the mean as device arrays.
       native: the former spelling of ``allreduce``, accepted for one release.
     """
 
@@ -352,7 +385,7 @@ class HostAllreduce(Averager):
         as_jax: bool = False,
         link: str = "real",
         alone_bytes: int | None = DEFAULT_ALONE_BYTES,
-        allreduce: Literal["auto", "ring", "mpi", "hierarchical"] = "auto",
+        allreduce: Literal["auto", "ring", "mpi", "hierarchical", "xla"] = "auto",
         native: Literal[True, False, "auto", None] = None,
     ) -> None:
         self.world = world = as_world(world)
@@ -364,7 +397,7 @@ class HostAllreduce(Averager):
         self._buffers = _PlanCache(bucket_bytes, alone_bytes, split_leaves=False)
         self.comm = world.dup("dense-host") if world.size > 1 else None
         self.allreduce_choice = choose.agree(
-            self.comm, self.allreduce, getattr(world, "topology", None)
+            self.comm, self.allreduce, getattr(world, "topology", None), True
         )
         self._nodes = _node_comms(self.comm, self.allreduce_choice)
         self._round = 0
@@ -408,7 +441,10 @@ class HostAllreduce(Averager):
                 emulated = max(0.0, t1 + model - time.perf_counter())
                 time.sleep(emulated)
             t2 = time.perf_counter()
-            out = host.views()
+            if path == "xla":  # jax arrays on the device, from XLA's program
+                out = self._xla_out
+            else:
+                out = host.views()
             if self.as_jax:
                 out = jax.tree.map(jnp.asarray, out)
             t3 = time.perf_counter()
@@ -442,7 +478,13 @@ class HostAllreduce(Averager):
         self, grads: Any, host: HostBuffers, path: str
     ) -> tuple[list[np.ndarray], float]:
         """Pack ``grads`` and average the buckets in place along ``path``;
-        returns them and the time packing ended."""
+        returns them and the time packing ended (``xla``: no packing, the
+        mean left in ``_xla_out``; the buckets, untouched, for the link
+        model)."""
+        if path == "xla":
+            t = time.perf_counter()
+            self._xla_out = jax.block_until_ready(xla_collective.mean(grads))
+            return host.buffers, t
         use_ring = path == "ring"
         if use_ring:
             buffers, direct = self._ring(grads, host)

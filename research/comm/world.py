@@ -25,7 +25,7 @@ mpi4py.rc.thread_level = "multiple"
 mpi4py.rc.finalize = True
 from mpi4py import MPI  # noqa: E402
 
-from research.comm import watchdog  # noqa: E402
+from research.comm import devices, watchdog  # noqa: E402
 from research.comm.env import env_rank, env_size, launched_by_mpi  # noqa: E402,F401
 
 #: Seconds an aborting rank waits after printing, so the launcher can forward it.
@@ -217,6 +217,8 @@ def _the_world() -> World:
     world = World.of(comm)
     if world.size > 1 and os.environ.get(ABORT_ENV, "1") != "0":
         install_abort_on_error()
+    # One GPU per rank of a node, before JAX starts (research.comm.devices).
+    devices.bind(world.local_rank, world.local_size)
     _start_watchdog(world)
     return world
 

@@ -79,6 +79,14 @@ class TrainConfig:
         name="--model-opt",
         factory=dict,
     )
+    precision: str = flag(
+        "fp32",
+        "bf16: the model computes in bfloat16 (mixed precision), parameters, "
+        "gradients, optimizer and updates stay float32; fp32: all float32 "
+        "(a --model-opt dtype=... wins); default %(default)s",
+        MODEL,
+        choices=("fp32", "bf16"),
+    )
     dataset: str = flag(
         "synthetic_images", "dataset name (see --list); default %(default)s", MODEL
     )
@@ -252,3 +260,13 @@ def load_data(config: TrainConfig, world: Any) -> tuple[Any, Any, int]:
     if steps <= 0:
         steps = max(1, math.ceil(config.epochs * loader.steps_per_epoch))
     return dataset, loader, steps
+
+
+#: The model's computation dtype for each ``--precision``.
+PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def model_options(config: TrainConfig) -> dict[str, Any]:
+    """``--model-opt``'s options, with the computation dtype ``--precision``
+    asks for (a ``dtype`` given there wins)."""
+    return {"dtype": PRECISION_DTYPES[config.precision], **config.model_options}

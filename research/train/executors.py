@@ -233,9 +233,26 @@ class FusedExecutor(Executor):
 
     def __init__(self, averager: Averager, ctx: StepContext) -> None:
         super().__init__(averager, ctx)
-        self._step = steps.make_fused_step(averager.average_in_jit)
+        self._step: Any = None
+        self._spmd = False
+
+    def _build(self, state: TrainState) -> None:
+        """The step program, once the allreduce path is known: an ``auto``
+        that may pick XLA's collectives decides first (collective), since
+        that path makes the step one program of all ranks."""
+        settle = getattr(self.averager, "settle", None)
+        if settle is not None:
+            settle(state.params)
+        self._spmd = getattr(self.averager, "spmd", lambda: False)()
+        self._step = steps.make_fused_step(self.averager.average_in_jit, self._spmd)
+
+    def drain(self, state: TrainState, final: bool = False) -> TrainState:
+        # Between steps the xla path keeps the state global: this rank's again.
+        return self._step.local(state) if self._spmd else state
 
     def step(self, state, x, y, *, step, hold) -> StepOut:
+        if self._step is None:
+            self._build(state)
         hold()  # one program: the delay can only go first
         t0 = time.perf_counter()
         # The allreduce runs inside the program: the whole step is watched,

@@ -38,8 +38,13 @@ def aligned_empty(n: int) -> np.ndarray:
 def host_view(a: np.ndarray) -> jax.Array:
     """``a`` as a JAX array sharing its memory (a copy if ``a`` is misaligned).
 
-    The caller must not write ``a`` while the result is in use.
+    The caller must not write ``a`` while the result is in use. Where JAX
+    computes on an accelerator the result is a copy on this rank's device: a
+    view would be an array of the CPU, which the step's programs, placed on
+    the device, refuse beside their other arguments.
     """
+    if jax.default_backend() != "cpu":
+        return jax.device_put(a, jax.local_devices()[0])
     return jax.dlpack.from_dlpack(a)
 
 

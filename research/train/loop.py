@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from research.comm import failures, watchdog
+from research.comm import devices, failures, watchdog, xla_collective
 from research.comm.base import Averager, CommInfo
 from research.comm.dense import HostAllreduce
 from research.comm.world import World
@@ -44,7 +44,7 @@ from research.periodic import itstime
 from research.rundir import MetricsWriter, write_json
 from research.trace import NullTracer, Tracer, get_tracer, set_tracer
 from research.train.callback import Callback  # re-exported: callbacks subclass it
-from research.train.config import TrainConfig, load_data
+from research.train.config import TrainConfig, load_data, model_options
 from research.train.evaluate import average_batch_stats, evaluate
 from research.train.executors import StepContext, make_executor
 from research.train.optim import make_optimizer_for
@@ -95,6 +95,9 @@ class Trainer:
         # why (research.comm.watchdog, research.comm.failures).
         watchdog.configure(config.comm_timeout)
         failures.set_dir(self.run_dir)
+        # XLA's collectives (allreduce=xla, or auto on GPUs) need JAX's
+        # distributed runtime, which starts before JAX computes (collective).
+        xla_collective.start_for(world, config)
         # Local set-up first (no collective): bad data or settings raise here on
         # any rank; the ranks then agree, so every rank stops alike.
         problem = None
@@ -117,14 +120,14 @@ class Trainer:
             self.callbacks.append(RestartRecord())
         if world.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-        world.barrier()
+        self.devices = world.allgather(devices.describe())  # for config.json
         try:
             options = strategy_options(
                 config.strategy, config.strategy_options, config.link
             )
+            self.averager = averager or get_averager(config.strategy, world, **options)
         except ValueError as e:  # the same on every rank
             raise UsageError(str(e)) from None
-        self.averager = averager or get_averager(config.strategy, world, **options)
         self.executor = make_executor(
             self.averager,
             StepContext(
@@ -172,7 +175,7 @@ class Trainer:
         self.dataset, self.loader, self.total_steps = load_data(config, self.world)
         self.schedule, tx = self._optimizer(1)
         self.model = models.get_model(
-            config.model, num_classes=self.dataset.num_classes, **config.model_options
+            config.model, num_classes=self.dataset.num_classes, **model_options(config)
         )
         self.state: TrainState = create_train_state(
             self.model, self.dataset.train_x[:1], tx, config.seed

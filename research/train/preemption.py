@@ -37,6 +37,15 @@ bounds the distance (a parameter server, ``full_every=None``) it is
 and torchrun's SIGTERM handling work alike: a flag, then an agreement at a
 step boundary.
 
+A rank that cannot reach a step boundary (a wait on the device or in a
+collective that never returns: a Python handler runs only when the main thread
+does) would never see its flag. So the signal also wakes a thread of its own
+(``signal.set_wakeup_fd``: the interpreter's C handler writes the signal's
+number there at once), which ends the job (``world.abort(128 + signal)``, with
+one line saying why) if the ranks have not agreed on a stop within
+:func:`stop_deadline_s`: ``RESEARCH_STOP_GRACE_S`` (60 s), or more where
+``lag`` slow steps take longer.
+
 Signals reach the ranks through the launcher: ``python -m experiments.X``
 started without mpiexec forwards SIGTERM and SIGUSR1 to its mpiexec
 (``research.launch.relaunch``), and MPICH's mpiexec (Hydra) forwards both to
@@ -46,8 +55,11 @@ ignore both: their rank tells them when to finish.
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
+import time
 from collections import deque
 from typing import Any
 
@@ -63,6 +75,20 @@ DEFAULT_LAG = 2
 #: a partial collective that never forces a synchronous round): a fast rank is
 #: held at most this many steps ahead of the slowest while the run lasts.
 UNBOUNDED_LAG = 64
+
+
+#: ``RESEARCH_STOP_GRACE_S``: seconds after a stop signal within which the
+#: ranks must agree on a stop, else the job is ended (:func:`stop_deadline_s`).
+GRACE_ENV, DEFAULT_GRACE_S = "RESEARCH_STOP_GRACE_S", 60.0
+
+
+def stop_deadline_s(lag: int) -> float:
+    """Seconds from a stop signal to the agreement before the job is ended:
+    the grace, or ``2 (lag + 2)`` of the slowest step so far where longer."""
+    grace = float(os.environ.get(GRACE_ENV, DEFAULT_GRACE_S))
+    dog = watchdog.get()
+    slowest = dog.slowest_step if dog is not None else 0.0
+    return max(grace, 2 * (lag + 2) * slowest)
 
 
 def stop_exit_code(signum: int) -> int:
@@ -111,14 +137,63 @@ class StopAgreement:
 
     def __init__(self, world: Any, lag: int = DEFAULT_LAG) -> None:
         self.lag = max(1, int(lag))
+        self.world = world
         self.comm = world.dup("preempt") if world.size > 1 else None
         self.received: int | None = None  # the first signal this rank got
         self.stopped: dict[str, Any] | None = None  # the agreed stop, once known
         self._pending: deque = deque()  # (step, send, recv, request)
         self._previous: dict[int, Any] = {}
+        self._wakeup: tuple[int, int] | None = None  # (read end, previous fd)
+        self._done = False
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handler)
+            self._watch_signals()
+
+    def _watch_signals(self) -> None:
+        """A thread that the signal wakes even while the main thread waits in
+        C, and that ends the job if no stop is agreed in time."""
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        try:
+            old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except ValueError:  # not the main interpreter's main thread
+            os.close(r)
+            os.close(w)
+            return
+        self._wakeup = (r, old)
+        threading.Thread(
+            target=self._deadline, args=(r,), name="research-stop-deadline", daemon=True
+        ).start()
+
+    def _deadline(self, fd: int) -> None:
+        wanted = {int(s) for s in SIGNALS}
+        with os.fdopen(fd, "rb", buffering=0) as pipe:
+            while True:
+                data = pipe.read(64)  # b"": the write end closed (restored)
+                if not data or self._done:
+                    return
+                got = [b for b in data if b in wanted]
+                if got:
+                    break
+        limit = stop_deadline_s(self.lag)
+        end = time.monotonic() + limit
+        while time.monotonic() < end:
+            if self.stopped is not None or self._done:
+                return
+            time.sleep(0.2)
+        name = signal.Signals(got[0]).name
+        code = stop_exit_code(got[0])
+        print(
+            f"r{self.world.rank} | {name} {limit:.0f} s ago, and the ranks have not "
+            f"agreed on a step to stop at (a step that does not end: see the "
+            f"watchdog's lines above, if any): ending the job (exit {code})",
+            file=sys.stderr,
+            flush=True,
+        )
+        from research.comm.world import abort
+
+        abort(code)
 
     def _handler(self, signum: int, frame: Any) -> None:
         # Only a flag: MPI, locks and I/O are unsafe in a signal handler.
@@ -162,6 +237,7 @@ class StopAgreement:
         Collective (every rank started the same reductions). A run that ended
         at its last step before the agreement came through ends normally.
         """
+        self._done = True
         if self.comm is not None and self._pending:
             from mpi4py import MPI
 
@@ -182,11 +258,17 @@ class StopAgreement:
         instead of exit 143. The flag-only handler stays, so the copies are
         recorded and otherwise ignored.
         """
+        self._done = True
         if self.received is not None:
             return
         for sig, prev in self._previous.items():
             signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
         self._previous = {}
+        if self._wakeup is not None:
+            _, old = self._wakeup
+            self._wakeup = None
+            # The thread reads end-of-file, closes its end and returns.
+            os.close(signal.set_wakeup_fd(old))
 
 
 def save_at_stop(trainer: Any) -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from research.comm import xla_collective
 from research.launch import xla_compute_threads
 from research.rundir import versions
 from research.train.state import param_count, tree_bytes, tree_digest
@@ -79,6 +80,15 @@ def config_record(t: Trainer) -> dict[str, Any]:
         "strategy": {"name": t.averager.name, "executor": t.averager.executor},
         # Which allreduce ran and why (research.comm.dense: agreed by all ranks).
         "allreduce": getattr(t.averager, "allreduce_choice", None),
+        # Each rank's platform, device and GPU binding (research.comm.devices),
+        # the computation dtype, and XLA's collectives where they run.
+        "devices": t.devices,
+        "precision": {
+            "flag": t.config.precision,
+            "compute": str(getattr(t.model, "dtype", "float32")),
+            "params_and_updates": "float32",
+        },
+        "xla_collectives": xla_collective.status() or None,
         "link": link_label(t.config.link, t.world),
         "imbalance": getattr(t.imbalance, "describe", lambda: t.imbalance.name)(),
         "model_params": param_count(t.state.params),
@@ -116,6 +126,15 @@ def summary_record(t: Trainer) -> dict[str, Any]:
         "allreduce": getattr(t.averager, "allreduce_choice", None),
         "model": t.config.model,
         "dataset": t.config.dataset,
+        # Each rank's platform, device and GPU binding (research.comm.devices),
+        # the computation dtype, and XLA's collectives where they run.
+        "devices": t.devices,
+        "precision": {
+            "flag": t.config.precision,
+            "compute": str(getattr(t.model, "dtype", "float32")),
+            "params_and_updates": "float32",
+        },
+        "xla_collectives": xla_collective.status() or None,
         "link": link_label(t.config.link, t.world),
         "global_batch": global_batch,
         "median_step_s": med,

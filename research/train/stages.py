@@ -409,7 +409,7 @@ class StagedGrad:
 
 def commit(tree: Any) -> Any:
     """``tree`` committed to the default device (no copy where it already is)."""
-    return jax.device_put(tree, jax.devices()[0])
+    return jax.device_put(tree, jax.local_devices()[0])
 
 
 def dense_grads(params: Tree, inputs: Sequence[Any], errors: Sequence[Any], count: int):

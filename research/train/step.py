@@ -46,14 +46,23 @@ def grad_fn(state: TrainState, x, y) -> tuple[Any, Any, dict]:
     return grads, batch_stats, {"loss": loss, "acc": acc}
 
 
-def make_fused_step(average_in_jit):
-    """``(state, x, y) -> (state, metrics)`` with averaging inside the program."""
+def make_fused_step(average_in_jit, spmd: bool = False):
+    """``(state, x, y) -> (state, metrics)`` with averaging inside the program.
+
+    ``spmd``: one program of all ranks (``allreduce=xla``,
+    :class:`research.comm.xla_collective.Spmd`): the state it returns stays
+    global between steps; its ``local`` gives this rank's arrays back.
+    """
 
     def step(state: TrainState, x, y):
         grads, batch_stats, metrics = grad_fn(state, x, y)
         grads = average_in_jit(grads)
         return state.apply_gradients(grads=grads, batch_stats=batch_stats), metrics
 
+    if spmd:
+        from research.comm.xla_collective import Spmd
+
+        return Spmd(step, donate=True)
     return jax.jit(step, donate_argnums=0)
 
 

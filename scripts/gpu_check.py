@@ -1,0 +1,421 @@
+"""The project on a GPU machine, checked and measured in one run (issue 41).
+
+    python -m scripts.gpu_check [--out DIR] [--stages models,strategies,...]
+    bash scripts/gpu_check.sh          # a lent GPU machine: install, then this
+
+Stages, in this order, each writing into the run folder (default
+``runs/gpu-<UTC time>``):
+
+* ``machine``: the GPUs (``nvidia-smi``), JAX's devices and versions.
+* ``models``: ResNet-50 (batch 128) and VGG-16 (batch 64) training steps at
+  224x224, fp32 and bf16, the project's (``scripts.bench_gpu``, JAX) against
+  torchvision's, one at a time with nothing else on the GPU.
+* ``strategies``: ``experiments.train`` (cnn_small, the embedded synthetic
+  task) for every strategy at 1 and 2 ranks, on the GPU and, for the
+  accuracy it must equal, on the CPU (``JAX_PLATFORMS=cpu``), ``--jobs`` runs
+  at a time (their step times are concurrent ones: read them as a check that
+  each runs, not as a benchmark).
+* ``stop``: every strategy at 2 ranks on the GPU with DeepFreeze checkpoints,
+  SIGTERM once it trains: it must exit 143 with the stop step checkpointed.
+* ``allreduce``: ``scripts.bench_allreduce --xla`` on ResNet-50's 102 MB
+  gradient as GPU arrays, 2 ranks (one GPU: its ranks share it, which XLA's
+  collectives, NCCL, refuse: said in the table).
+* ``eager_sgd``: ``make run``'s experiment, one seed, on the GPU.
+
+Then ``table.md`` and ``checks.json`` (each of issue 41's GPU checks, met or
+not), which ``python -m scripts.results DIR`` renders into
+``docs/results/gpu.md``. ``--budget-s`` bounds the whole (stages that would
+start after it are skipped and said so), so that a lent machine's minutes
+bring back what ran. ``--quick`` is the CPU rehearsal the tests run: a tiny
+model, two strategies, no torch where it is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGES = ("machine", "models", "strategies", "stop", "allreduce", "eager_sgd")
+STRATEGIES = (
+    "fused",
+    "host",
+    "layerwise",
+    "overlap",
+    "sparse",
+    "solo",
+    "majority",
+    "ps",
+    "adaptive",
+)
+#: Strategies whose result does not depend on timing: same accuracy on the
+#: GPU as on the CPU, up to the platforms' rounding (TF32 on the GPU).
+DETERMINISTIC = ("fused", "host", "layerwise", "overlap", "sparse")
+ACC_TOLERANCE = 0.02
+#: (model, batch) at 224x224, and the target: the project's step at most this
+#: times torchvision's (ResNet-50, fp32 and bf16).
+MODELS = (("resnet50", 128), ("vgg16", 64))
+TARGET_RATIO = 0.9
+TRAIN_STEPS = 300
+#: Each job's limit; a job past it is ended (SIGTERM, then SIGKILL).
+JOB_TIMEOUT_S = 240
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m scripts.gpu_check",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+    )
+    p.add_argument("--out", help="run folder (default runs/gpu-<UTC time>)")
+    p.add_argument(
+        "--stages",
+        default=",".join(STAGES),
+        help="comma-separated, of: " + ", ".join(STAGES) + " (default: all)",
+    )
+    p.add_argument("--jobs", type=int, default=6, help="concurrent training runs")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=450.0,
+        help="no stage starts after this many seconds (default %(default)s)",
+    )
+    p.add_argument("--install-log", help="scripts/install.sh's output, checked")
+    p.add_argument(
+        "--quick", action="store_true", help="the CPU rehearsal: tiny, two strategies"
+    )
+    args = p.parse_args(argv)
+    args.stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    bad = sorted(set(args.stages) - set(STAGES))
+    if bad:
+        p.error(f"--stages: unknown {', '.join(bad)}; choose from {', '.join(STAGES)}")
+    if args.jobs < 1:
+        p.error("--jobs must be >= 1")
+    return args
+
+
+class Check:
+    """The run folder, the clock and the log of one check."""
+
+    def __init__(self, root: Path, args: argparse.Namespace) -> None:
+        self.root = root
+        self.args = args
+        self.t0 = time.monotonic()
+        self.results: dict[str, Any] = {"skipped": []}
+
+    def say(self, text: str) -> None:
+        print(f"gpu_check [{time.monotonic() - self.t0:5.0f} s] {text}", flush=True)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p
+        )
+        for var in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"):
+            env.pop(var, None)
+        env.update(extra)
+        return env
+
+    def run(self, name: str, cmd: list[str], timeout: float = JOB_TIMEOUT_S, **env):
+        """Run ``cmd`` (its output to ``logs/<name>.log``); ``(rc, seconds)``."""
+        log = self.root / "logs" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        t = time.monotonic()
+        with open(log, "w") as out:
+            proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=self.env(**env), stdout=out, stderr=out
+            )
+            try:
+                rc = proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                rc = _end(proc)
+        return rc, time.monotonic() - t
+
+
+def _end(proc: subprocess.Popen, grace: float = 30.0) -> int:
+    """SIGTERM, then SIGKILL after ``grace``: the exit code, or -9."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return -9
+
+
+def _python(*args: str) -> list[str]:
+    return [sys.executable, *args]
+
+
+def _gpus() -> list[str]:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version"]
+            + ["--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
+
+
+def stage_machine(c: Check) -> None:
+    probe = (
+        "import json, jax, flax, optax, mpi4py.MPI as M;"
+        "import mpi4jax;"
+        "d = jax.local_devices();"
+        "print(json.dumps({'jax': jax.__version__, 'flax': flax.__version__,"
+        "'optax': optax.__version__, 'backend': jax.default_backend(),"
+        "'devices': [x.device_kind for x in d],"
+        "'mpi': M.Get_library_version().splitlines()[0].strip(),"
+        "'mpi4jax': mpi4jax.__version__,"
+        "'mpi4jax_cuda': mpi4jax.has_cuda_support()}))"
+    )
+    out = subprocess.run(
+        _python("-c", probe), capture_output=True, text=True, env=c.env(), timeout=300
+    )
+    info = {}
+    if out.returncode == 0:
+        info = json.loads(out.stdout.strip().splitlines()[-1])
+    info["gpus"] = _gpus()
+    info["cores"] = os.cpu_count()
+    if out.returncode != 0:
+        info["error"] = out.stderr.strip().splitlines()[-1:]
+    c.results["machine"] = info
+    c.say(f"machine: {info.get('gpus') or 'no GPU'}, jax {info.get('jax')}")
+
+
+def _on_gpu(c: Check) -> bool:
+    return bool(c.results.get("machine", {}).get("gpus")) and not c.args.quick
+
+
+def stage_models(c: Check) -> None:
+    rows = []
+    out = c.root / "models.jsonl"
+    models = MODELS if _on_gpu(c) else (("resnet_tiny", 8),)
+    size = "224" if _on_gpu(c) else "32"
+    steps = ["--steps", "10", "--warmup", "2"] if _on_gpu(c) else ["--steps", "2"]
+    frameworks = ("torch", "jax") if _has_torchvision(c) else ("jax",)
+    precisions = ("fp32", "bf16") if _on_gpu(c) else ("fp32",)
+    for model, batch in models:
+        for precision in precisions:
+            for fw in frameworks:
+                if fw == "torch" and model == "resnet_tiny":
+                    continue
+                name = f"bench-{fw}-{model}-{precision}"
+                cmd = _python(
+                    "-m", "scripts.bench_gpu", "--framework", fw, "--model", model,
+                    "--precision", precision, "--batch", str(batch),
+                    "--image-size", size, *steps, "--json", str(out),
+                )  # fmt: skip
+                rc, secs = c.run(name, cmd)
+                c.say(f"models: {name} rc {rc} in {secs:.0f} s")
+                if rc != 0:
+                    rows.append({"framework": fw, "model": model, "error": rc})
+    c.results["models_failed"] = rows
+
+
+def _has_torchvision(c: Check) -> bool:
+    probe = subprocess.run(
+        _python("-c", "import torchvision"), capture_output=True, env=c.env()
+    )
+    return probe.returncode == 0
+
+
+def _strategy_runs(c: Check) -> list[tuple[str, str, int]]:
+    """``(platform, strategy, ranks)`` to run."""
+    if c.args.quick:  # a dense and a partial strategy, 1 and 2 ranks
+        return [("cpu", "fused", 1), ("cpu", "solo", 2)]
+    platforms = ("gpu", "cpu") if _on_gpu(c) else ("cpu",)
+    return [(p, s, n) for s in STRATEGIES for n in (1, 2) for p in platforms]
+
+
+def _train_cmd(run_dir: Path, strategy: str, ranks: int, steps: int) -> list[str]:
+    return _python(
+        "-m", "experiments.train", "--np", str(ranks), "--strategy", strategy,
+        "--steps", str(steps), "--no-progress", "--run-dir", str(run_dir),
+    )  # fmt: skip
+
+
+def _platform_env(platform: str, ranks: int) -> dict[str, str]:
+    if platform == "cpu":
+        return {"JAX_PLATFORMS": "cpu"}
+    # Several jobs share the GPU at once: a small share each.
+    return {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.04"}
+
+
+def stage_strategies(c: Check) -> None:
+    steps = 40 if c.args.quick else TRAIN_STEPS
+
+    def one(job: tuple[str, str, int]) -> dict[str, Any]:
+        platform, strategy, ranks = job
+        name = f"{platform}-{strategy}-np{ranks}"
+        run_dir = c.root / "strategies" / name
+        rc, secs = c.run(
+            name,
+            _train_cmd(run_dir, strategy, ranks, steps),
+            **_platform_env(platform, ranks),
+        )
+        return {"platform": platform, "strategy": strategy, "ranks": ranks,
+                "rc": rc, "wall_s": secs, **_read_run(run_dir)}  # fmt: skip
+
+    c.results["strategies"] = _pool(c, one, _strategy_runs(c), "strategies")
+
+
+def _read_run(run_dir: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    try:
+        s = json.loads((run_dir / "summary.json").read_text())
+        cfg = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return out
+    out["acc"] = s.get("final_test_acc")
+    out["median_step_ms"] = 1e3 * s.get("median_step_s", float("nan"))
+    out["samples_per_s"] = s.get("samples_per_s")
+    out["stopped"] = s.get("stopped")
+    devs = cfg.get("devices") or []
+    out["platforms"] = sorted({d.get("platform") for d in devs})
+    out["device"] = sorted({d.get("device_kind") for d in devs})
+    out["gpus"] = [d.get("cuda_visible_devices") for d in devs]
+    out["allreduce"] = (cfg.get("allreduce") or {}).get("path")
+    return out
+
+
+def _pool(c: Check, fn: Any, jobs: list, what: str) -> list[dict[str, Any]]:
+    rows = []
+    with concurrent.futures.ThreadPoolExecutor(c.args.jobs) as ex:
+        for row in ex.map(fn, jobs):
+            rows.append(row)
+            c.say(
+                f"{what}: {row['platform']} {row['strategy']} np{row['ranks']} "
+                f"rc {row['rc']} in {row['wall_s']:.0f} s"
+            )
+    return rows
+
+
+def stage_stop(c: Check) -> None:
+    platform = "gpu" if _on_gpu(c) else "cpu"
+    strategies = ("fused",) if c.args.quick else STRATEGIES
+
+    def one(strategy: str) -> dict[str, Any]:
+        name = f"stop-{platform}-{strategy}"
+        run_dir = c.root / "stop" / name
+        cmd = _train_cmd(run_dir, strategy, 2, 1_000_000)
+        cmd += ["--checkpoint", "deepfreeze", "--checkpoint-every", "1000000"]
+        log = c.root / "logs" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        t = time.monotonic()
+        with open(log, "w") as out:
+            env = c.env(**_platform_env(platform, 2))
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=out)
+            rc, took = _stop_when_training(proc, run_dir / "metrics.jsonl")
+        return {"platform": platform, "strategy": strategy, "ranks": 2, "rc": rc,
+                "stop_s": took, "wall_s": time.monotonic() - t,
+                **_read_run(run_dir)}  # fmt: skip
+
+    c.results["stop"] = _pool(c, one, list(strategies), "stop")
+
+
+def _stop_when_training(proc: subprocess.Popen, metrics: Path) -> tuple[int, float]:
+    """SIGTERM once ``metrics`` holds a training row past step 5; ``(rc,
+    seconds from the signal to the exit)``."""
+    end = time.monotonic() + JOB_TIMEOUT_S
+    while proc.poll() is None and time.monotonic() < end:
+        if _trained(metrics, 5):
+            break
+        time.sleep(0.5)
+    if proc.poll() is not None:
+        return proc.returncode, float("nan")
+    t = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rc = proc.wait(120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        rc = -9
+    return rc, time.monotonic() - t
+
+
+def _trained(metrics: Path, step: int) -> bool:
+    try:
+        lines = metrics.read_text().splitlines()
+    except OSError:
+        return False
+    for line in reversed(lines):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if row.get("kind", "step") == "step" and row.get("step", 0) >= step:
+            return True
+    return False
+
+
+def stage_allreduce(c: Check) -> None:
+    out = c.root / "allreduce.json"
+    cmd = _python("-m", "scripts.bench_allreduce", "--ranks", "2", "--xla")
+    cmd += ["--json", str(out)]
+    if not _on_gpu(c):
+        cmd += ["--model", "resnet_tiny", "--reps", "2"]
+    rc, secs = c.run("allreduce", cmd, timeout=300)
+    c.results["allreduce_rc"] = rc
+    c.say(f"allreduce: rc {rc} in {secs:.0f} s")
+
+
+def stage_eager_sgd(c: Check) -> None:
+    run_dir = c.root / "eager_sgd"
+    cmd = _python("-m", "experiments.eager_sgd", "--seeds", "0", "--no-progress")
+    cmd += ["--run-dir", str(run_dir)]
+    rc, secs = c.run("eager_sgd", cmd, timeout=300)
+    c.results["eager_sgd_rc"] = rc
+    c.say(f"eager_sgd: rc {rc} in {secs:.0f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from research.provenance import record_job
+    from research.rundir import default_run_dir
+
+    root = Path(args.out or default_run_dir("gpu")).absolute()
+    root.mkdir(parents=True, exist_ok=True)
+    c = Check(root, args)
+    record_job(root, "gpu", world_size=1, module="scripts.gpu_check")
+    stages = {
+        "machine": stage_machine,
+        "models": stage_models,
+        "strategies": stage_strategies,
+        "stop": stage_stop,
+        "allreduce": stage_allreduce,
+        "eager_sgd": stage_eager_sgd,
+    }
+    if "machine" not in args.stages:
+        args.stages.insert(0, "machine")  # every other stage reads it
+    for name in args.stages:
+        if time.monotonic() - c.t0 > args.budget_s:
+            c.results["skipped"].append(name)
+            c.say(f"{name}: skipped, past --budget-s {args.budget_s:.0f}")
+            continue
+        c.say(f"{name}: start")
+        stages[name](c)
+    from scripts.gpu_report import write_report
+
+    checks = write_report(root, c.results, args.install_log)
+    (root / "results.json").write_text(json.dumps(c.results, indent=1, default=str))
+    c.say(f"done: {root} ({sum(ch['met'] for ch in checks)}/{len(checks)} checks met)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

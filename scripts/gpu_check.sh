@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The project on a lent GPU machine (no network), in one call of about 8 minutes:
+# install from the wheels carried in .whl/ (made beforehand, where there is
+# network, by scripts/gpu_wheels.sh), then python -m scripts.gpu_check, whose run
+# folder docs/results/gpu.md is rendered from. Results go to $OUT (the device
+# tool brings that folder back), else runs/:
+#
+#   bash scripts/gpu_check.sh [gpu_check's options, e.g. --stages models,strategies]
+#
+# $OUT gets: install.log, gpu-check.log, table.md, checks.json, and gpu-check.tgz
+# (the run folder without checkpoints), which `tar xzf` unpacks into a folder
+# that `python -m scripts.results` renders.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+OUT="${OUT:-runs}"
+mkdir -p "$OUT" runs
+t0=$(date +%s)
+say() { echo "=== gpu_check.sh [$(( $(date +%s) - t0 )) s] $*"; }
+say "machine: $(nvidia-smi -L 2>/dev/null | head -4 | tr '\n' ';') $(nproc) cores"
+if [ -d .whl ]; then
+  export PIP_NO_INDEX=1 PIP_FIND_LINKS="$PWD/.whl"
+fi
+say "install (offline from .whl: ${PIP_FIND_LINKS:-no, from the index})"
+bash scripts/install.sh --cuda > "$OUT/install.log" 2>&1
+rc=$?
+tail -5 "$OUT/install.log"
+if [ $rc -ne 0 ]; then
+  say "install FAILED (exit $rc): see install.log"
+  exit "$rc"
+fi
+RUN=runs/gpu-check
+rm -rf "$RUN"
+say "python -m scripts.gpu_check $*"
+.venv/bin/python -m scripts.gpu_check --out "$RUN" --install-log "$OUT/install.log" "$@" \
+  2>&1 | tee "$OUT/gpu-check.log"
+rc=${PIPESTATUS[0]}
+cp "$RUN/table.md" "$RUN/checks.json" "$OUT/" 2>/dev/null
+tar -czf "$OUT/gpu-check.tgz" --exclude=checkpoints --exclude='*.npz' -C runs gpu-check
+say "done (exit $rc): $(du -h "$OUT/gpu-check.tgz" | cut -f1) of run folder in $OUT"
+exit "$rc"

@@ -1,0 +1,49 @@
+"""The GPU check rehearsed on the CPU: what a lent GPU machine will run.
+
+A GPU is lent for minutes at a time, so ``scripts/gpu_check.py`` must work the
+first time it runs there. Its ``--quick`` mode runs the same stages on the CPU
+with a tiny model and two strategies: the training runs, the stop on SIGTERM,
+the report (``table.md``, ``checks.json``) and the results page made from it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.test_train_cli import run
+
+
+@pytest.mark.launches
+def test_the_quick_gpu_check_runs_and_renders_its_page(tmp_path):
+    root = tmp_path / "gpu"
+    proc = run(
+        ["-m", "scripts.gpu_check", "--quick", "--stages", "strategies,stop"]
+        + ["--jobs", "2", "--out", str(root)],
+        timeout=420,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    checks = json.loads((root / "checks.json").read_text())
+    assert [c["met"] for c in checks] == [True, True], checks
+    table = (root / "table.md").read_text()
+    assert "| fused | 1 |" in table and "| solo | 2 |" in table
+    assert "| fused | 143 |" in table  # SIGTERM: exit 143
+    results = json.loads((root / "results.json").read_text())
+    assert {r["platforms"][0] for r in results["strategies"]} == {"cpu"}
+    pages = tmp_path / "pages"
+    proc = run(["-m", "scripts.results", str(root), "--out", str(pages)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    page = (pages / "gpu.md").read_text()
+    assert page.startswith("# GPUs") and "python -m scripts.gpu_check" in page
+
+
+def test_the_step_benchmark_times_the_projects_step():
+    from scripts import bench_gpu
+
+    out = bench_gpu.main(
+        ["--framework", "jax", "--model", "cnn_small", "--image-size", "32"]
+        + ["--batch", "4", "--steps", "2", "--warmup", "1"]
+    )
+    assert out["platform"] == "cpu" and out["ms"] > 0
+    assert out["images_per_s"] == pytest.approx(4 / (out["ms"] / 1e3))
