@@ -169,6 +169,13 @@ def _per_seed(run: dict, arm: str, ph: list[dict], target: float) -> dict:
         methods.append(counts)
     by_step = {r["step"]: r for r in steps}
     switches = [s for s in run["switches"] if s["kind"] == "switch"]
+
+    def own(r: dict) -> float | None:
+        """A step's seconds less the delay injected into this rank (rank 0's
+        rows): the same for a switch's step and the steps it is held to."""
+        t = r.get("step_time")
+        return None if t is None else t - (r.get("delay_s") or 0.0)
+
     return {
         "phase_s": [sum(r["step_time"] for r in _within(steps, p)) for p in ph],
         "total_s": sum(r["step_time"] for r in steps),
@@ -183,15 +190,16 @@ def _per_seed(run: dict, arm: str, ph: list[dict], target: float) -> dict:
                 "step": s["step"],
                 "to": s["to"],
                 "reason": s["reason"],
-                "seconds": by_step.get(s["step"] + 1, {}).get("step_time"),
+                "seconds": own(by_step.get(s["step"] + 1, {})),
+                "switch_s": (s.get("switch_ms") or 0.0) / 1e3,
             }
             for s in switches
         ],  # fmt: skip
         "first_step_s": by_step.get(1, {}).get("step_time"),
-        # A phase's ordinary step: its median step time (the first step apart).
+        # A phase's ordinary step: its median step time (the first step
+        # apart), each less the delay injected into rank 0.
         "ordinary_s": [
-            _median([r["step_time"] for r in _within(steps, p) if r["step"] > 1])
-            for p in ph
+            _median([own(r) for r in _within(steps, p) if r["step"] > 1]) for p in ph
         ],
         "changes": run["changes"],
     }

@@ -13,7 +13,9 @@ standard errors of a difference of seed means):
 * its first step within 10% of fixed dense's first step (each job compiles
   what the arms run before the first arm), and each switch's step within 10%
   of the step the method it switched to takes in that phase when it runs
-  alone (that fixed arm's median step there, same seed);
+  alone (that fixed arm's median step there, same seed; both less the delay
+  injected into rank 0, whose rows these are), and the switch's own work
+  (carrying state over) within 10% of that step;
 * and, as before, its seconds in each phase against the best fixed arm's.
 """
 
@@ -163,7 +165,7 @@ def _switch_checks(data: dict, arms: dict, head: str) -> list[str]:
                 + ", ".join(f"{b:.2f}" for _, b in pairs)
                 + f" s (at most {worst:.2f}x)"
             )
-    ratios = []
+    ratios, handling = [], []
     for r in ad:
         for s in r["switch_steps"]:
             arm = _fixed_arm(s["to"])
@@ -177,6 +179,7 @@ def _switch_checks(data: dict, arms: dict, head: str) -> list[str]:
             ordinary = runs[r["seed"]]["ordinary_s"][phase]
             if ordinary and math.isfinite(ordinary):
                 ratios.append(s["seconds"] / ordinary)
+                handling.append(s.get("switch_s", 0.0) / ordinary)
     if ratios:
         within = sum(1 for x in ratios if x <= SWITCH_GAP)
         out.append(
@@ -184,6 +187,14 @@ def _switch_checks(data: dict, arms: dict, head: str) -> list[str]:
             f"{SWITCH_GAP - 1:.0%} of the new method's ordinary step: {within} of "
             f"{len(ratios)} (median {statistics.median(ratios):.2f}x, worst "
             f"{max(ratios):.2f}x)"
+        )
+        within = sum(1 for x in handling if x <= SWITCH_GAP - 1)
+        out.append(
+            f"{_ok(within == len(handling))}  {head} the switches themselves "
+            f"(carrying the residual or the carried gradients over): {within} of "
+            f"{len(handling)} within {SWITCH_GAP - 1:.0%} of the new method's "
+            f"ordinary step (median {statistics.median(handling):.0%}, worst "
+            f"{max(handling):.0%})"
         )
     return out
 

@@ -131,7 +131,7 @@ class AdaptiveAverager(Averager):
         interval: int = 20,
         staleness: int = 8,
         plan: str = "",
-        allreduce: Literal["auto", "ring", "mpi", "hierarchical"] = "auto",
+        allreduce: Literal["auto", "ring", "mpi", "hierarchical", "xla"] = "auto",
         seed: int = 0,
         link: str = "real",
         refresh: int | None = None,
