@@ -130,7 +130,8 @@ def step_medians(run_dir: str | os.PathLike, warmup: int) -> dict[str, Any]:
     """
     import statistics
 
-    rows = [r for r in read_metrics(run_dir) if r.get("kind") != "eval"]
+    # Step rows only: evaluations and a strategy's own rows have a "kind".
+    rows = [r for r in read_metrics(run_dir) if not r.get("kind")]
     rows = [r for r in rows if r["step"] > warmup] or rows
 
     def median(key: str) -> float | None:

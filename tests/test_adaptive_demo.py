@@ -27,7 +27,7 @@ TINY = [
     "--data-opt", "n_test=64", "--batch-size", "8", "--steps", "12",
     "--eval-every", "4", "--nps", "2", "--seeds", "0", "--target-acc", "0.05",
     "--straggler", "random:k=1:seconds=0.02:start=6:end=10",
-    "--adaptive-opt", "interval=3", "--adaptive-opt", "probe_steps=1",
+    "--adaptive-opt", "plan=host@0,sparse:0.05@4,solo@8",
     "--no-progress",
 ]  # fmt: skip
 
@@ -53,7 +53,7 @@ def _check_report(run: Path, arms: set[str]) -> dict:
         assert (run / name).exists(), name
     table = (run / "table.md").read_text()
     assert "### 2 ranks" in table and "### Checks" in table
-    assert "What adaptive ran" in table
+    assert "What adaptive ran" in table and "| oracle: " in table
     assert any(line.startswith(("PASS", "FAIL", "UNDECIDED")) for line in
                table.splitlines()), table  # fmt: skip
     rows = [json.loads(x) for x in (run / "np2/adaptive-s0/metrics.jsonl").open()]
@@ -66,7 +66,8 @@ def test_tiny_demo_on_this_machine(tmp_path):
     proc = _run(["--no-link", "--arms", "adaptive", "host", "--run-dir", str(run)],
                 tmp_path)  # fmt: skip
     _check_report(run, {"adaptive", "host"})
-    assert "adaptive: step 3:" in proc.stdout  # a decision's line on rank 0
+    # A switch's line on rank 0 (the plan's, on this tiny run).
+    assert "adaptive: step 4: host -> sparse:0.05 (plan)" in proc.stdout
     # --report-only: the table again from the folders, for the arms asked for
     (run / "table.md").unlink()
     proc = _run(["--no-link", "--arms", "host", "--run-dir", str(run),
@@ -98,3 +99,4 @@ def test_tiny_demo_changes_the_link_on_two_nodes(tmp_path):
     summary = json.loads((run / "np2/adaptive-s0/summary.json").read_text())
     assert [c["step"] for c in summary["link_changes"]] == [0, 4, 8]
     assert summary["nodes"]["nodes"] == 2
+    assert summary["adaptive"]["startup"]["seconds"] > 0

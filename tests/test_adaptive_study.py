@@ -1,9 +1,12 @@
-"""The adaptive study's reading of run folders (no MPI): phases, tables, checks.
+"""The adaptive study's reading of run folders (no MPI): phases, the oracle,
+tables, checks.
 
 Run folders are written here the way the Trainer writes them (``metrics.jsonl``
 step and switch rows, ``summary.json`` with its evaluations), with made-up
-times: ``host`` slow on the 1 Gb/s steps, ``sparse`` slow nowhere but less
-accurate, ``adaptive`` like host, then like sparse, then like host.
+times: ``host`` slow on the 1 Gb/s steps and under the straggler, ``sparse``
+slow under the straggler and a little everywhere else, ``solo`` slow on the
+1 Gb/s steps, ``adaptive`` like the best of them with two slow steps after
+each change.
 """
 
 from __future__ import annotations
@@ -15,48 +18,63 @@ from pathlib import Path
 import pytest
 
 from experiments.adaptive import parse
-from research.studies.adaptive import analyze, format_table, phases
+from research.studies.adaptive import analyze, phases
 from research.studies.adaptive_link import parse_schedule
+from research.studies.adaptive_oracle import schedule, stitch, time_to
+from research.studies.adaptive_report import checks, format_table
 
 ARGS = [
-    "--steps", "30", "--link-schedule", "0:10gbit,10:1gbit,20:10gbit",
-    "--straggler", "random:k=1:seconds=0.1:start=24:end=28", "--seeds", "0", "1",
-    "--arms", "adaptive", "host", "sparse", "--target-acc", "0.5",
+    "--steps", "40", "--link-schedule", "0:10gbit,10:1gbit,20:10gbit",
+    "--straggler", "random:k=1:seconds=0.3:start=20:end=30", "--seeds", "0", "1",
+    "--arms", "adaptive", "host", "sparse", "solo", "--target-acc", "0.5",
 ]  # fmt: skip
+COST = {  # seconds per step in each phase: 10 Gb/s, 1 Gb/s, straggler, 10 Gb/s
+    "host": (0.05, 0.2, 0.35, 0.05),
+    "sparse": (0.07, 0.07, 0.37, 0.07),
+    "solo": (0.06, 0.21, 0.15, 0.06),
+}
+ADAPTIVE = ("host", "sparse:0.05", "solo", "host")
 
 
-def _step_time(arm: str, step: int) -> float:
-    slow = 10 <= step < 20
-    if arm == "host":
-        return 0.3 if slow else 0.1
-    if arm == "sparse":
-        return 0.1
-    return 0.3 if step in (10, 11) else 0.1  # adaptive: 2 slow steps, then sparse
+def _step_time(arm: str, step: int) -> tuple[float, str]:
+    phase = step // 10
+    if arm != "adaptive":
+        return COST[arm][phase], arm
+    method = ADAPTIVE[phase]
+    fixed = method.split(":")[0]
+    if phase and step % 10 < 2:  # two steps to see a change, on the old method
+        return COST[ADAPTIVE[phase - 1].split(":")[0]][phase], ADAPTIVE[phase - 1]
+    return COST[fixed][phase], method
 
 
 def _write_run(folder: Path, arm: str, seed: int) -> None:
     folder.mkdir(parents=True)
     rows, t = [], 0.0
-    for i in range(30):
-        dt = _step_time(arm, i) + 0.001 * seed
+    for i in range(40):
+        dt, method = _step_time(arm, i)
+        dt += 0.001 * seed
         t += dt
-        method = (
-            arm if arm != "adaptive" else ("sparse:0.01" if 12 <= i < 20 else "host")
-        )
         rows.append(
             {"step": i + 1, "step_time": dt, "train_time": t, "comm_method": method}
         )
-    rows.append({"kind": "switch", "step": 12, "from": "host", "to": "sparse:0.01"})
-    acc = {"host": 0.9, "sparse": 0.8, "adaptive": 0.9}[arm] - 0.01 * seed
+    if arm == "adaptive":
+        for s, to in ((12, "sparse:0.05"), (22, "solo"), (32, "host")):
+            rows.append({"kind": "switch", "step": s, "from": "x", "to": to,
+                         "reason": "model"})  # fmt: skip
+        rows.append({"kind": "change", "step": 11, "what": "link"})
+    acc = {"host": 0.9, "sparse": 0.88, "solo": 0.89, "adaptive": 0.9}[arm]
     evals = [
         {"step": s, "train_time": sum(r["step_time"] for r in rows[:s]),
-         "test_acc": acc * s / 30}
-        for s in (10, 20, 30)
+         "test_acc": (acc - 0.01 * seed) * s / 40}
+        for s in (10, 20, 30, 40)
     ]  # fmt: skip
     with (folder / "metrics.jsonl").open("w") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
     summary = {"final_test_acc": evals[-1]["test_acc"], "evals": evals}
+    if arm == "adaptive":
+        summary["adaptive"] = {"probes": 1, "probe_s": 0.2, "mispredicted": 0,
+                               "startup": {"seconds": 1.5}}  # fmt: skip
     (folder / "summary.json").write_text(json.dumps(summary))
 
 
@@ -65,37 +83,68 @@ def test_phases_follow_the_schedule_and_the_straggler():
     got = [(p["start"], p["end"], p["rate"], p["straggler"]) for p in phases(cfg)]
     assert got == [
         (0, 10, "10gbit", False), (10, 20, "1gbit", False),
-        (20, 24, "10gbit", False), (24, 28, "10gbit", True),
-        (28, 30, "10gbit", False),
+        (20, 30, "10gbit", True), (30, 40, "10gbit", False),
     ]  # fmt: skip
     with pytest.raises(ValueError, match="start at 0"):
         parse_schedule("5:1gbit")
 
 
+def test_time_to_target_interpolates_between_evaluations():
+    evals = [{"train_time": 1.0, "test_acc": 0.4}, {"train_time": 3.0, "test_acc": 0.6}]
+    assert time_to(evals, 0.5) == pytest.approx(2.0)
+    assert time_to(evals, 0.3) == 1.0  # the first evaluation already
+    assert time_to(evals, 0.7) == math.inf
+
+
+def test_the_oracle_takes_the_fastest_arm_per_phase():
+    plan = schedule({"host": [[1, 5, 9]], "sparse": [[2, 2, 9]], "solo": [[2, 5, 3]]})
+    assert plan == ["host", "sparse", "solo"]
+    runs = {}
+    for arm, per in (("host", 0.1), ("sparse", 0.2)):
+        steps = [{"step": s, "step_time": per} for s in range(1, 5)]
+        evals = [{"step": s, "train_time": per * s, "test_acc": 0.2 * s}
+                 for s in (2, 4)]  # fmt: skip
+        runs[arm] = {"steps": steps, "evals": evals}
+    ph = [{"start": 0, "end": 2}, {"start": 2, "end": 4}]
+    out = stitch(runs, ["host", "sparse"], ph, target=0.7)
+    assert out["phase_s"] == pytest.approx([0.2, 0.4])
+    # Its clock: 0.2 s at step 2 (acc 0.4), 0.6 s at step 4 (acc 0.8).
+    assert out["to_target_s"] == pytest.approx(0.2 + 0.4 * 0.75)
+
+
 def test_tables_and_checks_from_run_folders(tmp_path):
     cfg = parse(ARGS)
-    for arm in ("adaptive", "host", "sparse"):
+    for arm in ("adaptive", "host", "sparse", "solo"):
         for seed in (0, 1):
             _write_run(tmp_path / "np2" / f"{arm}-s{seed}", arm, seed)
     data = analyze(tmp_path, cfg)
-    host, ad = data["np"][2]["host"], data["np"][2]["adaptive"]
-    assert host[0]["phase_s"][1] == pytest.approx(3.0)
-    assert ad[0]["methods"][1] == {"host": 2, "sparse:0.01": 8}
-    assert all(math.isfinite(r["to_target_s"]) for r in ad)
+    assert data["scenario"] == "mixed"
+    ad = data["np"][2]["adaptive"]
+    assert ad[0]["methods"][1] == {"sparse:0.05": 8, "host": 2}
+    assert [s["to"] for s in ad[0]["switch_steps"]] == ["sparse:0.05", "solo", "host"]
+    assert data["oracle"][2]["schedule"] == ["host", "sparse", "solo", "host"]
+    data["checks"] = lines = checks(data)
     text = format_table(data)
-    assert (
-        "| adaptive |" in text
-        and "steps 10-20 (1 Gb/s): sparse:0.01 16, host 4" in text
-    )
-    checks = data["checks"]
-    # 1 Gb/s: adaptive pays two slow steps over sparse, beyond the tiny spread.
-    assert any(c.startswith("FAIL  2 ranks, steps 10-20") for c in checks), checks
-    assert any(c.startswith("PASS  2 ranks, steps 0-10") for c in checks), checks
-    # Final accuracy: adaptive's equals host's.
-    assert any(c.startswith("PASS  2 ranks: final test accuracy") for c in checks)
-    # Sooner than host to 0.5; not sooner than sparse (equal steps after 12).
-    first = [c for c in checks if "reaches test accuracy" in c][0]
-    assert first.startswith("FAIL") and "not sooner than sparse" in first, first
+    assert "| oracle: host, sparse, solo, host |" in text
+    assert "steps 10-20 (1 Gb/s): sparse:0.05 16, host 4" in text
+    assert "- changes the model saw (seed 0): link at step 11" in text
+
+    def line(part: str) -> str:
+        (found,) = [x for x in lines if part in x]
+        return found
+
+    assert line("the oracle (host, sparse, solo, host)").startswith("PASS")
+    assert line("sooner than").startswith("PASS")
+    # Two slow steps after each of three changes: 18% over the oracle here.
+    assert line("the oracle's time").startswith("FAIL")
+    assert "takes 1.18x the oracle's time to 0.5 (asked <= 1.15x)" in line("oracle's")
+    assert line("final test accuracy").startswith("PASS")
+    assert line("probes per run 1, 1").startswith("PASS")
+    # The switch steps are the new methods' ordinary steps (made up alike).
+    assert line("switch steps within").startswith("PASS")
+    # Each phase adaptive starts on the old method for two steps: beyond the
+    # made-up spread (0.001 s a step between the seeds).
+    assert line("steps 10-20").startswith("FAIL")
     from research.studies.adaptive_plots import plot
 
     assert plot(tmp_path, data, {2: 64}).stat().st_size > 10_000

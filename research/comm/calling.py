@@ -30,7 +30,7 @@ model, per rank), and ``avg.close()``:
 * ``sparse``: top-k with error feedback (:class:`TopKAllreduce`), outside
   ``jit``; ``state`` is this rank's residual;
 * ``adaptive``: one of ``host``, top-k, ``majority``, ``solo`` at a time,
-  chosen from measurements as it goes (:mod:`research.comm.adaptive_call`);
+  chosen from measurements as it goes (:mod:`research.comm.adaptive.call`);
   ``state`` is its policy and, in a top-k phase, the residual.
 
 Communication watchdog (:mod:`research.comm.faults.watchdog`): ``comm_timeout=``

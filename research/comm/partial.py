@@ -159,6 +159,7 @@ class PartialAllreduce(Rounds):
         self._calls = 0
         self._closed = False
         self._abandoned = False
+        self._resting = False  # polled rarely until this rank's next call
         self._stopped = threading.Event()
         self._layout: FlatLayout | None = None  # of this rank's trees
         self._n: int | None = None
@@ -234,6 +235,37 @@ class PartialAllreduce(Rounds):
         renamed("PartialAllreduce.flush()", "drain()")
         return self.drain()
 
+    def take_carried(self, flat: bool = False) -> tuple[Any, int] | None:
+        """Take back this rank's gradients that missed their rounds, instead of
+        a round delivering them: ``(tree, count)`` (the tree their sum, not
+        divided by P; ``flat``: the sum as one vector, the leaves in tree
+        order) or None. Local, no round: for a caller that leaves this
+        collective for a while and applies them another way (the adaptive
+        strategy folds them into the next method's gradient). Call it between
+        calls, when every rank has made the same number of calls and none
+        makes another before every rank has taken back (no round can start).
+        """
+        with self._cond:
+            self._raise_if_failed()
+            mine = [d for d in self._inbox if d.kind == _REDUCE]
+            self._inbox = [d for d in self._inbox if d.kind != _REDUCE]
+        if not mine:
+            return None
+        total = np.array(mine[0].flat[: self._n])
+        for d in mine[1:]:
+            total += d.flat[: self._n]
+        return (total if flat else self._layout.unpack(total)), len(mine)
+
+    def rest(self, resting: bool = True) -> None:
+        """Poll for a peer's round rarely (every ``REST_SLEEP``) until this
+        rank's next call: for a caller that leaves this collective for a
+        while, whose idle polling would cost CPU. A round a peer starts
+        meanwhile is joined up to that much later; ``rest(False)`` ends the
+        rest at once (every rank about to call again), waking the thread."""
+        self._resting = resting
+        if not resting:
+            get_progress().wake()
+
     def close(self) -> None:
         """Stop the background task after a final synchronous round. Collective.
 
@@ -288,6 +320,7 @@ class PartialAllreduce(Rounds):
             raise RuntimeError("PartialAllreduce is closed")
         with self._cond:
             self._raise_if_failed()
+            self._resting = False
             self._calls += 1
             call = self._calls
             self._inbox.append(_Deposit(call, flat, kind))
@@ -406,6 +439,14 @@ class PartialAverager(Averager):
             return None
         tree, info = self.pa.drain()
         return (tree, info) if info.extra["carried_total"] else None
+
+    def take_carried(self, flat: bool = False) -> tuple[Any, int] | None:
+        """:meth:`PartialAllreduce.take_carried` (None before the first call)."""
+        return None if self.pa._layout is None else self.pa.take_carried(flat)
+
+    def rest(self, resting: bool = True) -> None:
+        """:meth:`PartialAllreduce.rest`."""
+        self.pa.rest(resting)
 
     def close(self) -> None:
         self.pa.close()

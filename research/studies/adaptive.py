@@ -9,11 +9,17 @@ times: every arm trains the same steps under each condition, so a phase's time
 is the same work for every arm and the arms compare phase by phase; the time
 the change itself takes is outside every step.
 
-:func:`report` reads the run folders: per phase (the link's and the
-straggler's windows) the seconds each arm spent in its steps, the time to the
-target test accuracy over the whole run, the final accuracy, which method
-``adaptive`` ran in each phase, and the issue's three checks (PASS, FAIL or
-UNDECIDED within the seeds' spread).
+Two scenarios (:data:`SCENARIOS`), chosen from the fixed arms' phase times
+before adaptive's: ``mixed`` (the default), whose phases each favour another
+method by far (a fast link: dense; a slow link: top-k; a strong straggler:
+solo), and ``link-drop``, the first demonstration's (a slow link in which
+top-k wins, a mild straggler).
+
+:func:`analyze` reads the run folders: per phase the seconds each arm spent
+in its steps, the time to the target test accuracy, the final accuracy, what
+``adaptive`` ran, its switches and probes, and the oracle
+(:mod:`research.studies.adaptive_oracle`); the checks and tables are
+:mod:`research.studies.adaptive_report`'s.
 """
 
 from __future__ import annotations
@@ -25,10 +31,35 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from research.studies.adaptive_oracle import schedule, stitch, time_to
+
 #: The arms: strategy and its options (the density and the staleness bound come
 #: from the config, the same for the fixed arms and adaptive's candidates).
 ARMS = ("adaptive", "host", "sparse", "majority", "solo")
 FIXED = ARMS[1:]
+
+#: The scenarios: steps, the link's schedule, the straggler, the target, and
+#: what the issue asks of adaptive on each (research.studies.adaptive_report).
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "mixed": {
+        "steps": 240,
+        "link_schedule": "0:10gbit,40:1gbit,100:10gbit",
+        "straggler": "random:k=1:seconds=0.32:start=100:end=180",
+        "target_acc": 0.80,
+        "about": "10 Gb/s (dense wins), 1 Gb/s (top-k wins), 10 Gb/s with a "
+        "0.32 s straggler, eager-SGD's (solo wins), 10 Gb/s",
+        "asks": {"oracle_gain": 1.25, "vs_best": 1.1, "vs_oracle": 1.15},
+    },
+    "link-drop": {
+        "steps": 320,
+        "link_schedule": "0:10gbit,60:1gbit,140:10gbit",
+        "straggler": "random:k=1:seconds=0.1:start=160:end=220",
+        "target_acc": 0.83,
+        "about": "10 Gb/s, 1 Gb/s, 10 Gb/s, a 0.1 s straggler (the first "
+        "demonstration's)",
+        "asks": {"as_fast_as": "sparse"},
+    },
+}
 
 
 def arm_strategy(cfg: Any, arm: str) -> tuple[str, dict[str, Any]]:
@@ -51,8 +82,8 @@ def phases(cfg: Any) -> list[dict[str, Any]]:
 
     total = cfg.train.steps
     marks = {0, total}
-    schedule = parse_schedule(cfg.link_schedule)
-    marks |= {s for s, _ in schedule if s < total}
+    sched = parse_schedule(cfg.link_schedule)
+    marks |= {s for s, _ in sched if s < total}
     straggler = parse_imbalance(cfg.straggler, size=max(cfg.nps))
     window = (getattr(straggler, "start", 0), getattr(straggler, "end", None))
     if straggler.name != "none":
@@ -60,7 +91,7 @@ def phases(cfg: Any) -> list[dict[str, Any]]:
     bounds = sorted(marks)
     out = []
     for a, b in zip(bounds, bounds[1:]):
-        rate = [r for s, r in schedule if s <= a][-1]
+        rate = [r for s, r in sched if s <= a][-1]
         on = straggler.name != "none" and window[0] <= a < (window[1] or total)
         label = rate.replace("gbit", " Gb/s").replace("mbit", " Mb/s")
         out.append(
@@ -76,7 +107,14 @@ def run_job(cfg: Any, root: Path, world: Any) -> None:
     from research.studies.adaptive_link import LinkSchedule, parse_schedule
     from research.train.loop import Trainer
 
-    schedule = parse_schedule(cfg.link_schedule)
+    sched = parse_schedule(cfg.link_schedule)
+    # Two steps of dense first, apart: the arms share one process, so the
+    # first arm would otherwise pay alone for compiling what all of them run.
+    warm = dataclasses.replace(
+        cfg.train, strategy="host", strategy_options={}, steps=2,
+        run_dir=str(root / f"np{world.size}" / "warm-up"),
+    )  # fmt: skip
+    Trainer(warm, world).run()
     for seed in cfg.seeds:
         for arm in cfg.arms:
             strategy, options = arm_strategy(cfg, arm)
@@ -90,7 +128,7 @@ def run_job(cfg: Any, root: Path, world: Any) -> None:
             )
             imbalance = parse_imbalance(cfg.straggler, size=world.size, seed=seed)
             world.log(f"{arm}, seed {seed}, {world.size} ranks -> {folder}")
-            link = [] if cfg.no_link else [LinkSchedule(root / "link", schedule)]
+            link = [] if cfg.no_link else [LinkSchedule(root / "link", sched)]
             Trainer(train, world, imbalance=imbalance, callbacks=link).run()
 
 
@@ -105,6 +143,7 @@ def _load_run(folder: Path) -> dict[str, Any]:
         "summary": summary,
         "steps": steps,
         "switches": [r for r in rows if r.get("kind") in ("switch", "decision")],
+        "changes": [r for r in rows if r.get("kind") == "change"],
         "evals": summary.get("evals", []),
     }
 
@@ -115,25 +154,72 @@ def _within(steps: list[dict], phase: dict) -> list[dict]:
     return [r for r in steps if phase["start"] < r["step"] <= phase["end"]]
 
 
-def _mean_sd(xs: list[float]) -> tuple[float, float]:
-    xs = [x for x in xs if math.isfinite(x)]
-    if not xs:
-        return math.inf, math.nan
-    return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else math.nan
 
 
-def _time_to(evals: list[dict], target: float) -> float:
-    hit = [e["train_time"] for e in evals if e["test_acc"] >= target]
-    return hit[0] if hit else math.inf
+def _per_seed(run: dict, arm: str, ph: list[dict], target: float) -> dict:
+    steps = run["steps"]
+    methods = []
+    for p in ph:
+        counts: dict[str, int] = {}
+        for r in _within(steps, p):
+            m = r.get("comm_method", arm)
+            counts[m] = counts.get(m, 0) + 1
+        methods.append(counts)
+    by_step = {r["step"]: r for r in steps}
+    switches = [s for s in run["switches"] if s["kind"] == "switch"]
+
+    def own(r: dict) -> float | None:
+        """A step's seconds less the delay injected into this rank (rank 0's
+        rows): the same for a switch's step and the steps it is held to."""
+        t = r.get("step_time")
+        return None if t is None else t - (r.get("delay_s") or 0.0)
+
+    return {
+        "phase_s": [sum(r["step_time"] for r in _within(steps, p)) for p in ph],
+        "total_s": sum(r["step_time"] for r in steps),
+        "to_target_s": time_to(run["evals"], target),
+        "final_acc": run["summary"].get("final_test_acc"),
+        "methods": methods,
+        "adaptive": run["summary"].get("adaptive"),
+        "switches": len(switches),
+        # The step each switch happened at (its row counts it done) and its time.
+        "switch_steps": [
+            {
+                "step": s["step"],
+                "to": s["to"],
+                "reason": s["reason"],
+                "seconds": own(by_step.get(s["step"] + 1, {})),
+                "switch_s": (s.get("switch_ms") or 0.0) / 1e3,
+            }
+            for s in switches
+        ],  # fmt: skip
+        "first_step_s": by_step.get(1, {}).get("step_time"),
+        # A phase's ordinary step: its median step time (the first step
+        # apart), each less the delay injected into rank 0.
+        "ordinary_s": [
+            _median([own(r) for r in _within(steps, p) if r["step"] > 1]) for p in ph
+        ],
+        "changes": run["changes"],
+    }
 
 
 def analyze(root: Path, cfg: Any) -> dict[str, Any]:
-    """Per rank count: phase seconds, time to target, final accuracy per arm
-    and seed; adaptive's method per phase; the checks."""
-    out: dict[str, Any] = {"phases": phases(cfg), "target": cfg.target_acc, "np": {}}
-    for np_dir in sorted(root.glob("np*")):
+    """Per rank count: every arm's figures per seed and the oracle's (the
+    checks: :func:`research.studies.adaptive_report.checks`)."""
+    ph = phases(cfg)
+    out: dict[str, Any] = {
+        "scenario": getattr(cfg, "scenario", ""),
+        "phases": ph,
+        "target": cfg.target_acc,
+        "np": {},
+        "oracle": {},
+    }
+    for np_dir in sorted(root.glob("np*"), key=lambda d: int(d.name[2:])):
         P = int(np_dir.name[2:])
         arms: dict[str, Any] = {}
+        loaded: dict[int, dict[str, dict]] = {}
         for arm in cfg.arms:
             per_seed = []
             for seed in cfg.seeds:
@@ -141,138 +227,29 @@ def analyze(root: Path, cfg: Any) -> dict[str, Any]:
                 if not (folder / "summary.json").exists():
                     continue
                 run = _load_run(folder)
-                phase_s = [
-                    sum(r["step_time"] for r in _within(run["steps"], p))
-                    for p in out["phases"]
-                ]
-                methods = []
-                for p in out["phases"]:
-                    counts: dict[str, int] = {}
-                    for r in _within(run["steps"], p):
-                        m = r.get("comm_method", arm)
-                        counts[m] = counts.get(m, 0) + 1
-                    methods.append(counts)
+                loaded.setdefault(seed, {})[arm] = run
                 per_seed.append(
-                    {
-                        "seed": seed,
-                        "phase_s": phase_s,
-                        "total_s": sum(phase_s),
-                        "to_target_s": _time_to(run["evals"], cfg.target_acc),
-                        "final_acc": run["summary"].get("final_test_acc"),
-                        "methods": methods,
-                        "adaptive": run["summary"].get("adaptive"),
-                        "switches": len(
-                            [s for s in run["switches"] if s["kind"] == "switch"]
-                        ),
-                    }
+                    {"seed": seed, **_per_seed(run, arm, ph, cfg.target_acc)}
                 )
             if per_seed:
                 arms[arm] = per_seed
-        if arms:  # a rank count with none of these seeds' runs: no table
-            out["np"][P] = arms
-    out["checks"] = checks(out)
-    return out
-
-
-def _stat(runs: list[dict], key: str, i: int | None = None) -> tuple[float, float]:
-    xs = [r[key][i] if i is not None else r[key] for r in runs]
-    return _mean_sd([float("inf") if x is None else float(x) for x in xs])
-
-
-def _noise(a: tuple[float, float], b: tuple[float, float], n: int) -> float:
-    """Two standard errors of the difference of two seed means."""
-    return 2 * math.hypot(a[1], b[1]) / math.sqrt(max(n, 1))
-
-
-def checks(data: dict[str, Any]) -> list[str]:
-    """The issue's three claims, per rank count, as PASS/FAIL/UNDECIDED lines."""
-    lines = []
-    for P, arms in data["np"].items():
-        if "adaptive" not in arms or not any(a in arms for a in FIXED):
+        if not arms:  # a rank count with none of these seeds' runs: no table
             continue
-        ad = arms["adaptive"]
-        n = len(ad)
+        out["np"][P] = arms
         fixed = [a for a in FIXED if a in arms]
-        # 1. sooner to the target than every fixed strategy, over the whole run
-        a_t = _stat(ad, "to_target_s")
-        worse = []
-        for arm in fixed:
-            f_t = _stat(arms[arm], "to_target_s")
-            if not a_t[0] < f_t[0]:
-                worse.append(f"{arm} {f_t[0]:.1f} s")
-        best = min(fixed, key=lambda a: _stat(arms[a], "to_target_s")[0])
-        b_t = _stat(arms[best], "to_target_s")
-        verdict = "PASS" if not worse and math.isfinite(a_t[0]) else "FAIL"
-        if verdict == "PASS" and b_t[0] - a_t[0] <= _noise(a_t, b_t, n):
-            verdict = "UNDECIDED"
-        lines.append(
-            f"{verdict}  {P} ranks: adaptive reaches test accuracy "
-            f"{data['target']:g} in {a_t[0]:.1f} +- {a_t[1]:.1f} s, the best fixed "
-            f"strategy ({best}) in {b_t[0]:.1f} +- {b_t[1]:.1f} s"
-            + (f"; not sooner than {', '.join(worse)}" if worse else "")
-        )
-        # 2. within noise of the best fixed strategy in each phase
-        for i, p in enumerate(data["phases"]):
-            a_p = _stat(ad, "phase_s", i)
-            best = min(fixed, key=lambda a: _stat(arms[a], "phase_s", i)[0])
-            b_p = _stat(arms[best], "phase_s", i)
-            gap = a_p[0] - b_p[0]
-            ok = gap <= _noise(a_p, b_p, n)
-            lines.append(
-                f"{'PASS' if ok else 'FAIL'}  {P} ranks, steps {p['start']}-{p['end']} "
-                f"({p['label']}): adaptive {a_p[0]:.1f} +- {a_p[1]:.1f} s, best fixed "
-                f"{best} {b_p[0]:.1f} +- {b_p[1]:.1f} s ({gap:+.1f} s, noise "
-                f"{_noise(a_p, b_p, n):.1f} s)"
+        seeds = [s for s in cfg.seeds if all(a in loaded.get(s, {}) for a in fixed)]
+        if fixed and seeds:
+            plan = schedule(
+                {
+                    a: [r["phase_s"] for r in arms[a] if r["seed"] in seeds]
+                    for a in fixed
+                }
             )
-        # 3. the same final accuracy as dense, within the seeds' spread
-        if "host" in arms:
-            a_f, h_f = _stat(ad, "final_acc"), _stat(arms["host"], "final_acc")
-            gap = a_f[0] - h_f[0]
-            ok = abs(gap) <= max(_noise(a_f, h_f, n), a_f[1], h_f[1])
-            lines.append(
-                f"{'PASS' if ok else 'FAIL'}  {P} ranks: final test accuracy adaptive "
-                f"{a_f[0]:.4f} +- {a_f[1]:.4f}, host {h_f[0]:.4f} +- {h_f[1]:.4f} "
-                f"({gap:+.4f})"
-            )
-    return lines
-
-
-def format_table(data: dict[str, Any]) -> str:
-    """The tables (seconds per phase, time to target, final accuracy) and the
-    method adaptive ran in each phase, as markdown."""
-    ph = data["phases"]
-    out = []
-    for P, arms in data["np"].items():
-        n = len(next(iter(arms.values()), []))
-        out += [f"### {P} ranks ({n} seeds; seconds in steps, mean +- sd)", ""]
-        head = ["arm", *[f"{p['start']}-{p['end']}: {p['label']}" for p in ph]]
-        head += ["whole run", f"to {data['target']:g}", "final acc"]
-        out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for arm, runs in arms.items():
-            cells = [arm]
-            for i in range(len(ph)):
-                m, s = _stat(runs, "phase_s", i)
-                cells.append(f"{m:.1f} +- {s:.1f}")
-            for key, fmt in (("total_s", ".1f"), ("to_target_s", ".1f"),
-                             ("final_acc", ".4f")):  # fmt: skip
-                m, s = _stat(runs, key)
-                cells.append(
-                    "not reached" if math.isinf(m) else f"{m:{fmt}} +- {s:{fmt}}"
-                )
-            out.append("| " + " | ".join(cells) + " |")
-        if "adaptive" in arms:
-            out += ["", "What adaptive ran (steps per method, summed over seeds):", ""]
-            for i, p in enumerate(ph):
-                counts: dict[str, int] = {}
-                for r in arms["adaptive"]:
-                    for m, c in r["methods"][i].items():
-                        counts[m] = counts.get(m, 0) + c
-                desc = ", ".join(
-                    f"{m} {c}" for m, c in sorted(counts.items(), key=lambda x: -x[1])
-                )
-                out.append(f"- steps {p['start']}-{p['end']} ({p['label']}): {desc}")
-            sw = [r["switches"] for r in arms["adaptive"]]
-            out.append(f"- switches per run: {', '.join(map(str, sw))}")
-        out.append("")
-    out += ["### Checks", ""] + data["checks"]
-    return "\n".join(out) + "\n"
+            runs = [
+                {"seed": s, **stitch(loaded[s], plan, ph, cfg.target_acc)}
+                for s in seeds
+            ]
+            for r in runs:
+                r.pop("evals")
+            out["oracle"][P] = {"schedule": plan, "runs": runs}
+    return out

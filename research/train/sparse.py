@@ -172,6 +172,12 @@ class SparseExecutor(Executor):
             state = state.replace(strategy=strategy)
         return state
 
+    @property
+    def topk(self) -> TopKAllreduce | None:
+        """The top-k object it runs (``select="threshold"``; None for
+        ``"exact"``): its selection, buffers and sparse allreduce."""
+        return getattr(self, "_topk", None)
+
     def _views(self, flat: np.ndarray) -> Any:
         """The tree of ``flat``'s pieces shaped like the parameters (no copy)."""
         out, off = [], 0

@@ -53,6 +53,9 @@ class SparseStats:
     result_nnz: int = 0
     result_dense: bool = False
     seconds: float = 0.0
+    #: Of ``seconds``, those spent waiting for messages (the network's part;
+    #: the rest is encoding and merging, the CPU's).
+    transfer_s: float = 0.0
 
 
 class _Call:
@@ -66,11 +69,13 @@ class _Call:
         self.stats = SparseStats("")
 
     def wait(self, reqs: list[MPI.Request]) -> None:
+        t0 = time.perf_counter()
         if self.background:
             wait_all(reqs, what="sparse allreduce")
         else:
             with watchdog.watch("sparse allreduce"):
                 MPI.Request.Waitall(reqs)
+        self.stats.transfer_s += time.perf_counter() - t0
         watchdog.progress()  # one step of a multi-step algorithm done
 
     def sent(self, nbytes: int, messages: int = 1) -> None:
@@ -86,6 +91,7 @@ class _Call:
             self.sent(buf.nbytes)
         out = None
         if source >= 0:
+            t0 = time.perf_counter()
             status = MPI.Status()
             with watchdog.watch("sparse allreduce exchange", peers=[source]):
                 if self.background:
@@ -97,6 +103,7 @@ class _Call:
                     msg = self.comm.Mprobe(source, tag, status)
             out = np.empty(status.Get_count(MPI.BYTE), np.uint8)
             msg.Recv(out)
+            self.stats.transfer_s += time.perf_counter() - t0
         self.wait(reqs)
         return out
 

@@ -296,6 +296,7 @@ class SparseAverager(Averager):
                 "result_dense": int(stats.result_dense),
                 "dense_step": int(warmup),
                 "emulated_s": emulated,
+                "transfer_s": stats.transfer_s + emulated,  # the network's part
             },
         )
         if not decode:

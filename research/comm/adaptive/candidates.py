@@ -4,7 +4,7 @@ A candidate is one method the strategy may run: a registered strategy
 (``host``, ``sparse``, ``majority``, ``solo``; ``sparse`` once per density,
 ``sparse:0.01``), of a kind (dense, sparse, partial). They are listed from the
 most to the least accurate (dense, top-k from dense to sparse, majority,
-solo), the order :class:`~research.comm.adaptive_policy.Policy` prefers them
+solo), the order :class:`~research.comm.adaptive.policy.Policy` prefers them
 in. A plan (``"host@0,sparse:0.01@40"``) fixes switches at fixed steps.
 :func:`check_text_options` checks both before launch
 (``research.comm.registry.check_options``); nothing here imports MPI or numpy.

@@ -1,0 +1,366 @@
+"""What each candidate of the ``adaptive`` strategy would cost now: a fitted model.
+
+Pure bookkeeping on agreed figures (every rank feeds the same stamps, so
+every rank predicts the same): no MPI, no numpy, plain floats.
+
+A step of candidate ``k`` is modelled as::
+
+    arrivals   the ranks' times to their gradient (computation and any delay),
+               the last ``WINDOW`` steps as measured, whatever method ran
+    comm_k     = alpha_k + c_k * wire_k * beta          (seconds per step)
+    other_k    what else a step of k costs (top-k's selection, the update, ...):
+               each rank's step less its arrival and its wait, as measured
+
+    synchronous (dense, top-k):  mean over steps of the latest arrival
+                                 + comm_k + other_k
+    partial (majority, solo):    the ranks' clocks replayed over the arrivals
+                                 (:func:`replay`: solo never waits, majority
+                                 waits for its round's initiator, every
+                                 ``staleness``-th round waits for all)
+                                 + comm_k + other_k
+
+* ``beta`` is the link's seconds per byte, one number for every candidate:
+  fitted from the running candidate's own transfers (its bytes and seconds,
+  each step): top-k's sparse allreduce says how long it waited for messages,
+  so there ``beta`` is that time over its bytes; another candidate's is
+  ``(comm - alpha_k) / (c_k wire_k)``; a
+  :class:`~research.comm.adaptive.changepoint.ChangePoint` on that time takes
+  a new rate at its second step;
+* ``alpha_k`` (latency and the collective's own CPU work, which no link
+  changes) and ``c_k`` (how its bytes use the link; 1 to begin with) are the
+  candidate's own, fitted from the pairs (link, seconds) it was measured at:
+  at start-up (every candidate's collective once, at the first rate) and in
+  its first steps after each switch (at the rate the previous candidate saw);
+  with pairs at two rates both are fitted, else ``alpha_k`` alone;
+* ``wire_k``: the bytes one rank moves per step (a ring allreduce moves
+  ``2 (P - 1) / P`` of its buffer; top-k what it sent);
+* ``other_k`` is what the candidate's measured steps took beyond their
+  arrival and their wait (median over ranks, then over its last ``RECENT``
+  steps), kept from its last run: a new link rate never shows in it;
+* a partial candidate's replay is multiplied by its measured pace over the
+  replayed one, from its last ``staleness`` steps (between 0.25 and 4; back
+  to 1 when the lateness changes);
+* the fixed part and the other work are CPU work: they are scaled by how much
+  slower the computation runs now than when they were measured (the quickest
+  rank's arrival, a median over the last steps), so a core that other work
+  took over is not mistaken for a slower link.
+
+A candidate's prediction for its own next step is checked against the step
+(the model's error); :mod:`research.comm.adaptive.policy` decides from the
+predictions and probes only when that error stays above a bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from research.comm.adaptive.changepoint import ChangePoint
+
+#: Steps of arrivals the model keeps (since the last change in lateness).
+WINDOW = 24
+#: Pairs (link, seconds) kept per candidate.
+PAIRS = 4
+#: Link estimates this far apart (ratio) fit alpha and c apart.
+SPREAD = 2.0
+#: Steps whose other work (median) is a candidate's ``other``.
+RECENT = 8
+
+
+@dataclass
+class Fit:
+    """One candidate's communication and the rest of its step (module doc)."""
+
+    alpha: float = math.nan
+    c: float = 1.0
+    wire: float = math.nan  # bytes per step on the link, this rank
+    other: float = math.nan  # seconds per step beyond arrivals and comm
+    scale: float = 1.0  # a partial candidate's measured pace / its replay
+    level: float = math.nan  # the computation's speed alpha and other are at
+    at: int = -1  # the step it was last measured at (-1: never)
+    pairs: list[tuple[float, float]] = field(default_factory=list)
+    recent: list[float] = field(default_factory=list)  # its last others
+
+    @property
+    def known(self) -> bool:
+        return math.isfinite(self.alpha) and math.isfinite(self.wire)
+
+    def comm(self, beta: float, cpu: float = 1.0) -> float:
+        """Seconds at ``beta``, the fixed part at ``cpu`` x its speed."""
+        return self.alpha * cpu + self.c * self.wire * beta
+
+    def add_pair(self, beta: float, seconds: float) -> None:
+        """A measurement at a known link; refit alpha (and c, given the spread)."""
+        if not (math.isfinite(beta) and beta > 0 and math.isfinite(seconds)):
+            return
+        self.pairs = [p for p in self.pairs if abs(p[0] / beta - 1) > 0.1]
+        self.pairs = (self.pairs + [(beta, seconds)])[-PAIRS:]
+        xs = [b * self.wire for b, _ in self.pairs]
+        ys = [s for _, s in self.pairs]
+        if len(xs) >= 2 and max(xs) >= SPREAD * min(xs):
+            mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+            sxx = sum((x - mx) ** 2 for x in xs)
+            c = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+            if c > 0:
+                self.c, self.alpha = c, max(0.0, my - c * mx)
+                return
+        self.alpha = max(0.0, seconds - self.c * self.wire * beta)
+
+
+def replay(
+    arrivals: list[list[float]], per_step: float, full_every: int, mode: str,
+    first_round: int = 1,
+) -> float:  # fmt: skip
+    """Seconds per step of a partial collective over these arrivals.
+
+    Each rank's clock advances by its arrival and ``per_step`` (communication
+    and the rest of the step); ``solo`` never waits for another rank,
+    ``majority`` waits for its round's initiator when it arrives first (the
+    initiator drawn as the strategy draws it, here from the round number),
+    ``sync`` waits for every rank, and every ``full_every``-th round (round
+    numbers from ``first_round``) waits for every rank. The pace is the
+    slowest clock over the steps (the ranks meet at every full round).
+    """
+    if not arrivals:
+        return math.nan
+    P = len(arrivals[0])
+    t = [0.0] * P
+    for i, row in enumerate(arrivals):
+        r = first_round + i
+        ready = [t[q] + row[q] for q in range(P)]
+        if mode == "sync" or (full_every and r % full_every == 0):
+            m = max(ready)
+            t = [m + per_step] * P
+        elif mode == "majority":
+            ini = _initiator(r, P)
+            t = [max(ready[q], ready[ini]) + per_step for q in range(P)]
+        else:  # solo
+            t = [ready[q] + per_step for q in range(P)]
+    return max(t) / len(arrivals)
+
+
+def _initiator(r: int, P: int) -> int:
+    # A fixed stand-in for the seeded draw: any rank equally often.
+    return (r * 2654435761) % (2**32) % P
+
+
+class CostModel:
+    """Predicted seconds per step of every candidate (module docstring).
+
+    Args:
+      kinds: each candidate's kind, ``"dense"``, ``"sparse"`` or ``"partial"``.
+      modes: each candidate's partial mode (``"solo"``, ``"majority"``) or
+        ``"sync"``.
+      size: ranks.
+      staleness: the partial collectives' full round every this many rounds.
+    """
+
+    def __init__(
+        self, kinds: list[str], modes: list[str], size: int, staleness: int
+    ) -> None:
+        self.kinds, self.modes = list(kinds), list(modes)
+        self.size, self.staleness = int(size), int(staleness)
+        self.fits = [Fit() for _ in kinds]
+        self.beta = math.nan
+        self.link = ChangePoint(window=3, rel=0.2)
+        self.lateness = ChangePoint(window=3, rel=0.5)
+        self.arrivals: list[list[float]] = []
+        self.first = 1  # the round number of arrivals[0] (for the replay)
+        self.speeds: list[float] = []  # the quickest rank's arrival, last steps
+        self._seed_comm: dict[int, float] = {}  # start-up's, until anchored
+
+    @property
+    def speed(self) -> float:
+        """The computation's pace now: the median of the quickest rank's
+        arrival over the last ``RECENT`` steps (a straggler is never the
+        quickest; more load on the cores, or less, shows here)."""
+        return _median(self.speeds) if self.speeds else math.nan
+
+    def cpu(self, f: Fit) -> float:
+        """How much slower (> 1) the cores work now than when ``f`` was fitted."""
+        now = self.speed
+        if math.isfinite(now) and math.isfinite(f.level) and f.level > 0:
+            return now / f.level
+        return 1.0
+
+    def wire_factor(self, k: int) -> float:
+        """Bytes on the link per byte handed in: a ring moves 2 (P - 1) / P."""
+        P = self.size
+        return 1.0 if self.kinds[k] == "sparse" else 2 * (P - 1) / max(P, 1)
+
+    # -- what was measured -------------------------------------------------------
+    def seed(self, k: int, comm: float, nbytes: float, other: float) -> None:
+        """Start-up: candidate ``k``'s collective took ``comm`` seconds for
+        ``nbytes`` bytes (at the first rate); ``other`` its other work."""
+        f = self.fits[k]
+        f.wire = nbytes * self.wire_factor(k)
+        f.other = other
+        f.pairs, f.at = [], 0
+        f.alpha = comm  # until beta is known (the dense candidate sets it)
+        self._seed_comm[k] = comm
+
+    def anchor(self, dense: int, latency: float, transfer: dict | None = None) -> None:
+        """Start-up: the link. From a candidate's pure transfer time where one
+        says it (``transfer``: candidate -> seconds waiting for messages, top-k's
+        sparse allreduce): its bytes over it; else from the dense candidate's
+        collective, taking ``latency`` (a tiny message's time) as its own fixed
+        part. Every candidate's fixed part is then what its collective took
+        beyond its bytes at that link."""
+        known = {k: t for k, t in (transfer or {}).items() if t > 0}
+        if known:
+            k, t = min(known.items(), key=lambda kv: kv[1] / self.fits[kv[0]].wire)
+            self.beta = t / self.fits[k].wire
+        else:
+            f = self.fits[dense]
+            comm = self._seed_comm[dense]
+            self.beta = max(comm - latency, 1e-6 * comm) / f.wire
+        for k, c in self._seed_comm.items():
+            self.fits[k].add_pair(self.beta, c)
+
+    def observe(
+        self, k: int, step: int, arrivals: list[float], comm: float,
+        nbytes: float, other: float, fresh: int, transfer: float = math.nan,
+    ) -> str:  # fmt: skip
+        """One agreed step of the running candidate ``k``: every rank's arrival,
+        its communication (the least exposed wait of a synchronous collective,
+        the longest of a partial one; NaN for a partial collective's full round,
+        which says nothing of the link), bytes handed in, and the rest of the
+        step (its seconds less arrival and wait, median over ranks).
+        ``fresh``: 1, 2, ... for the first measured steps after a switch (the
+        link is then the previous candidate's; their seconds fit ``k`` and
+        start the link's reference), 0 after them. ``transfer``: of the
+        communication, the seconds spent waiting for messages, where the
+        candidate can tell (top-k): the link is then read from it alone, not
+        through the collective's fixed part. Returns what changed
+        (``"lateness"``, ``"link"``), "" for nothing.
+        """
+        changed = []
+        measured = math.isfinite(comm)  # else no link in it (a full round)
+        self.speeds = (self.speeds + [min(arrivals)])[-RECENT:]
+        for g in self.fits:  # start-up's figures: at the first steps' speed
+            if g.known and not math.isfinite(g.level):
+                g.level = self.speed
+        late = max(arrivals) - _median(arrivals)
+        step_s = max(arrivals) + (comm + max(other, 0.0) if measured else 0.0)
+        if self.lateness.add(late, floor=0.05 * step_s):
+            # Only the arrivals since the change: the steps the rule saw move.
+            kept = int(self.lateness.n) - 1
+            self.arrivals = self.arrivals[-kept:] if kept > 0 else []
+            for g in self.fits:  # a replay's bias was learnt at the old lateness
+                g.scale = 1.0
+            changed.append("lateness")
+        self.arrivals.append(list(arrivals))
+        if len(self.arrivals) > WINDOW:
+            self.arrivals.pop(0)
+        self.first = step - len(self.arrivals) + 1
+        f = self.fits[k]
+        f.at = step
+        if nbytes > 0:
+            f.wire = nbytes * self.wire_factor(k)
+        if not measured:
+            return ",".join(changed)
+        pure = math.isfinite(transfer) and transfer > 0
+        seen = transfer if pure else comm  # what the link shows in
+        if fresh:
+            f.add_pair(self.beta, comm)
+            f.level = self.speed
+            if fresh == 1:
+                self.link.reset()
+            self.link.take(seen)
+        elif self.link.add(seen, floor=0.05 * step_s):  # too small to matter
+            changed.append("link")
+        if not fresh and f.known and f.c * f.wire > 0:
+            if pure:  # the network's own seconds per byte
+                self.beta = self.link.level / f.wire
+            else:
+                fixed = f.alpha * self.cpu(f)
+                beta = (self.link.level - fixed) / (f.c * f.wire)
+                # A rate the fixed part cannot explain: it was too big.
+                self.beta = max(beta, 1e-3 * self.link.level / (f.c * f.wire))
+        if fresh == 1:
+            f.recent = []
+        # Other work in the units of the fixed part's speed.
+        f.recent = (f.recent + [max(other, 0.0) / self.cpu(f)])[-RECENT:]
+        f.other = _median(f.recent)  # one slow step moves nothing
+        return ",".join(changed)
+
+    def rescale(self, k: int, measured: float, replayed: float) -> None:
+        """A partial candidate's measured pace against its replay over the same
+        steps (unscaled): the replay's bias, kept and applied to it."""
+        if self.kinds[k] == "partial" and replayed > 0 and measured > 0:
+            self.fits[k].scale = min(max(measured / replayed, 0.25), 4.0)
+
+    # -- what it predicts ----------------------------------------------------------
+    def predict(self, k: int, scaled: bool = True) -> float:
+        """Seconds per step of candidate ``k`` now (NaN: not enough known);
+        ``scaled``: a partial candidate's replay times its measured bias."""
+        f = self.fits[k]
+        if not (f.known and math.isfinite(self.beta) and self.arrivals):
+            return math.nan
+        cpu = self.cpu(f)
+        o = f.other * cpu if math.isfinite(f.other) else 0.0
+        per = max(f.comm(self.beta, cpu), 0.0) + o
+        mode = self.modes[k]
+        if self.kinds[k] == "partial":
+            pace = replay(self.arrivals, per, self.staleness, mode, self.first)
+            return pace * (f.scale if scaled else 1.0)
+        latest = sum(max(row) for row in self.arrivals) / len(self.arrivals)
+        return latest + per
+
+    def lateness_now(self) -> float:
+        """Mean over the window of (latest - median arrival), seconds."""
+        if not self.arrivals:
+            return math.nan
+        return sum(max(r) - _median(r) for r in self.arrivals) / len(self.arrivals)
+
+    # -- state -------------------------------------------------------------------
+    def state(self) -> list[float]:
+        """Every number as a flat list of a fixed length (checkpoints)."""
+        speeds = self.speeds + [math.nan] * (RECENT - len(self.speeds))
+        out = [self.beta, float(self.first), float(len(self.arrivals)), *speeds]
+        rows = self.arrivals + [[math.nan] * self.size] * (WINDOW - len(self.arrivals))
+        out += [x for r in rows for x in r]
+        out += self.link.state() + self.lateness.state()
+        for f in self.fits:
+            pairs = f.pairs + [(math.nan, math.nan)] * (PAIRS - len(f.pairs))
+            recent = f.recent + [math.nan] * (RECENT - len(f.recent))
+            out += [f.alpha, f.c, f.wire, f.other, f.scale, f.level, float(f.at)]
+            out += recent
+            out += [x for p in pairs for x in p]
+        return out
+
+    def load(self, values: list[float]) -> None:
+        """Take what :meth:`state` gave."""
+        v = list(values)
+        self.beta, self.first, n = v[0], int(v[1]), int(v[2])
+        self.speeds = [x for x in v[3 : 3 + RECENT] if math.isfinite(x)]
+        i = 3 + RECENT
+        rows = [v[i + j * self.size : i + (j + 1) * self.size] for j in range(WINDOW)]
+        self.arrivals = [list(r) for r in rows[:n]]
+        i += WINDOW * self.size
+        for cp in (self.link, self.lateness):
+            m = 4 + cp.window
+            cp.load(v[i : i + m])
+            i += m
+        for f in self.fits:
+            f.alpha, f.c, f.wire, f.other, f.scale, f.level = v[i : i + 6]
+            f.at = int(v[i + 6])
+            i += 7
+            f.recent = [x for x in v[i : i + RECENT] if math.isfinite(x)]
+            i += RECENT
+            flat = v[i : i + 2 * PAIRS]
+            f.pairs = [
+                (flat[2 * j], flat[2 * j + 1])
+                for j in range(PAIRS)
+                if math.isfinite(flat[2 * j])
+            ]
+            i += 2 * PAIRS
+
+    def length(self) -> int:
+        return len(self.state())
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
