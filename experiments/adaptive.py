@@ -44,7 +44,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from research.entry.cli import nested, override, parse_config
+from research.entry.cli import nested, override, parse_config, without
 from research.studies.adaptive import ARMS, SCENARIOS
 from research.studies.presets import ExperimentConfig
 from research.train.config import CKPT, OUTPUT, TrainConfig, flag
@@ -211,7 +211,7 @@ def _driver(cfg: Config, argv: list[str]) -> Path:
             for host in cluster.hosts():
                 cluster.set_rate(host, rate)
 
-        rest = _without(argv, "--run-dir") + ["--run-dir", str(root)]
+        rest = without(argv, "--run-dir") + ["--run-dir", str(root)]
         for n in cfg.nps:
             with LinkController(root / "link", set_rate if cluster else None) as ctl:
                 code = relaunch(
@@ -229,18 +229,6 @@ def _driver(cfg: Config, argv: list[str]) -> Path:
         if made is not None:
             localnet.down(cfg.cluster)
     return root
-
-
-def _without(argv: list[str], name: str) -> list[str]:
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == name:
-            skip = True
-        elif not a.startswith(name + "="):
-            out.append(a)
-    return out
 
 
 def report(cfg: Config, root: Path) -> dict[str, Any]:
