@@ -75,7 +75,9 @@ def _check_phases(name: str, run_dir: Path) -> None:
     from research.rundir import read_metrics
     from research.train.executors import PHASES
 
-    rows = [r for r in read_metrics(run_dir) if r.get("kind") != "eval"]
+    # Step rows: evaluations and a strategy's own rows (adaptive's model and
+    # change rows) have a "kind" (as research.rundir.step_medians reads them).
+    rows = [r for r in read_metrics(run_dir) if not r.get("kind")]
     assert rows, f"{name}: no step rows"
     for row in rows:
         assert set(PHASES) <= set(row), f"{name}: {sorted(row)} lacks {PHASES}"
