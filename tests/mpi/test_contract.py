@@ -30,8 +30,11 @@ from research.train.callback import Callback
 from tests.checkpoint_state import identical
 from tests.tiny import tiny_config
 
-#: Strategies whose result depends on timing (which gradients make a round).
-TIMING_DEPENDENT = {"solo", "majority", "ps"}
+#: Strategies whose result depends on timing: which gradients make a round, or
+#: (adaptive) which method the model fitted to measured times picks at a step.
+#: Adaptive's resume with its switches fixed (``plan``) is checked bit for bit
+#: in tests/mpi/test_adaptive.py.
+TIMING_DEPENDENT = {"solo", "majority", "ps", "adaptive"}
 
 
 @pytest.fixture
