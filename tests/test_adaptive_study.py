@@ -142,6 +142,11 @@ def test_tables_and_checks_from_run_folders(tmp_path):
     assert line("probes per run 1, 1").startswith("PASS")
     # The switch steps are the new methods' ordinary steps (made up alike).
     assert line("switch steps within").startswith("PASS")
+    # ... and the steps the new method takes after it in the same run.
+    assert line("next steps").endswith(
+        "host 1.00x (2, worst 1.00x); solo 1.00x (2, worst 1.00x); "
+        "sparse:0.05 1.00x (2, worst 1.00x)"
+    )
     # Each phase adaptive starts on the old method for two steps: beyond the
     # made-up spread (0.001 s a step between the seeds).
     assert line("steps 10-20").startswith("FAIL")

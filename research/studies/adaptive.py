@@ -158,6 +158,22 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else math.nan
 
 
+#: How many of the new method's steps after a switch make its own pace.
+NEXT = 10
+
+
+def _next_steps(steps: list[dict], after: int, method: str, own: Any) -> float | None:
+    """The median of the (at most :data:`NEXT`) steps after step ``after`` that
+    ran ``method``, as ``own`` counts them; None under three such steps."""
+    xs = [
+        own(r)
+        for r in steps
+        if after < r["step"] <= after + NEXT and r.get("comm_method") == method
+    ]
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if len(xs) >= 3 else None
+
+
 def _per_seed(run: dict, arm: str, ph: list[dict], target: float) -> dict:
     steps = run["steps"]
     methods = []
@@ -192,6 +208,7 @@ def _per_seed(run: dict, arm: str, ph: list[dict], target: float) -> dict:
                 "reason": s["reason"],
                 "seconds": own(by_step.get(s["step"] + 1, {})),
                 "switch_s": (s.get("switch_ms") or 0.0) / 1e3,
+                "next_s": _next_steps(steps, s["step"] + 1, s["to"], own),
             }
             for s in switches
         ],  # fmt: skip
