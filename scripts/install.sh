@@ -23,7 +23,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The ranges pyproject.toml pins (tests/test_install.py checks that they agree).
+# The ranges pyproject.toml pins (tests/test_install_pins.py checks that they agree).
 JAX_RANGE=">=0.10,<0.12"
 NUMPY_RANGE=">=2.0,<3"
 MPI4PY_RANGE=">=4.1,<5"
