@@ -206,18 +206,17 @@ def bind(local_rank: int, local_size: int) -> Binding:
     global _binding
     if _binding is not None:
         return _binding
+    unbound = None  # why this process keeps what JAX chooses
     if os.environ.get(OPT_OUT, "1") == "0":
-        planned, _ = planned_platform()
-        _binding = Binding(planned, local_rank, local_size, reason=f"{OPT_OUT}=0")
+        unbound = f"{OPT_OUT}=0"
     elif jax_started():
-        planned, _ = planned_platform()
-        _binding = Binding(
-            planned,
-            local_rank,
-            local_size,
-            reason="JAX started before the MPI world: not bound (make the "
-            "world first: research.comm.world.get_world())",
+        unbound = (
+            "JAX started before the MPI world: not bound (make the world "
+            "first: research.comm.world.get_world())"
         )
+    if unbound:
+        planned, _ = planned_platform()
+        _binding = Binding(planned, local_rank, local_size, reason=unbound)
     else:
         _binding = plan(local_rank, local_size)
         if _binding.platform == "gpu":
