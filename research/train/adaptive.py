@@ -149,7 +149,6 @@ class AdaptiveExecutor(Executor):
             "total": dt,
             "arrive": arrived[0] if arrived else dt,
             "comm": phases.get("comm_exposed_s") or 0.0,
-            "transfer": info.extra.get("transfer_s", math.nan) if info else math.nan,
             "bytes": float(info.bytes) if info is not None else 0.0,
             "lag": lag,
             "age": age,

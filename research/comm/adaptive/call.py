@@ -122,7 +122,6 @@ class AdaptiveCall(Averaging):
             "total": t_out - start,
             "arrive": t_in - start,
             "comm": t_out - t0,
-            "transfer": info.extra.get("transfer_s", math.nan),
             "bytes": float(info.bytes),
             "lag": lag,
             "age": info.extra.get("mean_age", math.nan) if partial else math.nan,

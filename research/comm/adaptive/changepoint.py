@@ -100,6 +100,14 @@ class ChangePoint:
             self._absorb(x)
         return False
 
+    def drift(self, floor: float = 0.0) -> float:
+        """+1 or -1 when the newest sample lies beyond the band above or below
+        the reference (a change may be starting), else 0."""
+        if self.n < 2 or not self.probe:
+            return 0.0
+        d = self.probe[-1] - self.mean
+        return math.copysign(1.0, d) if abs(d) > self.band(floor) else 0.0
+
     def _shifted(self, floor: float) -> list[float]:
         """The probe samples at the new level, or [] (no change)."""
         band = self.band(floor)

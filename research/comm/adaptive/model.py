@@ -19,19 +19,23 @@ A step of candidate ``k`` is modelled as::
                                  ``staleness``-th round waits for all)
                                  + comm_k + other_k
 
-* ``beta`` is the link's seconds per byte, one number for every candidate:
-  fitted from the running candidate's own transfers (its bytes and seconds,
-  each step): top-k's sparse allreduce says how long it waited for messages,
-  so there ``beta`` is that time over its bytes; another candidate's is
-  ``(comm - alpha_k) / (c_k wire_k)``; a
-  :class:`~research.comm.adaptive.changepoint.ChangePoint` on that time takes
-  a new rate at its second step;
+* ``beta`` is the link's seconds per byte, one number for every candidate,
+  read each step from the running candidate's own transfer (its bytes and
+  seconds) through its fit: ``(comm - alpha_k) / (c_k wire_k)``. A
+  :class:`~research.comm.adaptive.changepoint.ChangePoint` on that series
+  takes a new rate at its second step. The series goes on across switches on
+  one scale (start-up's): top-k's wait for messages, once read as the link
+  itself, put the link on another scale each time top-k ran (2 to 3 times
+  its rate's change at 4 ranks on 2 cores, where that wait holds the others'
+  lateness), and the others were then predicted at the wrong link for good;
 * ``alpha_k`` (latency and the collective's own CPU work, which no link
-  changes) and ``c_k`` (how its bytes use the link; 1 to begin with) are the
-  candidate's own, fitted from the pairs (link, seconds) it was measured at:
-  at start-up (every candidate's collective once, at the first rate) and in
-  its first steps after each switch (at the rate the previous candidate saw);
-  with pairs at two rates both are fitted, else ``alpha_k`` alone;
+  changes; below 0 where two rates' line says so: :meth:`Fit.comm`) and
+  ``c_k`` (how its bytes use the link; 1 to begin with) are the candidate's
+  own, fitted from the pairs (link, seconds) it was measured at: at start-up
+  (every candidate's collective once, at the first rate) and in its first two
+  steps after each switch (at the link the previous candidate last saw; not
+  when the link moved as the switch landed: :meth:`CostModel._landed`); with
+  pairs at two rates both are fitted, else ``alpha_k`` alone;
 * ``wire_k``: the bytes one rank moves per step (a ring allreduce moves
   ``2 (P - 1) / P`` of its buffer; top-k what it sent);
 * ``other_k`` is what the candidate's measured steps took beyond their
@@ -86,11 +90,28 @@ class Fit:
         return math.isfinite(self.alpha) and math.isfinite(self.wire)
 
     def comm(self, beta: float, cpu: float = 1.0) -> float:
-        """Seconds at ``beta``, the fixed part at ``cpu`` x its speed."""
-        return self.alpha * cpu + self.c * self.wire * beta
+        """Seconds at ``beta``, the fixed part at ``cpu`` x its speed. A fixed
+        part below 0 (two rates' line: the link's own latency is not linear
+        in its rate) is no CPU work: it is not scaled, and below the rates
+        seen the line is not followed under the slowest pair's seconds per
+        byte."""
+        if self.alpha >= 0:
+            return self.alpha * cpu + self.c * self.wire * beta
+        line = self.alpha + self.c * self.wire * beta
+        x0, y0 = min(self.pairs, default=(beta, line))
+        return max(line, y0 * beta / x0) if x0 > 0 else line
+
+    def implied(self, seconds: float, cpu: float = 1.0) -> float:
+        """The link (seconds per byte) at which this fit takes ``seconds``."""
+        if not self.known or self.c * self.wire <= 0:
+            return math.nan
+        fixed = self.alpha * cpu if self.alpha >= 0 else self.alpha
+        return max(seconds - fixed, 1e-3 * seconds) / (self.c * self.wire)
 
     def add_pair(self, beta: float, seconds: float) -> None:
-        """A measurement at a known link; refit alpha (and c, given the spread)."""
+        """A measurement at a known link; refit alpha (and c, given the spread).
+        Two rates give the line through them (its fixed part may fall below 0:
+        :meth:`comm`)."""
         if not (math.isfinite(beta) and beta > 0 and math.isfinite(seconds)):
             return
         self.pairs = [p for p in self.pairs if abs(p[0] / beta - 1) > 0.1]
@@ -102,7 +123,7 @@ class Fit:
             sxx = sum((x - mx) ** 2 for x in xs)
             c = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
             if c > 0:
-                self.c, self.alpha = c, max(0.0, my - c * mx)
+                self.c, self.alpha = c, my - c * mx
                 return
         self.alpha = max(0.0, seconds - self.c * self.wire * beta)
 
@@ -168,6 +189,10 @@ class CostModel:
         self.first = 1  # the round number of arrivals[0] (for the replay)
         self.speeds: list[float] = []  # the quickest rank's arrival, last steps
         self._seed_comm: dict[int, float] = {}  # start-up's, until anchored
+        #: The newest link sample's side (+1, -1) when out of its band, else 0.
+        self.moving = 0.0
+        #: A switch's first step (link, seconds, seen) until its second's.
+        self.held = [math.nan] * 3
 
     @property
     def speed(self) -> float:
@@ -219,20 +244,17 @@ class CostModel:
 
     def observe(
         self, k: int, step: int, arrivals: list[float], comm: float,
-        nbytes: float, other: float, fresh: int, transfer: float = math.nan,
+        nbytes: float, other: float, fresh: int,
     ) -> str:  # fmt: skip
         """One agreed step of the running candidate ``k``: every rank's arrival,
         its communication (the least exposed wait of a synchronous collective,
         the longest of a partial one; NaN for a partial collective's full round,
         which says nothing of the link), bytes handed in, and the rest of the
         step (its seconds less arrival and wait, median over ranks).
-        ``fresh``: 1, 2, ... for the first measured steps after a switch (the
-        link is then the previous candidate's; their seconds fit ``k`` and
-        start the link's reference), 0 after them. ``transfer``: of the
-        communication, the seconds spent waiting for messages, where the
-        candidate can tell (top-k): the link is then read from it alone, not
-        through the collective's fixed part. Returns what changed
-        (``"lateness"``, ``"link"``), "" for nothing.
+        ``fresh``: 1, 2, ... for the first measured steps after a switch (their
+        seconds fit ``k`` at the link last seen, :meth:`_landed`), 0 after
+        them (their seconds are read as the link).
+        Returns what changed (``"lateness"``, ``"link"``), "" for nothing.
         """
         changed = []
         measured = math.isfinite(comm)  # else no link in it (a full round)
@@ -257,32 +279,63 @@ class CostModel:
         f.at = step
         if nbytes > 0:
             f.wire = nbytes * self.wire_factor(k)
-        if not measured:
+        if not measured:  # a full round: its fresh pair is lost, not mixed up
+            if fresh:
+                self.held, self.moving = [math.nan] * 3, 0.0
             return ",".join(changed)
-        pure = math.isfinite(transfer) and transfer > 0
-        seen = transfer if pure else comm  # what the link shows in
-        if fresh:
-            f.add_pair(self.beta, comm)
+        cpu = self.cpu(f)
+        # The link's rule follows the link itself (seconds per byte, as this
+        # candidate's fit reads its seconds, the CPU part at today's speed):
+        # one series across switches, on one scale whichever candidate runs.
+        # A move of less than a tenth of the step (the policy's margin) is none.
+        floor = 0.1 * step_s / (f.c * f.wire) if f.known and f.wire > 0 else 0.0
+        if fresh:  # the fit learns from these: they say nothing of the link
+            if self._landed(f, fresh, comm, cpu):
+                self.beta = f.implied(comm, cpu)
+                self.link.reset([self.beta])
+                changed.append("link")
             f.level = self.speed
-            if fresh == 1:
-                self.link.reset()
-            self.link.take(seen)
-        elif self.link.add(seen, floor=0.05 * step_s):  # too small to matter
-            changed.append("link")
-        if not fresh and f.known and f.c * f.wire > 0:
-            if pure:  # the network's own seconds per byte
-                self.beta = self.link.level / f.wire
-            else:
-                fixed = f.alpha * self.cpu(f)
-                beta = (self.link.level - fixed) / (f.c * f.wire)
-                # A rate the fixed part cannot explain: it was too big.
-                self.beta = max(beta, 1e-3 * self.link.level / (f.c * f.wire))
+        elif f.known and f.c * f.wire > 0:
+            if self.link.add(f.implied(comm, cpu), floor=floor):
+                changed.append("link")
+            self.moving = self.link.drift(floor)
+            self.beta = self.link.level
         if fresh == 1:
             f.recent = []
         # Other work in the units of the fixed part's speed.
         f.recent = (f.recent + [max(other, 0.0) / self.cpu(f)])[-RECENT:]
         f.other = _median(f.recent)  # one slow step moves nothing
         return ",".join(changed)
+
+    def _landed(self, f: Fit, fresh: int, comm: float, cpu: float) -> bool:
+        """A switch's first measured steps (``fresh`` 1, 2): whether the link
+        moved as the switch landed, and their pairs (link, seconds) for ``f``
+        when it did not. The pairs assume the link the previous candidate
+        last saw; a switch often follows a move that its rule has not yet
+        declared (its newest sample out of its band, :attr:`moving`), or the
+        link moves between the two steps. Then the seconds are the link's: the
+        fit is kept and the link read from it (no pair), else the new link
+        would be taken as the candidate's fixed part and stay in it."""
+        if fresh == 1:
+            moving, self.moving = self.moving, 0.0
+            self.held = [self.beta, comm, comm]
+            want = f.comm(self.beta, cpu)
+            off = comm - want
+            if moving and off * moving > 0.3 * want:
+                self.held = [0.0, math.nan, math.nan]  # no pairs this switch
+                return True
+            return False
+        held_beta, held_comm, _ = self.held
+        self.held = [math.nan] * 3
+        if held_beta == 0.0:
+            return False  # moved at the first step: read from the fit
+        if math.isfinite(held_comm) and abs(comm - held_comm) > 0.5 * min(
+            comm, held_comm
+        ):
+            return True  # between the two steps: neither is a pair
+        f.add_pair(held_beta, held_comm)
+        f.add_pair(self.beta, comm)
+        return False
 
     def rescale(self, k: int, measured: float, replayed: float) -> None:
         """A partial candidate's measured pace against its replay over the same
@@ -318,6 +371,7 @@ class CostModel:
         """Every number as a flat list of a fixed length (checkpoints)."""
         speeds = self.speeds + [math.nan] * (RECENT - len(self.speeds))
         out = [self.beta, float(self.first), float(len(self.arrivals)), *speeds]
+        out += [self.moving, *self.held]
         rows = self.arrivals + [[math.nan] * self.size] * (WINDOW - len(self.arrivals))
         out += [x for r in rows for x in r]
         out += self.link.state() + self.lateness.state()
@@ -335,6 +389,8 @@ class CostModel:
         self.beta, self.first, n = v[0], int(v[1]), int(v[2])
         self.speeds = [x for x in v[3 : 3 + RECENT] if math.isfinite(x)]
         i = 3 + RECENT
+        self.moving, self.held = v[i], list(v[i + 1 : i + 4])
+        i += 4
         rows = [v[i + j * self.size : i + (j + 1) * self.size] for j in range(WINDOW)]
         self.arrivals = [list(r) for r in rows[:n]]
         i += WINDOW * self.size

@@ -21,7 +21,9 @@ Each step (:meth:`Policy.observe`, then :meth:`Policy.decide`):
    residual's lag, the guard's figure; partial: the rounds' mean age; dense:
    0). Unmeasured delays count as 1 (top-k) and 0.5 (partial).
 4. The choice: the candidate of least score, when it beats the running one's
-   by more than ``margin`` and the running one has had its steps measured
+   by more than ``margin`` (``UNRUN`` x that for a candidate not yet run,
+   whose prediction rests on start-up's figures alone) and the running one
+   has had its steps measured
    (``settle`` steps after a switch; a partial candidate's figures come
    ``staleness`` steps late).
 5. Probes: the model's error, the running candidate's predicted steps
@@ -62,6 +64,8 @@ PRIOR_DELAY = {DENSE: 0.0, SPARSE: 1.0, PARTIAL: 0.5}
 SKIP = 1
 #: Steps after those whose seconds fit the new candidate at the old link.
 FRESH = 2
+#: A candidate not yet run must beat the running one by this many margins.
+UNRUN = 1.5
 
 
 @dataclass
@@ -208,17 +212,15 @@ class Policy:
             other = math.nan
         pred, raw = self.model.predict(k), self.model.predict(k, scaled=False)
         fresh = n - SKIP + 1 if n < SKIP + FRESH else 0  # 1, 2: fit k
-        transfers = [s.transfer for s in st if math.isfinite(s.transfer)]
-        transfer = min(transfers) if transfers else math.nan  # the last to come
         changed = self.model.observe(
             k, step, [s.arrive for s in st], comm, max(s.bytes for s in st),
-            other, fresh, transfer,
+            other, fresh,
         )  # fmt: skip
         self.measured += 1
         if changed:  # the steps before it are another regime's: not compared
             self.last_change, self._recent, self.err = step, [], 0.0
             for what in changed.split(","):
-                events.append(self._event(step, what))
+                events.append(self._event(step, what, k))
         elif math.isfinite(pred) and total > 0:
             self._recent = (self._recent + [(total, pred, raw)])[-self.staleness :]
             measured = sum(r[0] for r in self._recent)
@@ -246,12 +248,12 @@ class Policy:
             }]  # fmt: skip
         return events
 
-    def _event(self, step: int, what: str) -> dict[str, Any]:
+    def _event(self, step: int, what: str, k: int) -> dict[str, Any]:
         m = self.model
-        if what == "link":
-            level = m.link.level
+        if what == "link":  # and what the running candidate's transfer takes now
+            comm = m.fits[k].comm(m.beta, m.cpu(m.fits[k]))
             return {"kind": "change", "step": step, "what": "link",
-                    "comm_ms": round(level * 1e3, 3),
+                    "comm_ms": round(comm * 1e3, 3),
                     "ns_per_byte": round(m.beta * 1e9, 4)}  # fmt: skip
         return {"kind": "change", "step": step, "what": "lateness",
                 "lateness_ms": round(m.lateness.level * 1e3, 3)}  # fmt: skip
@@ -320,7 +322,9 @@ class Policy:
                     f"for {self.probe_steps} steps"
                 )
                 return self._switch(step, other, "probe", why)
-        if best != cur and known[best] < known[cur] * (1 - self.margin):
+        # A candidate never run is predicted from start-up's figures only.
+        margin = self.margin * (UNRUN if self.steps[best] == 0 else 1.0)
+        if best != cur and known[best] < known[cur] * (1 - margin):
             why = (
                 f"{self.labels[best]} {known[best] * 1e3:.1f} ms/step-of-progress "
                 f"against {self.labels[cur]} {known[cur] * 1e3:.1f}"

@@ -12,8 +12,6 @@ unless said:
 * ``arrive``: from the step's start to this rank's gradient being ready (its
   computation and any delay: how late it comes to the collective);
 * ``comm``: the time it waited for the collective (exposed communication);
-* ``transfer``: of that, the time spent waiting for messages, where the
-  collective can tell (top-k's sparse allreduce; NaN else);
 * ``bytes``: the bytes it handed to the collective;
 * ``lag``: top-k's residual over this step's gradient (the guard's figure;
   NaN when not measured this step);
@@ -30,7 +28,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 FIELDS = (
-    "step", "method", "since", "total", "arrive", "comm", "transfer", "bytes",
+    "step", "method", "since", "total", "arrive", "comm", "bytes",
     "lag", "age", "carried", "full",
 )  # fmt: skip
 
@@ -44,7 +42,6 @@ class Stamp(NamedTuple):
     total: float
     arrive: float
     comm: float
-    transfer: float
     bytes: float
     lag: float
     age: float
