@@ -20,8 +20,9 @@ A step of candidate ``k`` is modelled as::
                                  + comm_k + other_k
 
 * ``beta`` is the link's seconds per byte, one number for every candidate,
-  read each step from the running candidate's own transfer (its bytes and
-  seconds) through its fit: ``(comm - alpha_k) / (c_k wire_k)``. A
+  read each step from the running synchronous candidate's own transfer (its
+  bytes and seconds) through its fit: ``(comm - alpha_k) / (c_k wire_k)``
+  (a partial collective's waits hold the others' lateness: not read). A
   :class:`~research.comm.adaptive.changepoint.ChangePoint` on that series
   takes a new rate at its second step. The series goes on across switches on
   one scale (start-up's): top-k's wait for messages, once read as the link
@@ -287,14 +288,23 @@ class CostModel:
         # The link's rule follows the link itself (seconds per byte, as this
         # candidate's fit reads its seconds, the CPU part at today's speed):
         # one series across switches, on one scale whichever candidate runs.
-        # A move of less than a tenth of the step (the policy's margin) is none.
-        floor = 0.1 * step_s / (f.c * f.wire) if f.known and f.wire > 0 else 0.0
+        # A move of less than a tenth of the step without its lateness (the
+        # policy's margin) is none.
+        base = min(arrivals) + comm + max(other, 0.0)
+        floor = 0.1 * base / (f.c * f.wire) if f.known and f.wire > 0 else 0.0
+        # A partial collective's waits hold the others' lateness (its round's
+        # initiator, a straggler's round): read as the link, a straggler
+        # became a slow link (4 ranks, 2026-11-28). Its own pace is followed
+        # by its replay's scale; the link, by the next synchronous candidate.
+        reads = self.kinds[k] != "partial"
         if fresh:  # the fit learns from these: they say nothing of the link
-            if self._landed(f, fresh, comm, cpu):
+            if self._landed(f, fresh, comm, cpu) and reads:
                 self.beta = f.implied(comm, cpu)
                 self.link.reset([self.beta])
                 changed.append("link")
             f.level = self.speed
+        elif not reads:
+            self.moving = 0.0
         elif f.known and f.c * f.wire > 0:
             if self.link.add(f.implied(comm, cpu), floor=floor):
                 changed.append("link")
