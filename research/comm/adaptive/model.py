@@ -192,8 +192,8 @@ class CostModel:
         self._seed_comm: dict[int, float] = {}  # start-up's, until anchored
         #: The newest link sample's side (+1, -1) when out of its band, else 0.
         self.moving = 0.0
-        #: A switch's first step (link, seconds, seen) until its second's.
-        self.held = [math.nan] * 3
+        #: A switch's first step (link, seconds) until its second's.
+        self.held = [math.nan] * 2
 
     @property
     def speed(self) -> float:
@@ -282,7 +282,7 @@ class CostModel:
             f.wire = nbytes * self.wire_factor(k)
         if not measured:  # a full round: its fresh pair is lost, not mixed up
             if fresh:
-                self.held, self.moving = [math.nan] * 3, 0.0
+                self.held, self.moving = [math.nan] * 2, 0.0
             return ",".join(changed)
         cpu = self.cpu(f)
         # The link's rule follows the link itself (seconds per byte, as this
@@ -328,15 +328,15 @@ class CostModel:
         would be taken as the candidate's fixed part and stay in it."""
         if fresh == 1:
             moving, self.moving = self.moving, 0.0
-            self.held = [self.beta, comm, comm]
+            self.held = [self.beta, comm]
             want = f.comm(self.beta, cpu)
             off = comm - want
             if moving and off * moving > 0.3 * want:
-                self.held = [0.0, math.nan, math.nan]  # no pairs this switch
+                self.held = [0.0, math.nan]  # no pairs this switch
                 return True
             return False
-        held_beta, held_comm, _ = self.held
-        self.held = [math.nan] * 3
+        held_beta, held_comm = self.held
+        self.held = [math.nan] * 2
         if held_beta == 0.0:
             return False  # moved at the first step: read from the fit
         if math.isfinite(held_comm) and abs(comm - held_comm) > 0.5 * min(
@@ -399,8 +399,8 @@ class CostModel:
         self.beta, self.first, n = v[0], int(v[1]), int(v[2])
         self.speeds = [x for x in v[3 : 3 + RECENT] if math.isfinite(x)]
         i = 3 + RECENT
-        self.moving, self.held = v[i], list(v[i + 1 : i + 4])
-        i += 4
+        self.moving, self.held = v[i], list(v[i + 1 : i + 3])
+        i += 3
         rows = [v[i + j * self.size : i + (j + 1) * self.size] for j in range(WINDOW)]
         self.arrivals = [list(r) for r in rows[:n]]
         i += WINDOW * self.size
