@@ -142,21 +142,43 @@ def _runnable_s() -> float:
     return total / 1e9
 
 
+def _uncharged_s() -> float:
+    """Seconds the machine's cores spent in interrupts or stolen by the hypervisor.
+
+    The scheduler charges neither to any task (with IRQ and steal time accounting,
+    as on these VMs), so a thread that keeps its core busy accumulates less than
+    wall time in schedstat by up to this much. Summed over all cores, so an upper
+    bound on what one thread lost.
+    """
+    with open("/proc/stat") as f:
+        fields = f.readline().split()  # cpu user nice system idle iowait irq softirq steal
+    ticks = sum(int(v) for v in fields[6:9])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def test_spin_keeps_a_core_busy_and_sleep_does_not():
     imb = parse_imbalance("fixed:ranks=0:seconds=0.2:how=spin", size=2)
     hold(0.0, "spin")  # compile and calibrate outside the measurement
-    for how, seconds in (("spin", 0.2), ("sleep", 0.2)):
-        b0, t0 = _runnable_s(), time.perf_counter()
+
+    def measure(how: str, seconds: float) -> tuple[float, float, float]:
+        b0, l0, t0 = _runnable_s(), _uncharged_s(), time.perf_counter()
         if how == "spin":
             imb.hold(seconds)
         else:
             hold(seconds)
-        wall, busy = time.perf_counter() - t0, _runnable_s() - b0
-        assert wall >= seconds
-        if how == "spin":
-            assert busy > 0.8 * wall, (how, wall, busy)
-        else:
-            assert busy < 0.1 * wall, (how, wall, busy)
+        wall = time.perf_counter() - t0
+        return wall, _runnable_s() - b0, _uncharged_s() - l0
+
+    # CI once read 0.147 s of 0.200 for a spin on a loaded VM. Time spent in
+    # interrupts or stolen by the hypervisor is charged to no task, so it is
+    # credited; and a spin gets three tries, since a sleeping one reads near zero
+    # every time while a busy one is only sometimes descheduled.
+    tries = [measure("spin", 0.2) for _ in range(3)]
+    assert all(wall >= 0.2 for wall, _, _ in tries)
+    assert any(busy + lost > 0.8 * wall for wall, busy, lost in tries), tries
+    wall, busy, _ = measure("sleep", 0.2)
+    assert wall >= 0.2
+    assert busy < 0.1 * wall, ("sleep", wall, busy)
 
 
 def test_spin_leaves_the_gil_to_other_threads():
