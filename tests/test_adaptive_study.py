@@ -147,9 +147,38 @@ def test_tables_and_checks_from_run_folders(tmp_path):
         "host 1.00x (2, worst 1.00x); solo 1.00x (2, worst 1.00x); "
         "sparse:0.05 1.00x (2, worst 1.00x)"
     )
+    # ... and its fixed arm's step at the same step and seed.
+    assert line("at the same step and seed").endswith(
+        "host 1.00x (2, worst 1.00x); solo 1.00x (2, worst 1.00x); "
+        "sparse:0.05 1.00x (2, worst 1.00x)"
+    )
     # Each phase adaptive starts on the old method for two steps: beyond the
     # made-up spread (0.001 s a step between the seeds).
     assert line("steps 10-20").startswith("FAIL")
     from research.studies.adaptive_plots import plot
 
     assert plot(tmp_path, data, {2: 64}).stat().st_size > 10_000
+
+
+def test_a_slow_switch_step_shows_beside_its_fixed_arm(tmp_path):
+    """A switch whose step took twice its fixed arm's at that step and seed."""
+    cfg = parse(ARGS)
+    for arm in ("adaptive", "host", "sparse", "solo"):
+        for seed in (0, 1):
+            _write_run(tmp_path / "np2" / f"{arm}-s{seed}", arm, seed)
+    path = tmp_path / "np2" / "adaptive-s0" / "metrics.jsonl"
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    for r in rows:
+        if r.get("step") == 23 and "kind" not in r:  # the first solo step
+            r["step_time"] *= 2
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "np2" / "host-s1" / "metrics.jsonl").write_text("")  # no step rows
+    data = analyze(tmp_path, cfg)
+    switches = data["np"][2]["adaptive"][0]["switch_steps"]
+    assert [s["fixed_s"] for s in switches] == pytest.approx([0.07, 0.15, 0.05])
+    assert data["np"][2]["adaptive"][1]["switch_steps"][2]["fixed_s"] is None
+    (found,) = [x for x in checks(data) if "at the same step and seed" in x]
+    assert found.endswith(
+        "host 1.00x (1, worst 1.00x); solo 1.50x (2, worst 2.00x); "
+        "sparse:0.05 1.00x (2, worst 1.00x)"
+    )

@@ -174,6 +174,28 @@ def _next_steps(steps: list[dict], after: int, method: str, own: Any) -> float |
     return statistics.median(xs) if len(xs) >= 3 else None
 
 
+def _own(r: dict) -> float | None:
+    """A step's seconds less the delay injected into this rank (rank 0's
+    rows): the same for a switch's step and the steps it is held to."""
+    t = r.get("step_time")
+    return None if t is None else t - (r.get("delay_s") or 0.0)
+
+
+def _beside_fixed(adaptive: list[dict], loaded: dict[int, dict[str, dict]]) -> None:
+    """Give each switch of ``adaptive`` (its per-seed figures) ``fixed_s``: the
+    step the new method's fixed arm took at the same step of the same seed (the
+    same straggler draw and the same moment of the link's schedule), or None."""
+    for r in adaptive:
+        for s in r["switch_steps"]:
+            fixed = loaded.get(r["seed"], {}).get(s["to"].split(":")[0])
+            row = None
+            if fixed is not None:
+                row = next(
+                    (x for x in fixed["steps"] if x["step"] == s["step"] + 1), None
+                )
+            s["fixed_s"] = None if row is None else _own(row)
+
+
 def _per_seed(run: dict, arm: str, ph: list[dict], target: float) -> dict:
     steps = run["steps"]
     methods = []
@@ -185,12 +207,7 @@ def _per_seed(run: dict, arm: str, ph: list[dict], target: float) -> dict:
         methods.append(counts)
     by_step = {r["step"]: r for r in steps}
     switches = [s for s in run["switches"] if s["kind"] == "switch"]
-
-    def own(r: dict) -> float | None:
-        """A step's seconds less the delay injected into this rank (rank 0's
-        rows): the same for a switch's step and the steps it is held to."""
-        t = r.get("step_time")
-        return None if t is None else t - (r.get("delay_s") or 0.0)
+    own = _own
 
     return {
         "phase_s": [sum(r["step_time"] for r in _within(steps, p)) for p in ph],
@@ -253,6 +270,7 @@ def analyze(root: Path, cfg: Any) -> dict[str, Any]:
         if not arms:  # a rank count with none of these seeds' runs: no table
             continue
         out["np"][P] = arms
+        _beside_fixed(arms.get("adaptive", []), loaded)
         fixed = [a for a in FIXED if a in arms]
         seeds = [s for s in cfg.seeds if all(a in loaded.get(s, {}) for a in fixed)]
         if fixed and seeds:

@@ -196,20 +196,26 @@ def _switch_checks(data: dict, arms: dict, head: str) -> list[str]:
             f"ordinary step (median {statistics.median(handling):.0%}, worst "
             f"{max(handling):.0%})"
         )
-    own: dict[str, list[float]] = {}
-    for r in ad:
-        for s in r["switch_steps"]:
-            if s["seconds"] and s.get("next_s"):
-                own.setdefault(s["to"], []).append(s["seconds"] / s["next_s"])
-    if own:
-        out.append(
-            f"INFO  {head} each switch's step against the new method's next steps "
-            "in the same run (median of up to 10), by the method switched to: "
-            + "; ".join(
-                f"{to} {statistics.median(xs):.2f}x ({len(xs)}, worst {max(xs):.2f}x)"
-                for to, xs in sorted(own.items())
+    for key, what in (
+        ("next_s", "the new method's next steps in the same run (median of up to 10)"),
+        ("fixed_s", "the new method's fixed arm at the same step and seed (the same "
+         "straggler draw and moment of the link)"),
+    ):  # fmt: skip
+        by_to: dict[str, list[float]] = {}
+        for r in ad:
+            for s in r["switch_steps"]:
+                if s["seconds"] and s.get(key):
+                    by_to.setdefault(s["to"], []).append(s["seconds"] / s[key])
+        if by_to:
+            out.append(
+                f"INFO  {head} each switch's step against {what}, by the method "
+                "switched to: "
+                + "; ".join(
+                    f"{to} {statistics.median(xs):.2f}x ({len(xs)}, worst "
+                    f"{max(xs):.2f}x)"
+                    for to, xs in sorted(by_to.items())
+                )
             )
-        )
     return out
 
 
