@@ -176,6 +176,13 @@ class PartialAllreduce(Rounds):
         self._req: MPI.Request | None = None
         self._buf: np.ndarray | None = None
         self._recv: np.ndarray | None = None
+        self._sendbuf: np.ndarray | None = None
+        # Free receive buffers and packed-gradient buffers, under _cond.
+        self._free: list[np.ndarray] = []
+        self._free_flat: list[np.ndarray] = []
+        #: Buffers of a round's size allocated so far (send and receive): a
+        #: handful for a whole run when rounds reuse them.
+        self.buffers_made = 0
         self._my_calls: tuple[int, ...] = ()
         self._kind = _REDUCE
         self._t_act = 0.0
@@ -215,8 +222,10 @@ class PartialAllreduce(Rounds):
           ``info.extra["fresh"]`` whether this call's own gradient made the round.
         """
         self._set_layout(tree)
-        call, rec, waited = self._hand_in(_REDUCE, self._layout.pack(tree))
-        return self._unpack(rec.total), self._info(call, rec, waited)
+        with self._cond:
+            out = self._free_flat.pop() if self._free_flat else None
+        call, rec, waited = self._hand_in(_REDUCE, self._layout.pack(tree, out=out))
+        return self._deliver(call, rec, waited)
 
     def drain(self) -> tuple[Any, CommInfo]:
         """Run a synchronous round that delivers every carried gradient.
@@ -228,7 +237,7 @@ class PartialAllreduce(Rounds):
         if self._layout is None:
             raise RuntimeError("drain() before any reduce(): nothing to drain")
         call, rec, waited = self._hand_in(_DRAIN, None)
-        return self._unpack(rec.total), self._info(call, rec, waited)
+        return self._deliver(call, rec, waited)
 
     def flush(self) -> tuple[Any, CommInfo]:
         """The old name of :meth:`drain`, accepted for one release."""
@@ -254,6 +263,8 @@ class PartialAllreduce(Rounds):
         total = np.array(mine[0].flat[: self._n])
         for d in mine[1:]:
             total += d.flat[: self._n]
+        for d in mine:
+            self._recycle_flat(d.flat)
         return (total if flat else self._layout.unpack(total)), len(mine)
 
     def rest(self, resting: bool = True) -> None:
@@ -349,6 +360,12 @@ class PartialAllreduce(Rounds):
             ) from self._error
         if self._abandoned:
             raise RuntimeError("PartialAllreduce was shut down")
+
+    def _deliver(self, call: int, rec: _Round, waited: float) -> tuple[Any, CommInfo]:
+        """The round's result as new arrays, its record; its buffer back to the pool."""
+        out, info = self._unpack(rec.total), self._info(call, rec, waited)
+        self._recycle(rec)
+        return out, info
 
     def _unpack(self, total: np.ndarray) -> Any:
         return self._layout.unpack(total, divide=self.size)
