@@ -64,7 +64,11 @@ may activate the same round at the same moment; each round's Iallreduce also
 sums a one-hot vector of activators, so after it every rank receives exactly the
 activation messages that were sent to it and none is ever left unreceived.
 Messages of round r+1 carry another tag, so rounds never mix. The buffer is one
-flat float32 array (float64 when any leaf is).
+flat float32 array (float64 when any leaf is). Rounds reuse their buffers: one
+send buffer per collective, and receive and packing buffers from a small pool (a
+round's result stays in its buffer until the compute thread has copied it out):
+a fresh buffer of the model's size per round made the first round after a
+stretch of small transfers 1.2-1.8x slower over TCP (``scripts.bench_first_round``).
 
 With an emulated ``link`` (:mod:`research.comm.link`), a round's result is held
 on the progress thread, sleeping, until the ring-allreduce model of its buffer
