@@ -6,7 +6,7 @@ large nonblocking allreduces, ``--small`` small allgathers with a sleep between
 them (a step's computation), then ``--after`` large allreduces again, three ways:
 
 * ``fresh``: new send and receive buffers for every large allreduce (what the
-  partial collectives did until 2026-11-28);
+  partial collectives do);
 * ``reused``: the same two buffers every time;
 * ``partial``: rounds of the project's :class:`~research.comm.partial.PartialAllreduce`
   (``mode="sync"``: every rank's gradient in every round) of one tree of that size.

@@ -64,11 +64,10 @@ may activate the same round at the same moment; each round's Iallreduce also
 sums a one-hot vector of activators, so after it every rank receives exactly the
 activation messages that were sent to it and none is ever left unreceived.
 Messages of round r+1 carry another tag, so rounds never mix. The buffer is one
-flat float32 array (float64 when any leaf is). Rounds reuse their buffers: one
-send buffer per collective, and receive and packing buffers from a small pool (a
-round's result stays in its buffer until the compute thread has copied it out):
-a fresh buffer of the model's size per round made the first round after a
-stretch of small transfers 1.2-1.8x slower over TCP (``scripts.bench_first_round``).
+flat float32 array (float64 when any leaf is), fresh each round. Fresh buffers
+make the first round after a stretch of small transfers 1.2-1.8x slower over
+TCP (``scripts.bench_first_round``); a pool of reused buffers was tried and not
+kept (``docs/journal.md``, 2026-11-28 night).
 
 With an emulated ``link`` (:mod:`research.comm.link`), a round's result is held
 on the progress thread, sleeping, until the ring-allreduce model of its buffer
@@ -180,13 +179,6 @@ class PartialAllreduce(Rounds):
         self._req: MPI.Request | None = None
         self._buf: np.ndarray | None = None
         self._recv: np.ndarray | None = None
-        self._sendbuf: np.ndarray | None = None
-        # Free receive buffers and packed-gradient buffers, under _cond.
-        self._free: list[np.ndarray] = []
-        self._free_flat: list[np.ndarray] = []
-        #: Buffers of a round's size allocated so far (send and receive): a
-        #: handful for a whole run when rounds reuse them.
-        self.buffers_made = 0
         self._my_calls: tuple[int, ...] = ()
         self._kind = _REDUCE
         self._t_act = 0.0
@@ -226,10 +218,8 @@ class PartialAllreduce(Rounds):
           ``info.extra["fresh"]`` whether this call's own gradient made the round.
         """
         self._set_layout(tree)
-        with self._cond:
-            out = self._free_flat.pop() if self._free_flat else None
-        call, rec, waited = self._hand_in(_REDUCE, self._layout.pack(tree, out=out))
-        return self._deliver(call, rec, waited)
+        call, rec, waited = self._hand_in(_REDUCE, self._layout.pack(tree))
+        return self._unpack(rec.total), self._info(call, rec, waited)
 
     def drain(self) -> tuple[Any, CommInfo]:
         """Run a synchronous round that delivers every carried gradient.
@@ -241,7 +231,7 @@ class PartialAllreduce(Rounds):
         if self._layout is None:
             raise RuntimeError("drain() before any reduce(): nothing to drain")
         call, rec, waited = self._hand_in(_DRAIN, None)
-        return self._deliver(call, rec, waited)
+        return self._unpack(rec.total), self._info(call, rec, waited)
 
     def flush(self) -> tuple[Any, CommInfo]:
         """The old name of :meth:`drain`, accepted for one release."""
@@ -267,8 +257,6 @@ class PartialAllreduce(Rounds):
         total = np.array(mine[0].flat[: self._n])
         for d in mine[1:]:
             total += d.flat[: self._n]
-        for d in mine:
-            self._recycle_flat(d.flat)
         return (total if flat else self._layout.unpack(total)), len(mine)
 
     def rest(self, resting: bool = True) -> None:
@@ -364,12 +352,6 @@ class PartialAllreduce(Rounds):
             ) from self._error
         if self._abandoned:
             raise RuntimeError("PartialAllreduce was shut down")
-
-    def _deliver(self, call: int, rec: _Round, waited: float) -> tuple[Any, CommInfo]:
-        """The round's result as new arrays, its record; its buffer back to the pool."""
-        out, info = self._unpack(rec.total), self._info(call, rec, waited)
-        self._recycle(rec)
-        return out, info
 
     def _unpack(self, total: np.ndarray) -> Any:
         return self._layout.unpack(total, divide=self.size)

@@ -31,11 +31,6 @@ _DTYPE_CODES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1}
 _REDUCE_SLEEP = 50e-6  # longest sleep between Tests of a running round
 _TAG_MOD = 30_000  # at most two rounds are ever in flight; MPI guarantees 32767 tags
 REST_SLEEP = 0.02  # between polls of a resting collective awaiting a round
-# Free buffers of each kind kept for reuse: a fresh 19 MB buffer per round costs
-# page faults, and its first round after a stretch without one was measured
-# 1.6-1.8x slower over TCP (journal, 2026-11-28 night); rounds queued ahead of
-# their calls hold buffers of their own beyond these.
-KEEP_FREE = 2
 
 
 def _tag(r: int) -> int:
@@ -65,7 +60,6 @@ class _Round:
     kind: str
     seconds: float  # activation to completion, on this rank
     emulated_s: float  # time the emulated link added after MPI had finished
-    buffer: np.ndarray | None = None  # what ``total`` views: back to the pool once read
 
 
 class Rounds:
@@ -141,7 +135,7 @@ class Rounds:
             mine = [d for d in self._inbox if d.call <= r]
             self._inbox = [d for d in self._inbox if d.call > r]
             n, dtype = self._n, self._dtype
-        buf = self._send_buffer(n + _NMETA + self.size, dtype)
+        buf = np.zeros(n + _NMETA + self.size, dtype)
         calls, kind = [], _REDUCE
         for d in mine:
             if d.kind != _REDUCE:
@@ -154,14 +148,13 @@ class Rounds:
                 continue
             buf[:n] += d.flat
             calls.append(d.call)
-            self._recycle_flat(d.flat)
         buf[n + _FRESH] = float(r in calls)
         buf[n + _DRAINF] = float(kind == _DRAIN)
         buf[n + _STOPF] = float(kind == _STOP)
         buf[n + _CARRIED] = float(sum(c != r for c in calls))
         buf[n + _AGE] = float(sum(r - c for c in calls))
         buf[n + _NMETA + self.rank] = float(self._i_activated)
-        self._buf, self._recv = buf, self._recv_buffer(buf.shape[0], dtype)
+        self._buf, self._recv = buf, np.empty_like(buf)
         self._my_calls, self._kind, self._full_round = tuple(calls), kind, full
         self._req = self._comm.Iallreduce(self._buf, self._recv, op=MPI.SUM)
         model = self.link.allreduce(buf.nbytes, self.size)
@@ -205,7 +198,6 @@ class Rounds:
             kind=self._kind,
             seconds=t_end - self._t_act,
             emulated_s=max(0.0, self._emul_until - self._real_done),
-            buffer=self._recv,
         )
         get_tracer().complete(
             f"{self.mode} round",
@@ -227,47 +219,6 @@ class Rounds:
         with self._cond:
             self._done[r] = rec
             self._cond.notify_all()
-
-    # -- buffers: reused, not allocated per round -------------------------------------
-    def _send_buffer(self, size: int, dtype: np.dtype) -> np.ndarray:
-        """The round's send buffer, zeroed: one per collective, reused by every
-        round (the previous round's Iallreduce has completed before the next
-        starts). Progress thread only."""
-        buf = self._sendbuf
-        if buf is None or buf.shape[0] != size or buf.dtype != dtype:
-            self._sendbuf = buf = np.zeros(size, dtype)
-            self.buffers_made += 1
-        else:
-            buf.fill(0)
-        return buf
-
-    def _recv_buffer(self, size: int, dtype: np.dtype) -> np.ndarray:
-        """A receive buffer from the pool, or a new one: a round's result stays
-        in its buffer until the compute thread has read it (rounds run ahead of
-        their calls), then goes back (:meth:`_recycle`)."""
-        with self._cond:
-            while self._free:
-                buf = self._free.pop()
-                if buf.shape[0] == size and buf.dtype == dtype:
-                    return buf
-        self.buffers_made += 1
-        return np.empty(size, dtype)
-
-    def _recycle(self, rec: _Round) -> None:
-        """Give ``rec``'s buffer back once its result has been read (copied out)."""
-        with self._cond:
-            if rec.buffer is not None and len(self._free) < KEEP_FREE:
-                self._free.append(rec.buffer)
-            rec.buffer = None
-
-    def _recycle_flat(self, flat: np.ndarray | None) -> None:
-        """Keep a packed gradient's buffer for the next ``pack`` once a round
-        (or ``take_carried``) has added it in."""
-        if flat is None:
-            return
-        with self._cond:
-            if len(self._free_flat) < KEEP_FREE:
-                self._free_flat.append(flat)
 
     def _abandon(self, timeout: float = 2.0) -> None:
         """Stop the background task locally (no collective)."""

@@ -15,7 +15,6 @@ import pytest
 from mpi4py import MPI
 
 from research.comm.partial import PartialAllreduce, PartialAverager
-from research.comm.partial_rounds import KEEP_FREE
 
 
 def tree_of(rank: int, step: int, seed: int = 0) -> dict:
@@ -193,25 +192,6 @@ def test_identical_parameters_after_many_steps(world):
         rest, _ = pa.drain()
         params = {k: params[k] - np.float32(0.1) * rest[k] for k in params}
     assert len(set(world.allgather(digest(params.values())))) == 1
-
-
-@pytest.mark.parametrize("mode", ["solo", "majority"])
-def test_rounds_reuse_their_buffers(world, mode):
-    # Fresh 19 MB buffers each round cost page faults and slow first rounds
-    # (partial_rounds.KEEP_FREE); a run's rounds share a handful instead. The
-    # results stay exact whatever runs ahead (the conservation tests above).
-    rng = np.random.default_rng((23, world.rank))
-    delays = rng.uniform(0, 0.004, size=60) * (rng.random(60) < 0.5)
-    with PartialAllreduce(world.comm, mode=mode, full_every=4) as pa:
-        results, _, own = run_steps(pa, world, 60, lambda s: delays[s], seed=5)
-        rest, _ = pa.drain()
-        made = pa.buffers_made
-    results.append(flat(rest))
-    sums = np.rint(world.size * np.asarray(results, np.float64))
-    np.testing.assert_array_equal(sums.sum(axis=0), world.comm.allreduce(own))
-    # One send buffer, and receive buffers for the rounds queued ahead of their
-    # calls (at most full_every) and the free ones kept: not one per round.
-    assert 2 <= made <= 1 + 4 + KEEP_FREE, made
 
 
 def test_majority_initiator_sequence_is_shared(world):

@@ -329,14 +329,9 @@ class FlatLayout:
             and [tuple(np.shape(x)) for x in leaves] == self.shapes
         )
 
-    def pack(
-        self, tree: Any, extra: Sequence[float] = (), out: np.ndarray | None = None
-    ) -> np.ndarray:
-        """``tree``'s leaves in tree order, then ``extra``: in ``out`` when it
-        is a buffer of this layout's size and dtype, else in a new one."""
-        size = self.n + self.extra
-        if out is None or out.shape != (size,) or out.dtype != self.wire:
-            out = np.empty(size, self.wire)
+    def pack(self, tree: Any, extra: Sequence[float] = ()) -> np.ndarray:
+        """A new buffer: ``tree``'s leaves in tree order, then ``extra``."""
+        out = np.empty(self.n + self.extra, self.wire)
         off = 0
         for leaf in self.treedef.flatten_up_to(tree):
             a = np.asarray(leaf).reshape(-1)
