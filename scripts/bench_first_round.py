@@ -26,12 +26,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
-import sys
 import time
 
 from research.entry.cli import doc_parser
-from scripts.mpibench import ROOT, root_on_path
+from scripts.mpibench import run_or_launch
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -113,17 +111,7 @@ def bench(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    from research.comm.process.env import launched_by_mpi
-
-    if launched_by_mpi():
-        bench(args)
-        return
-    from research.entry.launch import mpiexec_path
-
-    cmd = [mpiexec_path(), "-n", str(args.ranks)]
-    cmd += [sys.executable, "-m", "scripts.bench_first_round", *(argv or sys.argv[1:])]
-    env = root_on_path(dict(os.environ))
-    raise SystemExit(subprocess.call(cmd, cwd=ROOT, env=env))
+    run_or_launch("scripts.bench_first_round", args.ranks, argv, lambda: bench(args))
 
 
 if __name__ == "__main__":

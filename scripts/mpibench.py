@@ -138,6 +138,24 @@ def root_on_path(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def run_or_launch(
+    module: str, ranks: int, argv: list[str] | None, bench: Callable[[], None]
+) -> None:
+    """Inside an MPI job, ``bench()``; else start ``python -m module`` with the
+    same arguments under this environment's mpiexec on ``ranks`` ranks and
+    exit with its status."""
+    from research.comm.process.env import launched_by_mpi
+
+    if launched_by_mpi():
+        bench()
+        return
+    from research.entry.launch import mpiexec_path
+
+    cmd = [mpiexec_path(), "-n", str(ranks)]
+    cmd += [sys.executable, "-m", module, *(sys.argv[1:] if argv is None else argv)]
+    raise SystemExit(subprocess.call(cmd, cwd=ROOT, env=root_on_path(dict(os.environ))))
+
+
 def relaunch(
     module: str, args: argparse.Namespace, argv: list[str], env: Mapping[str, str]
 ) -> list[dict]:
