@@ -181,18 +181,20 @@ def _own(r: dict) -> float | None:
     return None if t is None else t - (r.get("delay_s") or 0.0)
 
 
+def fixed_arm(label: str) -> str:
+    """The fixed arm that runs a candidate (``"sparse:0.05"`` -> ``"sparse"``)."""
+    return label.split(":")[0]
+
+
 def _beside_fixed(adaptive: list[dict], loaded: dict[int, dict[str, dict]]) -> None:
     """Give each switch of ``adaptive`` (its per-seed figures) ``fixed_s``: the
     step the new method's fixed arm took at the same step of the same seed (the
     same straggler draw and the same moment of the link's schedule), or None."""
     for r in adaptive:
         for s in r["switch_steps"]:
-            fixed = loaded.get(r["seed"], {}).get(s["to"].split(":")[0])
-            row = None
-            if fixed is not None:
-                row = next(
-                    (x for x in fixed["steps"] if x["step"] == s["step"] + 1), None
-                )
+            fixed = loaded.get(r["seed"], {}).get(fixed_arm(s["to"]))
+            rows = fixed["steps"] if fixed else []
+            row = next((x for x in rows if x["step"] == s["step"] + 1), None)
             s["fixed_s"] = None if row is None else _own(row)
 
 
@@ -207,7 +209,6 @@ def _per_seed(run: dict, arm: str, ph: list[dict], target: float) -> dict:
         methods.append(counts)
     by_step = {r["step"]: r for r in steps}
     switches = [s for s in run["switches"] if s["kind"] == "switch"]
-    own = _own
 
     return {
         "phase_s": [sum(r["step_time"] for r in _within(steps, p)) for p in ph],
@@ -223,9 +224,9 @@ def _per_seed(run: dict, arm: str, ph: list[dict], target: float) -> dict:
                 "step": s["step"],
                 "to": s["to"],
                 "reason": s["reason"],
-                "seconds": own(by_step.get(s["step"] + 1, {})),
+                "seconds": _own(by_step.get(s["step"] + 1, {})),
                 "switch_s": (s.get("switch_ms") or 0.0) / 1e3,
-                "next_s": _next_steps(steps, s["step"] + 1, s["to"], own),
+                "next_s": _next_steps(steps, s["step"] + 1, s["to"], _own),
             }
             for s in switches
         ],  # fmt: skip
@@ -233,7 +234,7 @@ def _per_seed(run: dict, arm: str, ph: list[dict], target: float) -> dict:
         # A phase's ordinary step: its median step time (the first step
         # apart), each less the delay injected into rank 0.
         "ordinary_s": [
-            _median([own(r) for r in _within(steps, p) if r["step"] > 1]) for p in ph
+            _median([_own(r) for r in _within(steps, p) if r["step"] > 1]) for p in ph
         ],
         "changes": run["changes"],
     }

@@ -25,7 +25,7 @@ import math
 import statistics
 from typing import Any
 
-from research.studies.adaptive import FIXED, SCENARIOS
+from research.studies.adaptive import FIXED, SCENARIOS, fixed_arm
 
 ACC_GAP = 0.005
 SWITCH_GAP = 1.10
@@ -52,10 +52,6 @@ def _noise(a: tuple[float, float], b: tuple[float, float], n: int) -> float:
 
 def _ok(flag: bool) -> str:
     return "PASS" if flag else "FAIL"
-
-
-def _fixed_arm(label: str) -> str:
-    return label.split(":")[0]
 
 
 def checks(data: dict[str, Any]) -> list[str]:
@@ -168,7 +164,7 @@ def _switch_checks(data: dict, arms: dict, head: str) -> list[str]:
     ratios, handling = [], []
     for r in ad:
         for s in r["switch_steps"]:
-            arm = _fixed_arm(s["to"])
+            arm = fixed_arm(s["to"])
             phase = next(
                 (i for i, p in enumerate(data["phases"])
                  if p["start"] <= s["step"] < p["end"]), None,
