@@ -7,9 +7,10 @@ Stages, in this order, each writing into the run folder (default
 ``runs/gpu-<UTC time>``):
 
 * ``machine``: the GPUs (``nvidia-smi``), JAX's devices and versions.
-* ``models``: ResNet-50 (batch 128) and VGG-16 (batch 64) training steps at
-  224x224, fp32 and bf16, the project's (``scripts.bench_gpu``, JAX) against
-  torchvision's, one at a time with nothing else on the GPU.
+* ``models``: ResNet-50 (batch 128) training steps at 224x224, fp32 and
+  bf16, the project's (``scripts.bench_gpu``, JAX) against torchvision's, one
+  at a time with nothing else on the GPU; ``vgg`` (last, as the least needed)
+  the same for VGG-16 (batch 64).
 * ``strategies``: ``experiments.train`` (cnn_small, the embedded synthetic
   task) for every strategy at 1 and 2 ranks, on the GPU and, for the
   accuracy it must equal, on the CPU (``JAX_PLATFORMS=cpu``), ``--jobs`` runs
@@ -25,8 +26,9 @@ Stages, in this order, each writing into the run folder (default
 Then ``table.md`` and ``checks.json`` (each of issue 41's GPU checks, met or
 not), which ``python -m scripts.results DIR`` renders into
 ``docs/results/gpu.md``. ``--budget-s`` bounds the whole (stages that would
-start after it are skipped and said so), so that a lent machine's minutes
-bring back what ran. ``--quick`` is the CPU rehearsal the tests run: a tiny
+start after it are skipped and said so) and ``--deadline-s`` every job (one
+still running then is ended, its process group with it), so that a lent
+machine's minutes bring back what ran. ``--quick`` is the CPU rehearsal the tests run: a tiny
 model, two strategies, no torch where it is not installed.
 """
 
@@ -46,7 +48,7 @@ from typing import Any
 from research.entry.cli import doc_parser
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ("machine", "models", "strategies", "stop", "allreduce", "eager_sgd")
+STAGES = ("machine", "models", "strategies", "stop", "allreduce", "eager_sgd", "vgg")
 STRATEGIES = (
     "fused",
     "host",
@@ -64,7 +66,7 @@ DETERMINISTIC = ("fused", "host", "layerwise", "overlap", "sparse")
 ACC_TOLERANCE = 0.02
 #: (model, batch) at 224x224, and the target: the project's step at most this
 #: times torchvision's (ResNet-50, fp32 and bf16).
-MODELS = (("resnet50", 128), ("vgg16", 64))
+MODELS = {"models": (("resnet50", 128),), "vgg": (("vgg16", 64),)}
 TARGET_RATIO = 0.9
 TRAIN_STEPS = 300
 #: Each job's limit; a job past it is ended (SIGTERM, then SIGKILL).
@@ -86,6 +88,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=450.0,
         help="no stage starts after this many seconds (default %(default)s)",
     )
+    p.add_argument(
+        "--deadline-s",
+        type=float,
+        help="every job still running this many seconds after the start is ended "
+        "(default: --budget-s + 240)",
+    )
     p.add_argument("--install-log", help="scripts/install.sh's output, checked")
     p.add_argument(
         "--quick", action="store_true", help="the CPU rehearsal: tiny, two strategies"
@@ -97,6 +105,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--stages: unknown {', '.join(bad)}; choose from {', '.join(STAGES)}")
     if args.jobs < 1:
         p.error("--jobs must be >= 1")
+    if args.deadline_s is None:
+        args.deadline_s = args.budget_s + 240.0
     return args
 
 
@@ -107,7 +117,8 @@ class Check:
         self.root = root
         self.args = args
         self.t0 = time.monotonic()
-        self.results: dict[str, Any] = {"skipped": []}
+        self.deadline = self.t0 + args.deadline_s
+        self.results: dict[str, Any] = {"skipped": [], "cut": []}
 
     def say(self, text: str) -> None:
         print(f"gpu_check [{time.monotonic() - self.t0:5.0f} s] {text}", flush=True)
@@ -122,31 +133,62 @@ class Check:
         env.update(extra)
         return env
 
-    def run(self, name: str, cmd: list[str], timeout: float = JOB_TIMEOUT_S, **env):
-        """Run ``cmd`` (its output to ``logs/<name>.log``); ``(rc, seconds)``."""
+    def left(self, timeout: float = JOB_TIMEOUT_S) -> float:
+        """Seconds a job starting now may take: ``timeout`` or less, to the
+        deadline."""
+        return min(timeout, self.deadline - time.monotonic())
+
+    def start(self, name: str, cmd: list[str], **env) -> subprocess.Popen:
+        """Start ``cmd`` in its own process group, output to ``logs/<name>.log``."""
         log = self.root / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        t = time.monotonic()
         with open(log, "w") as out:
-            proc = subprocess.Popen(
-                cmd, cwd=ROOT, env=self.env(**env), stdout=out, stderr=out
+            return subprocess.Popen(
+                cmd,
+                cwd=ROOT,
+                env=self.env(**env),
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
             )
-            try:
-                rc = proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                rc = _end(proc)
+
+    def run(self, name: str, cmd: list[str], timeout: float = JOB_TIMEOUT_S, **env):
+        """Run ``cmd`` (its output to ``logs/<name>.log``); ``(rc, seconds)``;
+        rc None where the deadline came before it could start."""
+        limit = self.left(timeout)
+        if limit < 10:
+            self.results["cut"].append(name)
+            return None, 0.0
+        t = time.monotonic()
+        proc = self.start(name, cmd, **env)
+        try:
+            rc = proc.wait(limit)
+        except subprocess.TimeoutExpired:
+            if limit < timeout:
+                self.results["cut"].append(name)
+            rc = _end(proc)
         return rc, time.monotonic() - t
 
 
-def _end(proc: subprocess.Popen, grace: float = 30.0) -> int:
-    """SIGTERM, then SIGKILL after ``grace``: the exit code, or -9."""
-    proc.send_signal(signal.SIGTERM)
+def _end(proc: subprocess.Popen, grace: float = 20.0) -> int:
+    """SIGTERM to ``proc``'s process group, then SIGKILL after ``grace``: the
+    exit code, or -9. The group's other processes (mpiexec, the ranks) go with
+    it, so that nothing is left holding the GPU."""
+    _signal_group(proc, signal.SIGTERM)
     try:
-        return proc.wait(grace)
+        rc = proc.wait(grace)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        return -9
+        rc = -9
+    _signal_group(proc, signal.SIGKILL)
+    proc.wait()
+    return rc
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _python(*args: str) -> list[str]:
@@ -197,10 +239,10 @@ def _on_gpu(c: Check) -> bool:
     return bool(c.results.get("machine", {}).get("gpus")) and not c.args.quick
 
 
-def stage_models(c: Check) -> None:
-    rows = []
+def stage_models(c: Check, stage: str = "models") -> None:
+    rows = c.results.setdefault("models_failed", [])
     out = c.root / "models.jsonl"
-    models = MODELS if _on_gpu(c) else (("resnet_tiny", 8),)
+    models = MODELS[stage] if _on_gpu(c) else (("resnet_tiny", 8),)
     size = "224" if _on_gpu(c) else "32"
     steps = ["--steps", "10", "--warmup", "2"] if _on_gpu(c) else ["--steps", "2"]
     frameworks = ("torch", "jax") if _has_torchvision(c) else ("jax",)
@@ -217,10 +259,14 @@ def stage_models(c: Check) -> None:
                     "--image-size", size, *steps, "--json", str(out),
                 )  # fmt: skip
                 rc, secs = c.run(name, cmd)
-                c.say(f"models: {name} rc {rc} in {secs:.0f} s")
+                c.say(f"{stage}: {name} rc {rc} in {secs:.0f} s")
                 if rc != 0:
                     rows.append({"framework": fw, "model": model, "error": rc})
-    c.results["models_failed"] = rows
+
+
+def stage_vgg(c: Check) -> None:
+    if _on_gpu(c):
+        stage_models(c, "vgg")
 
 
 def _has_torchvision(c: Check) -> bool:
@@ -310,13 +356,13 @@ def stage_stop(c: Check) -> None:
         run_dir = c.root / "stop" / name
         cmd = _train_cmd(run_dir, strategy, 2, 1_000_000)
         cmd += ["--checkpoint", "deepfreeze", "--checkpoint-every", "1000000"]
-        log = c.root / "logs" / f"{name}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
         t = time.monotonic()
-        with open(log, "w") as out:
-            env = c.env(**_platform_env(platform, 2))
-            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=out)
-            rc, took = _stop_when_training(proc, run_dir / "metrics.jsonl")
+        if c.left() < 60:
+            c.results["cut"].append(name)
+            rc, took = None, float("nan")
+        else:
+            proc = c.start(name, cmd, **_platform_env(platform, 2))
+            rc, took = _stop_when_training(proc, run_dir / "metrics.jsonl", c.left())
         return {"platform": platform, "strategy": strategy, "ranks": 2, "rc": rc,
                 "stop_s": took, "wall_s": time.monotonic() - t,
                 **_read_run(run_dir)}  # fmt: skip
@@ -324,10 +370,13 @@ def stage_stop(c: Check) -> None:
     c.results["stop"] = _pool(c, one, list(strategies), "stop")
 
 
-def _stop_when_training(proc: subprocess.Popen, metrics: Path) -> tuple[int, float]:
-    """SIGTERM once ``metrics`` holds a training row past step 5; ``(rc,
-    seconds from the signal to the exit)``."""
-    end = time.monotonic() + JOB_TIMEOUT_S
+def _stop_when_training(
+    proc: subprocess.Popen, metrics: Path, limit: float
+) -> tuple[int, float]:
+    """SIGTERM once ``metrics`` holds a training row past step 5 (or after
+    ``limit`` - 45 s); ``(rc, seconds from the signal to the exit)``; the
+    process group is killed where it outlives 40 s more."""
+    end = time.monotonic() + max(limit - 45.0, 5.0)
     while proc.poll() is None and time.monotonic() < end:
         if _trained(metrics, 5):
             break
@@ -337,12 +386,13 @@ def _stop_when_training(proc: subprocess.Popen, metrics: Path) -> tuple[int, flo
     t = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     try:
-        rc = proc.wait(120)
+        rc = proc.wait(40)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
         rc = -9
-    return rc, time.monotonic() - t
+    took = time.monotonic() - t
+    _signal_group(proc, signal.SIGKILL)
+    proc.wait()
+    return rc, took
 
 
 def _trained(metrics: Path, step: int) -> bool:
@@ -396,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         "stop": stage_stop,
         "allreduce": stage_allreduce,
         "eager_sgd": stage_eager_sgd,
+        "vgg": stage_vgg,
     }
     if "machine" not in args.stages:
         args.stages.insert(0, "machine")  # every other stage reads it

@@ -30,9 +30,14 @@ if [ $rc -ne 0 ]; then
 fi
 RUN=runs/gpu-check
 rm -rf "$RUN"
-say "python -m scripts.gpu_check $*"
-.venv/bin/python -m scripts.gpu_check --out "$RUN" --install-log "$OUT/install.log" "$@" \
-  2>&1 | tee "$OUT/gpu-check.log"
+# GPU_CHECK_S (default 520): this whole script's seconds, install included. No
+# stage starts in its last 150 s, every job ends 30 s before it, and `timeout`
+# stops the check 10 s before it, so that the run folder is packed either way.
+LEFT=$(( ${GPU_CHECK_S:-520} - ($(date +%s) - t0) ))
+say "python -m scripts.gpu_check $* ($LEFT s left)"
+timeout -k 5 $(( LEFT - 10 )) .venv/bin/python -m scripts.gpu_check --out "$RUN" \
+  --install-log "$OUT/install.log" --budget-s $(( LEFT - 150 )) \
+  --deadline-s $(( LEFT - 30 )) "$@" 2>&1 | tee "$OUT/gpu-check.log"
 rc=${PIPESTATUS[0]}
 cp "$RUN/table.md" "$RUN/checks.json" "$OUT/" 2>/dev/null
 tar -czf "$OUT/gpu-check.tgz" --exclude=checkpoints --exclude='*.npz' -C runs gpu-check

@@ -244,6 +244,11 @@ def write_report(root: Path, results: dict, install_log: str | None) -> list[dic
             "",
             "Not run (past the time budget): " + ", ".join(results["skipped"]),
         ]
+    if results.get("cut"):
+        lines += [
+            "",
+            "Ended or not started at the deadline: " + ", ".join(results["cut"]),
+        ]
     text = "\n".join([*head, *lines, "", *body]).rstrip() + "\n"
     (root / "table.md").write_text(text)
     (root / "checks.json").write_text(json.dumps(checks, indent=1, default=str))
