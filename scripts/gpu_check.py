@@ -28,14 +28,15 @@ not), which ``python -m scripts.results DIR`` renders into
 ``docs/results/gpu.md``. ``--budget-s`` bounds the whole (stages that would
 start after it are skipped and said so) and ``--deadline-s`` every job (one
 still running then is ended, its process group with it), so that a lent
-machine's minutes bring back what ran. ``--quick`` is the CPU rehearsal the tests run: a tiny
-model, two strategies, no torch where it is not installed.
+machine's minutes bring back what ran. ``--quick`` is the CPU rehearsal the
+tests run: a tiny model, two strategies, no torch where it is not installed.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import signal
@@ -185,10 +186,8 @@ def _end(proc: subprocess.Popen, grace: float = 20.0) -> int:
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _python(*args: str) -> list[str]:
