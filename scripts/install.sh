@@ -459,11 +459,37 @@ elif [ "$BUILD" = cuda ] && ! "$VENV/bin/python" -c "import sys, mpi4jax; sys.ex
 fi
 if [ -n "$REBUILD" ]; then
   [ -n "$CUDA_TOOLKIT" ] && export CUDA_PATH="$CUDA_TOOLKIT"
-  export MPI4JAX_BUILD_MPICC="$MPI4JAX_CC"
-  echo "[install] building mpi4jax from source (about a minute; $REBUILD; MPI4JAX_BUILD_MPICC=$MPI4JAX_CC, CUDA_PATH=${CUDA_PATH:-unset})"
+  # mpi4jax's build runs MPI4JAX_BUILD_MPICC with the build's own flags first,
+  # and an MPI wrapper adds its -L after them: where one of those folders holds
+  # another MPI's libmpi.so, -lmpi links that one. It does on a Debian or Ubuntu
+  # Python, whose LIBDIR /usr/lib/x86_64-linux-gnu holds Debian's Open MPI where
+  # it is installed (a GPU image, 2026-11-28: mpi4jax then called Open MPI's
+  # library with MPICH's handles, "MPI ABI incompatibility"). So the build gets a
+  # wrapper that names the MPI's own library folders before anything else.
+  MPI_LIBDIRS="$( { "$MPI4JAX_CC" -show 2>/dev/null || "$MPI4JAX_CC" --showme 2>/dev/null || true; } \
+    | tr ' ' '\n' | sed -n 's/^-L//p' | tr '\n' ' ')"
+  MPI4JAX_WRAPPER="$VENV_ABS/bin/research-mpi4jax-mpicc"
+  {
+    echo '#!/usr/bin/env bash'
+    echo "# mpi4jax's build compiler (scripts/install.sh): $MPI4JAX_CC, its library folders first"
+    printf 'exec %q' "$MPI4JAX_CC"
+    for d in $MPI_LIBDIRS; do printf ' -L%q' "$d"; done
+    echo ' "$@"'
+  } > "$MPI4JAX_WRAPPER"
+  chmod +x "$MPI4JAX_WRAPPER"
+  export MPI4JAX_BUILD_MPICC="$MPI4JAX_WRAPPER"
+  echo "[install] building mpi4jax from source (about a minute; $REBUILD; MPI4JAX_BUILD_MPICC=$MPI4JAX_CC with -L ${MPI_LIBDIRS:-(none found)}first, CUDA_PATH=${CUDA_PATH:-unset})"
   # --no-cache-dir: a cached build may be against the other MPI.
   "${PIP[@]}" install -q --no-cache-dir --no-build-isolation --force-reinstall --no-deps \
     --no-binary mpi4jax "mpi4jax$MPI4JAX_RANGE"
+  # Which libmpi each of its extensions loads, said where it does not import.
+  if ! "$VENV/bin/python" -c "import mpi4jax" >/dev/null 2>&1; then
+    M4J_DIR="$("$VENV/bin/python" -c "import importlib.util as u; print(u.find_spec('mpi4jax').submodule_search_locations[0])")"
+    while IFS= read -r so; do
+      echo "[install] $(basename "$so"): $(ldd "$so" 2>&1 | grep -i 'libmpi' | tr -s ' \t' ' ' | tr '\n' ';')" >&2
+    done < <(find "$M4J_DIR" -name '*.so')
+    echo "[install] LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-unset} LD_PRELOAD=${LD_PRELOAD:-unset}" >&2
+  fi
 fi
 
 # --- The project ------------------------------------------------------------------------
