@@ -386,3 +386,16 @@ def test_a_partial_collectives_waits_are_not_read_as_the_link():
     assert p.model.beta == pytest.approx(beta, rel=0.2)
     assert "link" not in [e["what"] for e in p.events]
     assert p.model.fits[0].comm(p.model.beta) == pytest.approx(cl.comm("dense"), rel=0.2)
+
+
+def test_one_rank_has_no_link_and_keeps_each_seeded_time():
+    """At one rank a dense collective moves no byte (its wire is 0): the start-up
+    once divided by it (`--np 1 --strategy adaptive`, 2026-11-28, on GPU and
+    CPU). The link is then 0 and each candidate costs what it was seen to."""
+    for transfer in (None, {0: 0.001, 1: 0.002}):
+        m = CostModel(["dense", "sparse"], ["sync", "sync"], 1, 8)
+        m.seed(0, 0.0005, DENSE_BYTES, 0.006)
+        m.seed(1, 0.002, SPARSE_BYTES, 0.03)
+        m.anchor(0, 1e-4, transfer)
+        assert math.isfinite(m.beta)
+        assert m.fits[0].comm(m.beta) == pytest.approx(0.0005)

@@ -232,14 +232,22 @@ class CostModel:
         collective, taking ``latency`` (a tiny message's time) as its own fixed
         part. Every candidate's fixed part is then what its collective took
         beyond its bytes at that link."""
-        known = {k: t for k, t in (transfer or {}).items() if t > 0}
+        known = {
+            k: t
+            for k, t in (transfer or {}).items()
+            if t > 0 and self.fits[k].wire > 0
+        }
+        f = self.fits[dense]
         if known:
             k, t = min(known.items(), key=lambda kv: kv[1] / self.fits[kv[0]].wire)
             self.beta = t / self.fits[k].wire
-        else:
-            f = self.fits[dense]
+        elif f.wire > 0:
             comm = self._seed_comm[dense]
             self.beta = max(comm - latency, 1e-6 * comm) / f.wire
+        else:
+            # One rank: no byte crosses a link, and each candidate's time is its
+            # fixed part (add_pair keeps the seed for a link of 0).
+            self.beta = 0.0
         for k, c in self._seed_comm.items():
             self.fits[k].add_pair(self.beta, c)
 
