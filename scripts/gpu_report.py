@@ -23,6 +23,11 @@ def _f(x: Any, fmt: str = ".1f") -> str:
     return format(x, fmt)
 
 
+def _cell(x: Any) -> str:
+    """``x`` as one table cell: its ``|`` escaped (an install line holds some)."""
+    return str(x).replace("|", "\\|")
+
+
 def _models(root: Path, checks: list[dict]) -> list[str]:
     path = root / "models.jsonl"
     if not path.exists():
@@ -234,11 +239,10 @@ def write_report(root: Path, results: dict, install_log: str | None) -> list[dic
         *_eager(root),
     ]
     lines = ["## Checks", "", "| check | met | figure |", "|---|---|---|"]
-    lines += [
-        f"| {c['check']} | {'yes' if c['met'] else 'NO'} "
-        f"| {_f(c['value'], '.3f') if isinstance(c['value'], float) else c['value']} |"
-        for c in checks
-    ]
+    for c in checks:
+        v = c["value"]
+        shown = _f(v, ".3f") if isinstance(v, float) else _cell(v)
+        lines.append(f"| {c['check']} | {'yes' if c['met'] else 'NO'} | {shown} |")
     if results.get("skipped"):
         lines += [
             "",

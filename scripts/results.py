@@ -122,11 +122,17 @@ def _provenance(root: Path, jobs: list[dict]) -> str:
 
 def _as_markdown(table: str) -> list[str]:
     """``table.md`` as the page shows it: tables and headings as written, each
-    other line (a check, a note) as a list item so lines do not run together."""
+    other line (a check, a note) as a list item so lines do not run together;
+    a fenced block (a log) as written."""
     out = []
+    fenced = False
     for line in table.rstrip().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+            out.append(line)
+            continue
         plain = line.strip() and not line.startswith(("|", "#", "!", "-", "*", " "))
-        out.append(f"- {line}" if plain else line)
+        out.append(f"- {line}" if plain and not fenced else line)
     return out
 
 

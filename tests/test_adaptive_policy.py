@@ -346,7 +346,8 @@ def test_a_link_that_moves_as_a_switch_lands_leaves_the_fits_true():
     p.plan = []
     ran = _run(p, cl, range(60, 80), {})
     assert ran[-10:] == ["sparse:0.05"] * 10, ran
-    assert p.model.predict(0) == pytest.approx(0.020 + cl.comm("dense") + 0.006, rel=0.2)
+    want = 0.020 + cl.comm("dense") + 0.006
+    assert p.model.predict(0) == pytest.approx(want, rel=0.2)
 
 
 def test_a_switch_right_after_the_link_moved_reads_the_link_not_a_pair():
@@ -385,7 +386,8 @@ def test_a_partial_collectives_waits_are_not_read_as_the_link():
     _run(p, cl, range(10, 60), {})
     assert p.model.beta == pytest.approx(beta, rel=0.2)
     assert "link" not in [e["what"] for e in p.events]
-    assert p.model.fits[0].comm(p.model.beta) == pytest.approx(cl.comm("dense"), rel=0.2)
+    dense = p.model.fits[0].comm(p.model.beta)
+    assert dense == pytest.approx(cl.comm("dense"), rel=0.2)
 
 
 def test_one_rank_has_no_link_and_keeps_each_seeded_time():

@@ -151,7 +151,8 @@ def _uncharged_s() -> float:
     bound on what one thread lost.
     """
     with open("/proc/stat") as f:
-        fields = f.readline().split()  # cpu user nice system idle iowait irq softirq steal
+        # cpu user nice system idle iowait irq softirq steal
+        fields = f.readline().split()
     ticks = sum(int(v) for v in fields[6:9])
     return ticks / os.sysconf("SC_CLK_TCK")
 

@@ -179,3 +179,17 @@ def test_run_json_records_the_nodes_when_given(tmp_path):
     assert "hosts" not in one and "network" not in one
     assert two["hosts"] == ["n1", "n2"] and two["world_size"] == 2
     assert two["network"] == "real network link, 2 nodes"
+
+
+def test_a_fenced_log_in_a_table_stays_as_written():
+    from scripts.results import _as_markdown
+
+    table = "a note\n```\n[install] ok: jax | mpi4jax\nplain line\n```\nafter"
+    assert _as_markdown(table) == [
+        "- a note",
+        "```",
+        "[install] ok: jax | mpi4jax",
+        "plain line",
+        "```",
+        "- after",
+    ]

@@ -233,9 +233,7 @@ class CostModel:
         part. Every candidate's fixed part is then what its collective took
         beyond its bytes at that link."""
         known = {
-            k: t
-            for k, t in (transfer or {}).items()
-            if t > 0 and self.fits[k].wire > 0
+            k: t for k, t in (transfer or {}).items() if t > 0 and self.fits[k].wire > 0
         }
         f = self.fits[dense]
         if known:
