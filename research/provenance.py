@@ -50,6 +50,14 @@ def _memory_gib() -> float | None:
     return round(pages * size / 2**30, 1)
 
 
+def _commit() -> str | None:
+    """The code's commit: ``RESEARCH_COMMIT`` where it is set (a copy whose git
+    cannot say it: a working tree sent to a lent GPU machine carries the git of
+    an earlier commit), else :func:`_git_commit` of this checkout."""
+    given = os.environ.get("RESEARCH_COMMIT", "").strip()
+    return given or _git_commit(Path(__file__).resolve().parent)
+
+
 def _git_commit(where: Path) -> str | None:
     """``<sha>`` of the code's checkout, ``+dirty`` when it had changes; None
     outside a git checkout (an installed copy)."""
@@ -108,7 +116,7 @@ def job_record(
         "cores": os.cpu_count(),
         "memory_gib": _memory_gib(),
         "load_average": [round(x, 2) for x in os.getloadavg()],
-        "commit": _git_commit(Path(__file__).resolve().parent),
+        "commit": _commit(),
         "world_size": world_size,
     }
 

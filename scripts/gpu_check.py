@@ -82,6 +82,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=",".join(STAGES),
         help="comma-separated, of: " + ", ".join(STAGES) + " (default: all)",
     )
+    p.add_argument(
+        "--strategies",
+        default=",".join(STRATEGIES),
+        help="comma-separated, the strategies the strategies and stop stages run "
+        "(default: all; e.g. adaptive to run one again)",
+    )
     p.add_argument("--jobs", type=int, default=6, help="concurrent training runs")
     p.add_argument(
         "--budget-s",
@@ -104,6 +110,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = sorted(set(args.stages) - set(STAGES))
     if bad:
         p.error(f"--stages: unknown {', '.join(bad)}; choose from {', '.join(STAGES)}")
+    args.strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    bad = sorted(set(args.strategies) - set(STRATEGIES))
+    if bad or not args.strategies:
+        p.error(
+            f"--strategies: unknown {', '.join(bad) or '(none given)'}; "
+            f"choose from {', '.join(STRATEGIES)}"
+        )
     if args.jobs < 1:
         p.error("--jobs must be >= 1")
     if args.deadline_s is None:
@@ -280,7 +293,7 @@ def _strategy_runs(c: Check) -> list[tuple[str, str, int]]:
     if c.args.quick:  # a dense and a partial strategy, 1 and 2 ranks
         return [("cpu", "fused", 1), ("cpu", "solo", 2)]
     platforms = ("gpu", "cpu") if _on_gpu(c) else ("cpu",)
-    return [(p, s, n) for s in STRATEGIES for n in (1, 2) for p in platforms]
+    return [(p, s, n) for s in c.args.strategies for n in (1, 2) for p in platforms]
 
 
 def _train_cmd(run_dir: Path, strategy: str, ranks: int, steps: int) -> list[str]:
@@ -348,7 +361,7 @@ def _pool(c: Check, fn: Any, jobs: list, what: str) -> list[dict[str, Any]]:
 
 def stage_stop(c: Check) -> None:
     platform = "gpu" if _on_gpu(c) else "cpu"
-    strategies = ("fused",) if c.args.quick else STRATEGIES
+    strategies = ("fused",) if c.args.quick else c.args.strategies
 
     def one(strategy: str) -> dict[str, Any]:
         name = f"stop-{platform}-{strategy}"

@@ -6,6 +6,12 @@
 # tool brings that folder back), else runs/:
 #
 #   bash scripts/gpu_check.sh [gpu_check's options, e.g. --stages models,strategies]
+#   GPU_CHECK_S=SECONDS (default 520): the whole, install included
+#   RESEARCH_COMMIT=SHA: the code's commit, as `git rev-parse --short=12 HEAD` says
+#     it here (the device tool's copy of the tree carries an earlier commit's git)
+#
+# What the H200 runs of 2026-11-28 left to do, in one call of about 5 minutes:
+#   GPU_CHECK_S=330 bash scripts/gpu_check.sh --stages strategies,stop,vgg --strategies adaptive
 #
 # $OUT gets: install.log, gpu-check.log, table.md, checks.json, and gpu-check.tgz
 # (the run folder without checkpoints), which `tar xzf` unpacks into a folder

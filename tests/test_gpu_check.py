@@ -47,3 +47,23 @@ def test_the_step_benchmark_times_the_projects_step():
     )
     assert out["platform"] == "cpu" and out["ms"] > 0
     assert out["images_per_s"] == pytest.approx(4 / (out["ms"] / 1e3))
+
+
+def test_strategies_can_be_named_to_run_one_again(tmp_path, capsys):
+    """A lent machine's minutes are few: ``--strategies adaptive`` reruns only
+    what failed (adaptive at 1 rank, 2026-11-28)."""
+    from scripts.gpu_check import Check, _strategy_runs, parse_args
+
+    args = parse_args(["--strategies", "adaptive", "--stages", "strategies"])
+    assert args.strategies == ["adaptive"]
+    c = Check(tmp_path, args)
+    c.results["machine"] = {"gpus": ["NVIDIA H200"]}
+    assert _strategy_runs(c) == [
+        ("gpu", "adaptive", 1),
+        ("cpu", "adaptive", 1),
+        ("gpu", "adaptive", 2),
+        ("cpu", "adaptive", 2),
+    ]
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--strategies", "adaptive,nope"])
+    assert e.value.code == 2 and "unknown nope" in capsys.readouterr().err

@@ -193,3 +193,17 @@ def test_a_fenced_log_in_a_table_stays_as_written():
         "```",
         "- after",
     ]
+
+
+def test_run_json_takes_the_commit_it_is_given(tmp_path, monkeypatch):
+    """A working tree sent to a lent GPU machine carries an earlier commit's git:
+    ``RESEARCH_COMMIT`` names the code's own (scripts/gpu_check.sh passes it)."""
+    from research.provenance import read_jobs, record_job
+
+    monkeypatch.delenv("RESEARCH_COMMIT", raising=False)
+    record_job(tmp_path, "gpu", 1)
+    monkeypatch.setenv("RESEARCH_COMMIT", "09a8396+changes")
+    record_job(tmp_path, "gpu", 1)
+    mine, given = read_jobs(tmp_path)
+    assert given["commit"] == "09a8396+changes"
+    assert mine["commit"] != "09a8396+changes"
