@@ -184,11 +184,15 @@ class Check:
         return rc, time.monotonic() - t
 
 
-def _end(proc: subprocess.Popen, grace: float = 20.0) -> int:
-    """SIGTERM to ``proc``'s process group, then SIGKILL after ``grace``: the
-    exit code, or -9. The group's other processes (mpiexec, the ranks) go with
-    it, so that nothing is left holding the GPU."""
-    _signal_group(proc, signal.SIGTERM)
+def _end(proc: subprocess.Popen, grace: float = 20.0, group: bool = True) -> int:
+    """SIGTERM to ``proc``'s process group (``group``) or to ``proc`` alone (as a
+    scheduler signals a job's launcher), then SIGKILL to the group after
+    ``grace``: the exit code, or -9. The group's other processes (mpiexec, the
+    ranks) go with it, so that nothing is left holding the GPU."""
+    if group:
+        _signal_group(proc, signal.SIGTERM)
+    else:
+        proc.send_signal(signal.SIGTERM)
     try:
         rc = proc.wait(grace)
     except subprocess.TimeoutExpired:
@@ -396,15 +400,8 @@ def _stop_when_training(
     if proc.poll() is not None:
         return proc.returncode, float("nan")
     t = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    try:
-        rc = proc.wait(40)
-    except subprocess.TimeoutExpired:
-        rc = -9
-    took = time.monotonic() - t
-    _signal_group(proc, signal.SIGKILL)
-    proc.wait()
-    return rc, took
+    rc = _end(proc, 40.0, group=False)
+    return rc, time.monotonic() - t
 
 
 def _trained(metrics: Path, step: int) -> bool:

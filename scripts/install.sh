@@ -482,15 +482,18 @@ if [ -n "$REBUILD" ]; then
   # --no-cache-dir: a cached build may be against the other MPI.
   "${PIP[@]}" install -q --no-cache-dir --no-build-isolation --force-reinstall --no-deps \
     --no-binary mpi4jax "mpi4jax$MPI4JAX_RANGE"
-  # Which libmpi each of its extensions loads, said where it does not import.
-  if ! "$VENV/bin/python" -c "import mpi4jax" >/dev/null 2>&1; then
-    M4J_DIR="$("$VENV/bin/python" -c "import importlib.util as u; print(u.find_spec('mpi4jax').submodule_search_locations[0])")"
-    while IFS= read -r so; do
-      echo "[install] $(basename "$so"): $(ldd "$so" 2>&1 | grep -i 'libmpi' | tr -s ' \t' ' ' | tr '\n' ';')" >&2
-    done < <(find "$M4J_DIR" -name '*.so')
-    echo "[install] LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-unset} LD_PRELOAD=${LD_PRELOAD:-unset}" >&2
-  fi
 fi
+
+# Which libmpi each of mpi4jax's extensions loads: said when the end check fails.
+mpi4jax_libraries() {
+  local dir so
+  dir="$("$VENV/bin/python" -c "import importlib.util as u; s = u.find_spec('mpi4jax'); print(s.submodule_search_locations[0] if s else '')" 2>/dev/null)" || return 0
+  [ -n "$dir" ] || return 0
+  while IFS= read -r so; do
+    echo "[install] $(basename "$so"): $(ldd "$so" 2>&1 | grep -i 'libmpi' | tr -s ' \t' ' ' | tr '\n' ';')" >&2
+  done < <(find "$dir" -name '*.so')
+  echo "[install] LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-unset} LD_PRELOAD=${LD_PRELOAD:-unset}" >&2
+}
 
 # --- The project ------------------------------------------------------------------------
 # data: scikit-learn, whose wheel holds the digits dataset (`--dataset digits`)
@@ -513,7 +516,7 @@ else
 fi
 # The end check: every import, the MPI mpi4py loads; on the CUDA build also JAX's
 # backend and devices and mpi4jax's CUDA support, or it fails here.
-"$VENV/bin/python" - "$BUILD" <<'EOF'
+"$VENV/bin/python" - "$BUILD" <<'EOF' || { rc=$?; mpi4jax_libraries; exit "$rc"; }
 import sys
 
 import flax  # noqa: F401
