@@ -11,7 +11,8 @@ interleaved repetitions (median of the slowest rank per repetition):
   hierarchical one, whichever its first call timed fastest,
   ``research/comm/dense/choose.py``);
 * ``fused-ring``: the same forced onto the ring allreduce (``allreduce=ring``,
-  ``research/comm/dense/ring.py``);
+  ``research/comm/dense/ring.py``; on GPU arrays staged through host memory
+  by XLA's host callback);
 * ``fused-mpi4jax``: the same with mpi4jax's allreduce (``allreduce=mpi``: the
   copy MPICH makes of every input, the divide as a pass of its own);
 * ``fused-hierarchical`` (ranks on several nodes only): reduce in the node,

@@ -118,7 +118,9 @@ class FusedAllreduce(Averager):
         XLA's collectives, the whole step one program of all ranks
         (:mod:`research.comm.dense.xla`; a candidate of ``auto`` where
         JAX's distributed runtime runs). Any rank that cannot load the ring
-        (or a backend other than CPU) rules the ring out for all.
+        rules the ring out for all. On GPU arrays the ring is staged through
+        host memory (:func:`research.comm.dense.ring.allreduce`'s ``staged``):
+        ``"ring"`` forces it, ``auto`` does not time it yet.
       native: the former spelling of ``allreduce`` (True: ring, False: mpi,
         "auto"), accepted for one release with a note.
       in_place: sum each buffer in place (the ring's result aliases its
@@ -253,7 +255,8 @@ class FusedAllreduce(Averager):
         if path == "ring":
             from research.comm.dense import ring
 
-            opts = {"in_place": self.in_place}
+            staged = bool(self.allreduce_choice.get("staged"))
+            opts = {"in_place": self.in_place and not staged, "staged": staged}
             if self.segment_bytes is not None:
                 opts["segment_bytes"] = self.segment_bytes
 
@@ -277,7 +280,8 @@ def _path(choice: dict[str, Any], mpi: str) -> str:
     if choice.get("pending"):
         return "allreduce=auto: timing " + ", ".join(choice.get("candidates", []))
     path = choice.get("path")
-    return {"ring": "ring allreduce", "mpi": mpi}.get(path, f"{path} allreduce")
+    ring = "ring allreduce" + (" (staged through host)" if choice.get("staged") else "")
+    return {"ring": ring, "mpi": mpi}.get(path, f"{path} allreduce")
 
 
 def _node_comms(comm: Any, choice: dict[str, Any]) -> NodeComms | None:

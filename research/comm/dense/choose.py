@@ -18,7 +18,11 @@ The ``allreduce`` option of the ``fused`` and ``host`` strategies:
   kept for the rest of the run. The figures and the choice are recorded in the
   averager's ``allreduce_choice`` (``config.json``, ``summary.json``);
 * ``"ring"``: this project's segmented ring (:mod:`research.comm.dense.ring`)
-  wherever every rank can load it (else MPI's, with the reason);
+  wherever every rank can load it (else MPI's, with the reason); on GPU
+  arrays staged through host memory by XLA's host callback (``"staged":
+  true`` in the record). Staged, it is not a candidate of ``auto`` yet: it
+  has not run on a GPU (the next lent GPU times it,
+  ``scripts.bench_allreduce``'s ``fused-ring``);
 * ``"mpi"``: MPI's own allreduce (``MPI_Allreduce`` through mpi4jax inside
   ``jit``, mpi4py on the host path);
 * ``"hierarchical"``: reduce within each node (shared memory), allreduce among
@@ -64,6 +68,8 @@ _NATIVE = {True: "ring", False: "mpi", "auto": "auto"}
 #: at least MIN_REPS, and for fast calls as many as fit in BUDGET_S, at most
 #: MAX_REPS (a 0.3 ms allreduce varies by tens of percent from call to call).
 MIN_REPS, MAX_REPS, BUDGET_S = 3, 30, 0.05
+#: How the ring runs where the buffers are not host memory (a GPU's).
+STAGED = "staged through host memory by XLA's host callback"
 _LABEL = {
     "ring": "ring",
     "mpi": "MPI_Allreduce",
@@ -155,18 +161,28 @@ def agree(
         return _path("xla", base, "allreduce=xla: XLA's collectives forced", ["xla"])
     decision = ring.decide(comm, "cpu" if host_memory else None)
     base["notes"] = decision.get("notes", [])
+    staged = decision["ring"] and decision.get("staged", False)
     if allreduce == "ring":
         if decision["ring"]:
-            return _path("ring", base, "allreduce=ring: the ring forced", ["ring"])
+            why = "allreduce=ring: the ring forced"
+            if staged:
+                base["staged"] = True
+                why += f"; {STAGED}"
+            return _path("ring", base, why, ["ring"])
         return _path("mpi", base, decision["reason"], ["mpi"])
-    candidates = ["ring"] if decision["ring"] else []
+    # Staged, the ring is not timed by auto until it has run on a GPU.
+    candidates = ["ring"] if decision["ring"] and not staged else []
     candidates.append("mpi")
     if hierarchical_differs(topology):
         candidates.append("hierarchical")
     if xla_collective.running():
         candidates.append("xla")
     if len(candidates) == 1:
-        return _path("mpi", base, decision["reason"], candidates)
+        why = decision["reason"]
+        if staged:
+            why = f"the ring would be {STAGED}: not a candidate of auto until "
+            why += "measured on a GPU (allreduce=ring forces it)"
+        return _path("mpi", base, why, candidates)
     out = _path(candidates[0], base, None, candidates)
     out["pending"] = True
     out["reason"] = f"allreduce=auto: {', '.join(candidates)} timed on the first call"

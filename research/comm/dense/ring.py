@@ -18,8 +18,12 @@ with handing the buffer to ``MPI_Allreduce`` (mpi4jax's ``allreduce``) it
   baseline).
 
 :func:`host_allreduce` is the same code for numpy buffers (through ctypes),
-used by the host path. Other operations and dtypes, and buffers below
-``RING_MIN_BYTES_PER_RANK`` times the size, go to
+used by the host path. On a backend other than the CPU (a GPU) the custom call
+does not lower: there :func:`allreduce` stages instead (``staged``), through
+XLA's host callback: XLA copies the buffer to host memory, the ring sums it
+there with :func:`host_allreduce`, and XLA copies the result back, ordered by
+mpi4jax's token as the custom call is. Other operations and dtypes, and
+buffers below ``RING_MIN_BYTES_PER_RANK`` times the size, go to
 ``MPI_Allreduce(MPI_IN_PLACE)`` (divided afterwards). Complex buffers travel as
 pairs of reals; buffers of more than ``MAX_COUNT`` elements go in pieces. A
 power-of-two divisor is a multiplication by its reciprocal, bit-identical to
@@ -157,20 +161,24 @@ def decide(comm: Any, backend: str | None = None) -> dict[str, Any]:
 
     Args:
       comm: an ``mpi4py.MPI.Comm``.
-      backend: JAX's default backend (None: ``jax.default_backend()``). The ring
-        lowers for CPU only; on any other backend no rank tries it.
+      backend: where the buffers live: JAX's default backend (None:
+        ``jax.default_backend()``), or ``"cpu"`` for host buffers. The custom
+        call lowers for the CPU only; on any other backend the ring is staged
+        through host memory (``staged``, see :func:`allreduce`).
 
     Returns:
-      ``{"ring": bool, "reason": str | None, "notes": [...]}``, the same on
-      every rank.
+      ``{"ring": bool, "staged": bool, "reason": str | None, "notes": [...]}``,
+      the same on every rank.
     """
     import jax
 
     backend = backend or jax.default_backend()
-    if backend != "cpu":
-        mine = f"backend {backend}: the ring lowers for CPU only (mpi4jax's path)"
-    else:
-        mine = None if available() else unavailable_reason()
+    mine = None if available() else unavailable_reason()
+    if mine is None and backend != "cpu":
+        try:
+            _staged_primitive()
+        except Exception as e:  # noqa: BLE001 - any failure: mpi4jax's path
+            mine = f"backend {backend}: the staged ring cannot be made: {e}"
     found = comm.allgather((mine, notes()))
     bad = [(r, why) for r, (why, _) in enumerate(found) if why]
     reason = None
@@ -179,7 +187,12 @@ def decide(comm: Any, backend: str | None = None) -> dict[str, Any]:
         if len(bad) > 4:
             reason += f"; and {len(bad) - 4} more ranks"
     all_notes = sorted({n for _, ns in found for n in ns})
-    decision = {"ring": not bad, "reason": reason, "notes": all_notes}
+    decision = {
+        "ring": not bad,
+        "staged": backend != "cpu",
+        "reason": reason,
+        "notes": all_notes,
+    }
     if comm.Get_rank() == 0 and (reason or all_notes) and not _state.get("said"):
         _state["said"] = True
         what = f"ring allreduce not used, MPI_Allreduce instead: {reason}"
@@ -282,8 +295,9 @@ def allreduce(
     divisor: int = 1,
     in_place: bool = False,
     segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    staged: bool | None = None,
 ) -> Any:
-    """The sum of ``x`` over ``comm`` inside ``jit`` (CPU), divided by ``divisor``.
+    """The sum of ``x`` over ``comm`` inside ``jit``, divided by ``divisor``.
 
     Args:
       x: the array.
@@ -295,6 +309,11 @@ def allreduce(
       in_place: alias ``x``'s buffer to the result (XLA copies ``x`` first when
         it cannot give the buffer away, e.g. a parameter that is not donated).
       segment_bytes: size of the pieces a partial sum arrives in.
+      staged: sum through host memory by XLA's host callback (``x`` copied
+        to the host, :func:`host_allreduce`, the result copied back) instead
+        of the custom call, which lowers for the CPU only (None:
+        staged where JAX's default backend is not the CPU). ``in_place`` does
+        not apply: the callback's result is a buffer of its own.
 
     Raises:
       RuntimeError: the handler is not available (see :func:`available`).
@@ -311,6 +330,12 @@ def allreduce(
             f"divisor={divisor} needs a float32/64 or complex SUM, got {x.dtype}"
         )
     segment_bytes = check_segment_bytes(segment_bytes)
+    if staged is None:
+        import jax
+
+        staged = jax.default_backend() != "cpu"
+    if staged:
+        return _staged(x, op, comm, divisor, segment_bytes)
     return prim.bind(
         x,
         op=_hashable(op),
@@ -319,6 +344,88 @@ def allreduce(
         in_place=bool(in_place),
         segment_bytes=segment_bytes,
     )
+
+
+def _staged(x: Any, op: Any, comm: Any, divisor: int, segment_bytes: int) -> Any:
+    """:func:`allreduce` through host memory (see :func:`_make_staged_primitive`)."""
+    return _staged_primitive().bind(
+        x,
+        op=_hashable(op),
+        comm=_hashable(comm),
+        divisor=divisor,
+        segment_bytes=segment_bytes,
+    )
+
+
+def _staged_primitive() -> Any:
+    """The staged ring's primitive, made once (raises where JAX lacks what it
+    is made of: :func:`decide` says so before any averager uses it)."""
+    if "staged" not in _state:
+        _state["staged"] = _make_staged_primitive()
+    return _state["staged"]
+
+
+def _make_staged_primitive() -> Any:
+    """The staged ring: a primitive on mpi4jax's ordered effect (ordered with
+    mpi4jax's calls and the custom call, as they are among themselves) whose
+    lowering, on every platform, is XLA's host callback: XLA hands the buffer
+    to Python in host memory (a GPU's copied there), :func:`host_allreduce`
+    sums it into a fresh array, and XLA copies that back.
+
+    It lowers through ``emit_python_callback``, the lowering under
+    ``jax.experimental.io_callback``, not through ``io_callback`` itself:
+    that one puts every operand on JAX's CPU device before calling, and on
+    the CPU (the tests) reading it back there waited on the very program that
+    was calling: two ranks of three hung there now and then."""
+    # Private, as mpi4jax's pieces are: the lowering io_callback is made of.
+    from jax._src.callback import emit_python_callback
+    from jax._src.interpreters import mlir
+    from jax.core import ShapedArray
+    from mpi4jax._src.jax_compat import Primitive, get_token_effect, set_token_effect
+    from mpi4jax._src.utils import (
+        default_primitive_impl,
+        ordered_effect,
+        unpack_hashable,
+    )
+
+    prim = Primitive("research_ring_allreduce_staged")
+    prim.def_impl(default_primitive_impl(prim))
+    prim.def_effectful_abstract_eval(
+        lambda x, **_: (ShapedArray(x.shape, x.dtype), {ordered_effect})
+    )
+
+    def lowering(ctx, x, op, comm, divisor, segment_bytes):
+        comm, op = unpack_hashable(comm), unpack_hashable(op)
+
+        def on_host(a: np.ndarray) -> tuple[np.ndarray]:
+            out = np.empty(a.shape, a.dtype)
+            host_allreduce(
+                np.ascontiguousarray(a),
+                out,
+                comm=comm,
+                op=op,
+                divisor=divisor,
+                segment_bytes=segment_bytes,
+            )
+            return (out,)
+
+        token = get_token_effect(ctx, ordered_effect)
+        out, token, _ = emit_python_callback(
+            ctx,
+            on_host,
+            token,
+            [x],
+            ctx.avals_in,
+            ctx.avals_out,
+            has_side_effect=True,
+            returns_token=True,
+        )
+        set_token_effect(ctx, ordered_effect, token)
+        return out
+
+    # Not cacheable: each module must register its own host callback.
+    mlir.register_lowering(prim, lowering, cacheable=False)
+    return prim
 
 
 def _mpi_sum() -> Any:
