@@ -22,6 +22,9 @@ Stages, in this order, each writing into the run folder (default
   gradient as GPU arrays, 2 ranks (one GPU: its ranks share it, which XLA's
   collectives, NCCL, refuse: said in the table).
 * ``eager_sgd``: ``make run``'s experiment, one seed, on the GPU.
+* ``staging``: ``scripts.bench_staging``: what staging GPU buffers through
+  host memory costs each way (JAX's transfers, the staged ring's host
+  callback, mpi4jax's), one process, 1 to 102 MB.
 
 Then ``table.md`` and ``checks.json`` (each of issue 41's GPU checks, met or
 not), which ``python -m scripts.results DIR`` renders into
@@ -49,7 +52,16 @@ from typing import Any
 from research.entry.cli import doc_parser
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ("machine", "models", "strategies", "stop", "allreduce", "eager_sgd", "vgg")
+STAGES = (
+    "machine",
+    "models",
+    "strategies",
+    "stop",
+    "allreduce",
+    "eager_sgd",
+    "vgg",
+    "staging",
+)
 STRATEGIES = (
     "fused",
     "host",
@@ -430,6 +442,15 @@ def stage_allreduce(c: Check) -> None:
     c.say(f"allreduce: rc {rc} in {secs:.0f} s")
 
 
+def stage_staging(c: Check) -> None:
+    cmd = _python("-m", "scripts.bench_staging", "--json", str(c.root / "staging.json"))
+    if not _on_gpu(c):
+        cmd += ["--mb", "1", "--reps", "2"]
+    rc, secs = c.run("staging", cmd, timeout=120)
+    c.results["staging_rc"] = rc
+    c.say(f"staging: rc {rc} in {secs:.0f} s")
+
+
 def stage_eager_sgd(c: Check) -> None:
     run_dir = c.root / "eager_sgd"
     cmd = _python("-m", "experiments.eager_sgd", "--seeds", "0", "--no-progress")
@@ -456,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         "allreduce": stage_allreduce,
         "eager_sgd": stage_eager_sgd,
         "vgg": stage_vgg,
+        "staging": stage_staging,
     }
     if "machine" not in args.stages:
         args.stages.insert(0, "machine")  # every other stage reads it

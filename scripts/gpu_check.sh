@@ -10,8 +10,11 @@
 #   RESEARCH_COMMIT=SHA: the code's commit, as `git rev-parse --short=12 HEAD` says
 #     it here (the device tool's copy of the tree carries an earlier commit's git)
 #
-# What the H200 runs of 2026-11-28 left to do, in one call of about 7 minutes:
-#   GPU_CHECK_S=420 bash scripts/gpu_check.sh --stages strategies,stop,vgg --strategies adaptive
+# What the H200 runs of 2026-11-28 left to do (adaptive at 1 rank, VGG-16), then
+# what staging through host costs and the staged ring (allreduce=ring on GPU
+# arrays) at 102 MB, in one call of about 8 minutes (timeout_s 600):
+#   GPU_CHECK_S=540 bash scripts/gpu_check.sh --strategies adaptive \
+#     --stages strategies,stop,vgg,staging,allreduce
 #
 # $OUT gets: install.log, gpu-check.log, table.md, checks.json, and gpu-check.tgz
 # (the run folder without checkpoints), which `tar xzf` unpacks into a folder

@@ -1,10 +1,10 @@
 """``table.md`` and ``checks.json`` of a ``scripts.gpu_check`` run folder.
 
 Every figure is read from what the run wrote (the training runs' folders,
-``models.jsonl``, ``allreduce.json``, the eager-SGD experiment's own table);
-each of issue 41's GPU checks is listed as met or not, with the number that
-decides it. ``python -m scripts.results RUN_DIR`` renders the table into
-``docs/results/gpu.md``.
+``models.jsonl``, ``allreduce.json``, ``staging.json``, the eager-SGD
+experiment's own table); each of issue 41's GPU checks is listed as met or
+not, with the number that decides it. ``python -m scripts.results RUN_DIR``
+renders the table into ``docs/results/gpu.md``.
 """
 
 from __future__ import annotations
@@ -199,6 +199,26 @@ def _allreduce(root: Path) -> list[str]:
     return out
 
 
+def _staging(root: Path) -> list[str]:
+    path = root / "staging.json"
+    if not path.exists():
+        return []
+    from scripts.bench_staging import format_table
+
+    data = json.loads(path.read_text())
+    sizes = data["sizes"]
+    return [
+        "## Staging through host memory",
+        "",
+        f"One process on {data['device']} ({data['platform']}), median of "
+        f"{sizes[0]['reps'] if sizes else '-'}; (x) is the ratio to "
+        "pjrt-round-trip; `python -m scripts.bench_staging`.",
+        "",
+        format_table(data),
+        "",
+    ]
+
+
 def _eager(root: Path) -> list[str]:
     table = root / "eager_sgd" / "table.md"
     if not table.exists():
@@ -244,6 +264,7 @@ def write_report(root: Path, results: dict, install_log: str | None) -> list[dic
         *_strategies(results, checks),
         *_stop(results, checks),
         *_allreduce(root),
+        *_staging(root),
         *_eager(root),
     ]
     lines = ["## Checks", "", "| check | met | figure |", "|---|---|---|"]

@@ -19,7 +19,7 @@ from tests.conftest import python
 def test_the_quick_gpu_check_runs_and_renders_its_page(tmp_path):
     root = tmp_path / "gpu"
     proc = python(
-        ["-m", "scripts.gpu_check", "--quick", "--stages", "strategies,stop"]
+        ["-m", "scripts.gpu_check", "--quick", "--stages", "strategies,stop,staging"]
         + ["--jobs", "2", "--out", str(root)],
         timeout=420,
     )
@@ -29,6 +29,13 @@ def test_the_quick_gpu_check_runs_and_renders_its_page(tmp_path):
     table = (root / "table.md").read_text()
     assert "| fused | 1 |" in table and "| solo | 2 |" in table
     assert "| fused | 143 |" in table  # SIGTERM: exit 143
+    # What staging through host costs, each way (here host and device are one).
+    staging = json.loads((root / "staging.json").read_text())
+    assert staging["platform"] == "cpu" and len(staging["sizes"]) == 1
+    ways = staging["sizes"][0]["variants"]
+    assert ways["pjrt-round-trip"]["ratio"] == 1.0
+    assert all(v["median_ms"] > 0 for v in ways.values()), ways
+    assert "## Staging through host memory" in table and "| ring-staged-self |" in table
     results = json.loads((root / "results.json").read_text())
     assert {r["platforms"][0] for r in results["strategies"]} == {"cpu"}
     pages = tmp_path / "pages"
