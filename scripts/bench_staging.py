@@ -88,7 +88,7 @@ def variants(n: int) -> dict[str, Any]:
     dst = np.empty_like(src)
     twice = jax.jit(lambda v: v * 2.0)
     self_sum = jax.jit(lambda v: mpi4jax.allreduce(v, op=MPI.SUM, comm=MPI.COMM_SELF))
-    one = _self_comm()
+    one = MPI.COMM_SELF.Dup()  # the ring's own communicator
     ring_self = jax.jit(lambda v: ring.allreduce(v, op=MPI.SUM, comm=one, staged=True))
 
     def round_trip() -> None:
@@ -101,18 +101,6 @@ def variants(n: int) -> dict[str, Any]:
         "ring-staged-self": lambda: ring_self(x).block_until_ready(),
         "mpi4jax-self": lambda: self_sum(x).block_until_ready(),
     }
-
-
-def _self_comm() -> Any:
-    """A one-rank communicator of the ring's own, made once."""
-    from mpi4py import MPI
-
-    if "comm" not in _SELF:
-        _SELF["comm"] = MPI.COMM_SELF.Dup()
-    return _SELF["comm"]
-
-
-_SELF: dict[str, Any] = {}
 
 
 def measure(mb: float, reps: int) -> dict[str, Any]:

@@ -134,6 +134,7 @@ COMMUNICATION = {
     "test_api.py",
     "test_contract.py",
     "test_ring.py",
+    "test_ring_staged.py",
     "test_dense.py",
     "test_partial.py",
     "test_sparse.py",

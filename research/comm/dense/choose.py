@@ -161,7 +161,7 @@ def agree(
         return _path("xla", base, "allreduce=xla: XLA's collectives forced", ["xla"])
     decision = ring.decide(comm, "cpu" if host_memory else None)
     base["notes"] = decision.get("notes", [])
-    staged = decision["ring"] and decision.get("staged", False)
+    staged = decision["ring"] and decision["staged"]
     if allreduce == "ring":
         if decision["ring"]:
             why = "allreduce=ring: the ring forced"

@@ -202,30 +202,38 @@ def decide(comm: Any, backend: str | None = None) -> dict[str, Any]:
     return decision
 
 
+def _ordered_primitive(name: str) -> Any:
+    """A primitive of one array in, one alike out, on mpi4jax's ordered effect
+    (so both libraries' calls share one token), evaluated by compiling it."""
+    from jax.core import ShapedArray
+    from mpi4jax._src.jax_compat import Primitive
+    from mpi4jax._src.utils import default_primitive_impl, ordered_effect
+
+    prim = Primitive(name)
+    prim.def_impl(default_primitive_impl(prim))
+    prim.def_effectful_abstract_eval(
+        lambda x, **_: (ShapedArray(x.shape, x.dtype), {ordered_effect})
+    )
+    return prim
+
+
 def _make_primitive() -> Any:
     # mpi4jax's private pieces, so both libraries share one ordered effect.
-    from jax.core import ShapedArray
     from jax.ffi import ffi_lowering
     from mpi4jax._src.jax_compat import (
-        Primitive,
         abstract_token,
         get_token_effect,
         register_lowering,
         set_token_effect,
     )
     from mpi4jax._src.utils import (
-        default_primitive_impl,
         ordered_effect,
         to_dtype_handle,
         to_mpi_handle,
         unpack_hashable,
     )
 
-    prim = Primitive("research_ring_allreduce")
-    prim.def_impl(default_primitive_impl(prim))
-    prim.def_effectful_abstract_eval(
-        lambda x, **_: (ShapedArray(x.shape, x.dtype), {ordered_effect})
-    )
+    prim = _ordered_primitive("research_ring_allreduce")
 
     def lowering(ctx, x, op, comm, divisor, in_place, segment_bytes):
         token = get_token_effect(ctx, ordered_effect)
@@ -335,24 +343,19 @@ def allreduce(
 
         staged = jax.default_backend() != "cpu"
     if staged:
-        return _staged(x, op, comm, divisor, segment_bytes)
+        return _staged_primitive().bind(
+            x,
+            op=_hashable(op),
+            comm=_hashable(comm),
+            divisor=divisor,
+            segment_bytes=segment_bytes,
+        )
     return prim.bind(
         x,
         op=_hashable(op),
         comm=_hashable(comm),
         divisor=divisor,
         in_place=bool(in_place),
-        segment_bytes=segment_bytes,
-    )
-
-
-def _staged(x: Any, op: Any, comm: Any, divisor: int, segment_bytes: int) -> Any:
-    """:func:`allreduce` through host memory (see :func:`_make_staged_primitive`)."""
-    return _staged_primitive().bind(
-        x,
-        op=_hashable(op),
-        comm=_hashable(comm),
-        divisor=divisor,
         segment_bytes=segment_bytes,
     )
 
@@ -376,23 +379,14 @@ def _make_staged_primitive() -> Any:
     ``jax.experimental.io_callback``, not through ``io_callback`` itself:
     that one puts every operand on JAX's CPU device before calling, and on
     the CPU (the tests) reading it back there waited on the very program that
-    was calling: two ranks of three hung there now and then."""
+    was calling: the tests hung in 5 of 8 runs (docs/journal.md)."""
     # Private, as mpi4jax's pieces are: the lowering io_callback is made of.
     from jax._src.callback import emit_python_callback
     from jax._src.interpreters import mlir
-    from jax.core import ShapedArray
-    from mpi4jax._src.jax_compat import Primitive, get_token_effect, set_token_effect
-    from mpi4jax._src.utils import (
-        default_primitive_impl,
-        ordered_effect,
-        unpack_hashable,
-    )
+    from mpi4jax._src.jax_compat import get_token_effect, set_token_effect
+    from mpi4jax._src.utils import ordered_effect, unpack_hashable
 
-    prim = Primitive("research_ring_allreduce_staged")
-    prim.def_impl(default_primitive_impl(prim))
-    prim.def_effectful_abstract_eval(
-        lambda x, **_: (ShapedArray(x.shape, x.dtype), {ordered_effect})
-    )
+    prim = _ordered_primitive("research_ring_allreduce_staged")
 
     def lowering(ctx, x, op, comm, divisor, segment_bytes):
         comm, op = unpack_hashable(comm), unpack_hashable(op)
