@@ -18,7 +18,7 @@ test: $(STAMP)
 	$(PY) -m pytest $(XDIST)
 
 # The edit-test loop: every test that starts no MPI job. A test that tries to
-# (through research.entry.launch or tests/test_mpi.py) fails instead: mark it
+# (through research.entry.launch or tests/harness.py) fails instead: mark it
 # @pytest.mark.launches and it runs in `make test` only.
 test-fast: $(STAMP)
 	RESEARCH_NO_MPIEXEC=1 $(PY) -m pytest $(XDIST) -m "not launches"

@@ -6,7 +6,7 @@ them with 2, 3 and 4 ranks. They are not collected directly.
 
 The environment set here is inherited by every process a test starts: XLA gets
 one intra-op thread per process (ranks oversubscribe 2 cores) and compiles at
-LLVM -O1 (``tests.test_mpi.XLA_TEST_FLAGS``; tests/mpi's ranks at -O0,
+LLVM -O1 (``tests.harness.XLA_TEST_FLAGS``; tests/mpi's ranks at -O0,
 ``XLA_MPI_TEST_FLAGS``), and all processes share a
 persistent compilation cache, since ranks and runs compile the same programs
 and compiling is most of this suite's time.
@@ -24,15 +24,9 @@ keeps them on one worker with ``pytest.mark.xdist_group(name)``.
 """
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 from research import privdir
-from tests.test_mpi import MPI_JOB_VARS, XLA_TEST_FLAGS
-
-#: The checkout: the working folder and import path of the processes tests start.
-ROOT = Path(__file__).resolve().parent.parent
+from tests.harness import XLA_TEST_FLAGS
 
 
 def _compile_cache() -> str:
@@ -72,49 +66,6 @@ os.environ.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
 # this machine's cache holds, and measures nothing on first use (the tests of
 # that set the variable themselves: tests/mpi/test_sparse.py).
 os.environ.setdefault("RESEARCH_SPARSE_COST", "defaults")
-
-
-def run_env(**extra: str) -> dict[str, str]:
-    """The environment of a process that a test starts as a user would: this
-    checkout importable, output unbuffered, and none of an MPI job's variables
-    (a launcher starts its own mpiexec; a plain process is no rank). ``extra``
-    is set over it."""
-    env = {k: v for k, v in os.environ.items() if k not in MPI_JOB_VARS}
-    env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    env.update(extra)
-    return env
-
-
-def python(
-    args: list[str],
-    *,
-    cwd: Path | str = ROOT,
-    env: dict[str, str] | None = None,
-    timeout: float = 300,
-    **kw,
-) -> subprocess.CompletedProcess:
-    """``python ARGS`` run to its end in :func:`run_env` (or ``env``), its
-    output captured as text."""
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=cwd,
-        env=run_env() if env is None else env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        **kw,
-    )
-
-
-def tiny_train(*extra: str, np: int = 2, n_train: int = 512) -> list[str]:
-    """The arguments of a small ``python -m experiments.train`` run: ``np``
-    ranks, cnn_small on ``n_train`` synthetic images (64 to test), batch 16, no
-    evaluation, no progress bar; then ``extra`` (a later flag wins)."""
-    return [
-        "-m", "experiments.train", "--np", str(np), "--model", "cnn_small",
-        "--data-opt", f"n_train={n_train}", "--data-opt", "n_test=64",
-        "--batch-size", "16", "--eval-every", "0", "--no-progress", *extra,
-    ]  # fmt: skip
 
 
 collect_ignore_glob = (

@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.conftest import ROOT, run_env, tiny_train
-from tests.test_mpi import COMPILE_CACHE_ENV, XLA_TEST_FLAGS
+from tests.harness import COMPILE_CACHE_ENV, ROOT, XLA_TEST_FLAGS, run_env
+from tests.tiny import tiny_train
 
 
 @dataclasses.dataclass

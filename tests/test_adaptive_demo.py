@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_mpi import XLA_TEST_FLAGS
+from tests.harness import XLA_TEST_FLAGS
 
 pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
 

@@ -16,7 +16,7 @@ from research.trace import TRACKS as TRACK_IDS
 from research.trace import Tracer, merge_traces
 from research.trace_analysis import TraceError, analyze, classify, format_table
 from research.trace_analysis.intervals import intersect, subtract, total, union
-from tests.conftest import python
+from tests.harness import python
 
 # One worker: the traced run of the module fixture is made once.
 pytestmark = pytest.mark.xdist_group("test_analysis")

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.conftest import python, run_env
+from tests.harness import python, run_env
 
 
 def test_malloc_default_reaches_the_ranks(monkeypatch):

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tests.conftest import python
+from tests.harness import python
 
 
 @pytest.mark.launches  # an MPI job: not in make test-fast

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import python
+from tests.harness import python
 
 
 def test_tiny_run_reports_ratios(tmp_path):

@@ -20,8 +20,7 @@ import pytest
 
 from research.checkpoint.leaves import Flattener, unnest
 from tests.checkpoint_state import host, identical, state_at
-from tests.conftest import python
-from tests.test_mpi import run_under_mpiexec
+from tests.harness import python, run_under_mpiexec
 
 pytestmark = [
     pytest.mark.launches,  # MPI jobs: not in make test-fast

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import python
+from tests.harness import python
 
 
 @pytest.mark.launches
@@ -94,7 +94,7 @@ def _old_words_give_the_same_table(root: Path, old: Path) -> None:
 
 
 def _shm_entries() -> set[str]:
-    from tests.test_shared_node import node_local_entries
+    from tests.harness import node_local_entries
 
     return node_local_entries()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, python
+from tests.harness import ROOT, python
 
 ARMS = ("balanced", "allreduce", "solo", "majority", "ps")
 

@@ -10,7 +10,12 @@ import json
 
 import pytest
 
-from tests.test_eager_sgd_smoke import run
+from tests.harness import python
+
+
+def run(args: list[str], timeout: float = 400):
+    """``python -m experiments.eager_sgd ARGS`` to its end."""
+    return python(["-m", "experiments.eager_sgd", *args], timeout=timeout)
 
 
 @pytest.mark.launches

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from tests.test_mpi import run_under_mpiexec
+from tests.harness import run_under_mpiexec
 
 pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
 

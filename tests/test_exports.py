@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import ROOT, python, run_env
+from tests.harness import ROOT, python, run_env
 
 SCRIPT = r"""
 import importlib, json, sys

@@ -28,7 +28,7 @@ from research.checkpoint.integrity import remove_tree
 from research.checkpoint.tiers import default_fast_root
 from research.entry.launch import _mapped_shm_files
 from tests.fail_driver import PHASES
-from tests.test_mpi import run_under_mpiexec
+from tests.harness import run_under_mpiexec
 
 pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
 

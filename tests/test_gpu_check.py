@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from tests.conftest import python
+from tests.harness import python
 
 
 @pytest.mark.launches

@@ -11,7 +11,7 @@ import tomllib
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.harness import ROOT
 
 INSTALL = ROOT / "scripts" / "install.sh"
 WHEELS = ROOT / "scripts" / "gpu_wheels.sh"

@@ -8,7 +8,7 @@ Run in a fresh interpreter of its own, without mpiexec (a world of one).
 
 from __future__ import annotations
 
-from tests.conftest import python, run_env
+from tests.harness import python, run_env
 
 PROBE = """
 import os, sys

@@ -17,7 +17,7 @@ from research import localnet
 from research.entry.launch import placement
 from research.localnet import cluster as cluster_mod
 from research.usage import UsageError
-from tests.conftest import python
+from tests.harness import python
 
 ROOT = Path(__file__).parent.parent
 SCRIPT = ROOT / "scripts" / "cluster" / "localnet.sh"

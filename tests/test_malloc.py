@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import python, run_env
+from tests.harness import python, run_env
 
 ROOT = Path(__file__).resolve().parent.parent
 

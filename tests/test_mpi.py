@@ -1,4 +1,5 @@
-"""Runs every tests/mpi/test_*.py file under a real ``mpiexec``: the
+"""Runs every tests/mpi/test_*.py file under a real ``mpiexec`` (the launch is
+``tests/harness.py``'s): the
 communication files with 3 ranks (a rank count that is not a power of two: the
 ring's uneven chunks, recursive doubling's extra ranks), those whose
 algorithms change shape at a power of two also with 4, and the rest with 2
@@ -18,111 +19,26 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
-
-HERE = Path(__file__).parent
-ROOT = HERE.parent
-# Ranks and runs compile the same programs: a persistent cache shared by every
-# process of the suite turns most compiles after the first into a disk read.
-COMPILE_CACHE_ENV = {
-    "JAX_COMPILATION_CACHE_DIR": os.environ.get(
-        "JAX_COMPILATION_CACHE_DIR", f"/tmp/research-jax-cache-{os.getuid()}"
-    ),
-    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-}
-#: XLA for every process the suite starts: one intra-op thread per process
-#: (ranks oversubscribe 2 cores), and LLVM at -O1. The suite's processes both
-#: compile (models' gradients in the test's own process) and train (the
-#: experiments it runs): -O0 compiled no faster than -O1 and its steps ran
-#: slower, XLA's default compiled slower and ran no faster. test_stages,
-#: test_conv and the scalability smoke test, CPU-s from an empty compile cache
-#: / a warm one: -O0 144 / 69, -O1 141 / 51, default 153 / 61 (bench lock,
-#: 2026-11-27). One level for every process that trains: a test compares their
-#: numbers with its own bit for bit.
-_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false"
-#: And XLA:CPU's older elemental emitters instead of its MLIR fusion emitters,
-#: which took most of a small program's compile time: from an empty cache
-#: ResNet-tiny's gradient compiled in 1.2 CPU-s instead of 2.0 at -O1 (0.5
-#: instead of 1.5 at -O0), 80 one-op programs in 0.6 instead of 1.4 (-O0), and
-#: tests/mpi/test_dense's 120-leaf average in 0.5 instead of 1.3 (-O0). At -O1
-#: the small CNN's, VGG-tiny's and P1B2's steps ran as fast, the ResNets' 7%
-#: (tiny) and 16% (ResNet-50) slower (bench lock, 2026-11-27).
-_COMPILE_FAST = "--xla_cpu_use_fusion_emitters=false"
-XLA_TEST_FLAGS = f"{_ONE_THREAD} {_COMPILE_FAST} --xla_backend_optimization_level=1"
-#: tests/mpi's ranks (:func:`test_under_mpiexec`): many small programs, each
-#: compiled once and run briefly, so compiling is what costs and LLVM -O0 pays.
-#: Never for a job whose numbers a test compares with its own process's: the
-#: two levels round differently (a checkpoint of a 4-rank job differed from the
-#: same state computed in the test in the last bit). From an empty compile cache
-#: the 2-rank run took 161 CPU-s instead of 212 at -O1 (83 both from a warm one).
-XLA_MPI_TEST_FLAGS = f"{_ONE_THREAD} {_COMPILE_FAST} --xla_backend_optimization_level=0"
-FILES = sorted(p.name for p in (HERE / "mpi").glob("test_*.py"))
-#: What marks a process as one of an MPI job's ranks: a process a test starts
-#: outside mpiexec drops them, or it would take itself for a rank.
-MPI_JOB_VARS = (
-    "PMI_RANK",
-    "PMI_SIZE",
-    "OMPI_COMM_WORLD_SIZE",
-    "PMIX_RANK",
-    "RESEARCH_UNDER_MPI",
+from tests.harness import (
+    COMPILE_CACHE_ENV,
+    MPI_FILES,
+    XLA_MPI_TEST_FLAGS,
+    XLA_TEST_FLAGS,
+    local_user,
+    mpiexec,
+    run_env,
+    run_under_mpiexec,
 )
 
+pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
 
-def mpiexec() -> str:
-    """The environment's ``mpiexec``; refused under ``make test-fast``
-    (``RESEARCH_NO_MPIEXEC``): a test that launches must be marked
-    ``launches`` (``tests/conftest.py``)."""
-    if os.environ.get("RESEARCH_NO_MPIEXEC"):
-        raise RuntimeError(
-            "RESEARCH_NO_MPIEXEC is set (make test-fast): mark this test "
-            "@pytest.mark.launches"
-        )
-    exe = Path(sys.executable).parent / "mpiexec"
-    return str(exe) if exe.exists() else "mpiexec"
-
-
-def launcher() -> list[str]:
-    """The launch command: ``RESEARCH_MPIEXEC`` when set (``make test-site-mpi``
-    sets ``mpirun --allow-run-as-root --oversubscribe``, Open MPI's), else
-    :func:`mpiexec`. Either takes ``-n N`` next."""
-    custom = os.environ.get("RESEARCH_MPIEXEC", "").strip()
-    if custom and os.environ.get("RESEARCH_NO_MPIEXEC"):
-        mpiexec()  # refused the same way
-    return shlex.split(custom) if custom else [mpiexec()]
-
-
-def run_under_mpiexec(
-    np_: int, args: list[str], timeout: float = 300, env_extra: dict | None = None
-) -> subprocess.CompletedProcess:
-    from tests.conftest import run_env  # conftest imports this module
-
-    env = run_env(
-        RESEARCH_UNDER_MPI="1",
-        XLA_FLAGS=XLA_TEST_FLAGS,  # as the test's own process: bit-equal results
-        NPROC="1",  # XLA:CPU's intra-op pool: one thread per rank
-        # sparse_allreduce(auto) uses its documented defaults, not whatever
-        # calibration this machine's user cache holds (tests/conftest.py).
-        RESEARCH_SPARSE_COST="defaults",
-        # tests/mpi/conftest.py checks the world it gets against this.
-        RESEARCH_EXPECTED_NP=str(np_),
-        **COMPILE_CACHE_ENV,
-    )
-    # The outer pytest's options (say --durations, -q) are not the ranks': the
-    # summary line this file reads must stay as it is.
-    env.pop("PYTEST_ADDOPTS", None)
-    env.update(env_extra or {})
-    cmd = [*launcher(), "-n", str(np_), sys.executable, *args]
-    return subprocess.run(
-        cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
-    )
+FILES = MPI_FILES
 
 
 #: The communication files, also run at 3 ranks. Not test_overlap.py: its
@@ -232,8 +148,6 @@ def test_ranks_agree_when_one_cannot_build(tmp_path):
     the ring); now every rank takes MPI_Allreduce and says why."""
     script = tmp_path / "t.py"
     script.write_text(AVERAGE_SCRIPT)
-    from tests.conftest import run_env  # conftest imports this module
-
     env = run_env(XLA_FLAGS=XLA_TEST_FLAGS, NPROC="1", **COMPILE_CACHE_ENV)
     py = sys.executable
     cmd = [mpiexec(), "-n", "1", "env", "RESEARCH_NATIVE_CACHE=/proc/no-such-dir"]
@@ -255,11 +169,9 @@ INTRUDER = "ringintruder"
 
 
 def _intruder_uid() -> int:
-    from tests.test_shared_node import _user  # retries: two workers may race
-
     if os.getuid() != 0:
         pytest.skip("needs root to create a second local user (useradd)")
-    return _user(INTRUDER)
+    return local_user(INTRUDER)  # retries: two workers may race
 
 
 @pytest.mark.parametrize("where", ["world-writable-cache", "library-of-another"])

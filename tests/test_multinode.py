@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, python
+from tests.harness import ROOT, python
 from tests.node_faults import env_for
 
 pytestmark = [

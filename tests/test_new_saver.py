@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from tests.test_saver_contract import run_contract
+from tests.saver_contract import run_contract
 
 NAME = "slowdisk_saver"
 MODULE = '''

@@ -9,7 +9,7 @@ import shlex
 
 import pytest
 
-from tests.conftest import ROOT, python
+from tests.harness import ROOT, python
 
 README = (ROOT / "README.md").read_text()
 MAX_LINES = 250

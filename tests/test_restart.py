@@ -22,7 +22,8 @@ from research.checkpoint.integrity import remove_tree
 from research.checkpoint.manifest import committed_steps, read_manifest
 from research.checkpoint.tiers import default_fast_root
 from research.rundir import read_metrics
-from tests.conftest import ROOT, run_env, tiny_train
+from tests.harness import ROOT, run_env
+from tests.tiny import tiny_train
 
 STEPS = 40
 ARGS = tiny_train(

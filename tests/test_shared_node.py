@@ -16,7 +16,6 @@ import shutil
 import stat
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -24,9 +23,8 @@ import pytest
 from research import privdir
 from research.checkpoint import CheckpointConfig, CheckpointError
 from tests.checkpoint_state import initial
-from tests.conftest import python
+from tests.harness import local_user, python, run_under_mpiexec
 from tests.shared_node_driver import _entries
-from tests.test_mpi import run_under_mpiexec
 
 INTRUDER = "rsh25intruder"
 NEEDS_ROOT = pytest.mark.skipif(
@@ -34,23 +32,6 @@ NEEDS_ROOT = pytest.mark.skipif(
     reason="needs root and runuser: the test makes a second local user "
     "(useradd) and plants files as that user; CI and this machine run as root",
 )
-
-
-def _user(name: str) -> int:
-    """The uid of local user ``name``, made (no home, no login) if missing."""
-    for _ in range(50):  # useradd fails while another one holds /etc/passwd
-        try:
-            return int(
-                subprocess.run(
-                    ["id", "-u", name], capture_output=True, text=True, check=True
-                ).stdout
-            )
-        except subprocess.CalledProcessError:
-            subprocess.run(
-                ["useradd", "-M", "-s", "/usr/sbin/nologin", name], capture_output=True
-            )
-        time.sleep(0.1)
-    raise RuntimeError(f"could not create the local user {name}")
 
 
 def _as(user: str, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -63,7 +44,7 @@ def _plant_dir(path: Path) -> None:
     """The intruder's folder at ``path``, open to all (mode 0777)."""
     _as(INTRUDER, "sh", "-c", f"mkdir -p '{path}' && chmod 777 '{path}'")
     st = os.lstat(path)
-    assert st.st_uid == _user(INTRUDER) and stat.S_IMODE(st.st_mode) == 0o777
+    assert st.st_uid == local_user(INTRUDER) and stat.S_IMODE(st.st_mode) == 0o777
 
 
 def _results(run_dir: Path) -> list[dict]:
@@ -80,18 +61,6 @@ def _private_tree(entries: list[dict], uid: int) -> None:
         assert (e["uid"], e["mode"]) == (uid, want), e
 
 
-def node_local_entries() -> set[str]:
-    """What of this user's is in the node's shared places: the entries of its
-    private folders, and names earlier versions put right into /dev/shm (for
-    tests that check a run removes what it put there)."""
-    out = {str(p) for b in privdir.existing_bases() for p in b.iterdir()}
-    bases = set(privdir.candidates())
-    shm = Path("/dev/shm")
-    if shm.is_dir():
-        out |= {str(p) for p in shm.glob("research-*") if p not in bases}
-    return out
-
-
 @pytest.fixture
 def shared_tmp():
     """A folder both users may write in (pytest's tmp_path is root's, 0700)."""
@@ -105,7 +74,7 @@ def shared_tmp():
 @NEEDS_ROOT
 @pytest.mark.launches
 def test_planted_fast_tier_folders_get_nothing_and_ours_is_private(shared_tmp):
-    intruder, me = _user(INTRUDER), privdir.user_name()
+    intruder, me = local_user(INTRUDER), privdir.user_name()
     # Stand-ins for /dev/shm and $TMPDIR that no other test shares: shared
     # places, sticky and writable by all, as those are.
     shm, tmp = shared_tmp / "shm", shared_tmp / "tmp"
@@ -170,7 +139,7 @@ def test_planted_fast_tier_folders_get_nothing_and_ours_is_private(shared_tmp):
 @NEEDS_ROOT
 @pytest.mark.launches
 def test_a_planted_fast_dir_is_refused_by_every_rank(tmp_path):
-    _user(INTRUDER)
+    local_user(INTRUDER)
     planted = Path("/dev/shm") / f"rsh25-planted-{os.getpid()}"
     shutil.rmtree(planted, ignore_errors=True)
     _plant_dir(planted)
@@ -185,7 +154,7 @@ def test_a_planted_fast_dir_is_refused_by_every_rank(tmp_path):
         # Every rank raises the same one line, naming the folder and the problem.
         assert set(refused) == {
             f"node-local checkpoint folder refused: ranks 0, 1, 2: refusing "
-            f"{planted}: it belongs to {INTRUDER} (uid {_user(INTRUDER)}), not to "
+            f"{planted}: it belongs to {INTRUDER} (uid {local_user(INTRUDER)}), not to "
             f"you (root, uid 0); remove it or choose another folder with --fast-dir"
         }
         assert os.listdir(planted) == []
@@ -195,7 +164,7 @@ def test_a_planted_fast_dir_is_refused_by_every_rank(tmp_path):
 
 @NEEDS_ROOT
 def test_fast_dir_flags_refuse_a_planted_folder_before_launch(tmp_path):
-    _user(INTRUDER)
+    local_user(INTRUDER)
     planted = Path("/dev/shm") / f"rsh25-flag-{os.getpid()}"
     shutil.rmtree(planted, ignore_errors=True)
     _plant_dir(planted)
@@ -232,7 +201,7 @@ def test_a_link_at_the_transfer_file_is_not_followed(tmp_path, shared_tmp):
     from research.checkpoint.deepfreeze import DeepFreeze
     from research.comm.world import get_world
 
-    _user(INTRUDER)
+    local_user(INTRUDER)
     target = shared_tmp / "intruders-file"
     _as(INTRUDER, "sh", "-c", f"echo intruder > '{target}' && chmod 666 '{target}'")
     ckpt = DeepFreeze(get_world(), tmp_path / "p", fast_dir=None, fsync=False)
@@ -268,7 +237,7 @@ def test_sweeps_leave_other_users_files(tmp_path):
     from research.checkpoint.deepfreeze import remove_stale_transfer_files
     from research.entry.launch import remove_orphaned_shm
 
-    _user(INTRUDER)
+    local_user(INTRUDER)
     pid, shm, tag = _dead_pid(), Path("/dev/shm"), f"rsh25{os.getpid()}"
     theirs = [shm / f"research-xfer-{pid}-{tag}-r0", shm / f"mpich_shm_{tag}a"]
     ours = [
@@ -349,7 +318,7 @@ def test_a_tier_is_checked_again_before_restore_and_each_save(tmp_path):
     # Only what DeepFreeze put into the user's folder went.
     assert [p.name for p in fast.iterdir()] == ["yours.txt"]
     if os.geteuid() == 0:  # another user's folder is refused when opened
-        os.chown(fast, _user(INTRUDER), -1)
+        os.chown(fast, local_user(INTRUDER), -1)
         with pytest.raises(CheckpointError, match=f"{fast}: it belongs to {INTRUDER}"):
             config.create(get_world(), tmp_path)
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import python, run_env
+from tests.harness import python, run_env
 
 pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
 

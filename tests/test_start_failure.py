@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from tests.test_mpi import ROOT, launcher
+from tests.harness import ROOT, launcher
 
 pytestmark = pytest.mark.launches  # an MPI job: not in make test-fast
 

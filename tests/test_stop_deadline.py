@@ -20,7 +20,7 @@ import time
 import pytest
 
 from research.train.preemption import GRACE_ENV, STOP_EXIT
-from tests.test_mpi import ROOT, launcher
+from tests.harness import ROOT, launcher
 
 pytestmark = pytest.mark.launches  # an MPI job: not in make test-fast
 

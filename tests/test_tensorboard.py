@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from research.rundir import read_metrics
-from tests.conftest import ROOT, python, run_env
+from tests.harness import ROOT, python, run_env
 from tests.tensorboard_server import TensorBoard
 
 # tag -> metrics.jsonl key, for every step row (and the keys of a strategy's

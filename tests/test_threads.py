@@ -16,7 +16,7 @@ import pytest
 
 from models import xla_cpu
 from research.threads import check_xla_flags, thread_env, xla_thread_flags
-from tests.conftest import python, run_env
+from tests.harness import python, run_env
 from tests.tiny import tiny_flags
 
 ROOT = Path(__file__).resolve().parent.parent

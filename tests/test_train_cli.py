@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, python, run_env, tiny_train
+from tests.harness import ROOT, python, run_env
+from tests.tiny import tiny_train
 
 
 @pytest.mark.launches
@@ -94,7 +95,7 @@ def test_bad_input_as_a_user_types_it(args, needle):
 
 @pytest.mark.launches
 def test_bad_input_under_mpiexec_printed_once():
-    from tests.test_mpi import mpiexec
+    from tests.harness import mpiexec
 
     proc = subprocess.run(
         [mpiexec(), "-n", "2", sys.executable, "-m", "experiments.train"]

@@ -20,14 +20,12 @@ import pytest
 
 from research.checkpoint.manifest import committed_steps, read_manifest
 from research.checkpoint.tiers import default_fast_root
-from tests.conftest import python, run_env, tiny_train
+from tests.harness import node_local_entries, python, run_env
+from tests.tiny import RESUME_ARGS
 
 pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
 
-ARGS = tiny_train(
-    "--steps", "60", "--strategy", "host",
-    "--checkpoint", "deepfreeze", "--checkpoint-every", "5",
-)  # fmt: skip
+ARGS = RESUME_ARGS
 
 
 def _train(cwd: Path, run_dir: str, *extra: str) -> dict:
@@ -41,8 +39,6 @@ def _committed(run: Path) -> list[int]:
 
 
 def _shm() -> set[str]:
-    from tests.test_shared_node import node_local_entries
-
     return node_local_entries()
 
 

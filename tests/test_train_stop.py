@@ -25,7 +25,7 @@ from research.checkpoint.tiers import default_fast_root
 from research.rundir import read_metrics
 from research.trace import read_rank_trace
 from research.train.preemption import STOP_EXIT
-from tests.conftest import python, run_env
+from tests.harness import python, run_env
 
 # The command; a run far longer than the test lets it go.
 COMMAND = [

@@ -23,12 +23,8 @@ import pytest
 from research.comm.faults import failures, lifeline, traffic, watchdog
 from research.entry.launch import JOB_ENV, job_processes, reap_job
 from research.entry.restart import resized
-from tests.test_mpi import run_under_mpiexec
-
-#: Seconds from the fault to the job's end beyond the timeout: one tick of the
-#: watchdog, the roll call's wait, MPI_Abort's grace and mpiexec's kill
-#: (measured 2-4 s here; the bound leaves room for a loaded machine).
-BOUND_S = 20.0
+from tests.harness import processes_naming, until
+from tests.stalls import BOUND_S, run_case
 
 
 def test_timeout_values():
@@ -184,11 +180,11 @@ def test_a_child_dies_with_its_parent(tmp_path):
             f"{grandchild!r}]).wait()",
         ]
     )
-    _until(pidfile.exists, 30)
+    until(pidfile.exists, 30)
     pid = int(pidfile.read_text())
     child.kill()
     child.wait()
-    _until(lambda: not _alive(pid), 10)
+    until(lambda: not _alive(pid), 10)
 
 
 def test_the_launcher_ends_what_a_job_left_behind():
@@ -198,7 +194,7 @@ def test_the_launcher_ends_what_a_job_left_behind():
     code += "time.sleep(60)"
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env) for _ in range(2)]
     try:
-        _until(lambda: len(job_processes(tag)) == 2, 10)
+        until(lambda: len(job_processes(tag)) == 2, 10)
         t0 = time.monotonic()
         left = reap_job(tag, grace=0.5)
         assert sorted(p for p, _ in left) == sorted(p.pid for p in procs)
@@ -216,20 +212,6 @@ def test_lifeline_notices_a_reparented_process():
 
 
 # -- real jobs ---------------------------------------------------------------------
-def run_case(case: str, np_: int, timeout_s: float, tmp_path, env=None):
-    """Run the driver; ``(proc, seconds from the fault to the job's end)``."""
-    proc = run_under_mpiexec(
-        np_,
-        ["tests/watchdog_driver.py", case, str(timeout_s), str(tmp_path)],
-        timeout=240,
-        env_extra=env,
-    )
-    end = time.time()
-    stamps = re.findall(r"INJECTED (\d+\.\d+)", proc.stdout)
-    assert stamps, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc, end - float(stamps[0])
-
-
 @pytest.mark.launches
 def test_a_frozen_rank_ends_the_job_within_the_bound(tmp_path):
     """The last of 3 ranks stops (SIGSTOP, as a frozen node) while the others
@@ -247,7 +229,7 @@ def test_a_frozen_rank_ends_the_job_within_the_bound(tmp_path):
         assert "fused step (ring allreduce in jit), step 4" in line.group(0)
         assert "r2 (no answer)" in line.group(0)
     assert failures.read(tmp_path, 0)[0]["cause"] == "comm-timeout"
-    _until(lambda: not _driver_processes(tmp_path), 10)
+    until(lambda: not processes_naming(tmp_path), 10)
 
 
 @pytest.mark.launches
@@ -274,30 +256,9 @@ def test_a_slow_rank_does_not_trip_it(tmp_path):
 
 
 # -- helpers ----------------------------------------------------------------------
-def _until(cond, limit: float) -> None:
-    end = time.monotonic() + limit
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"not within {limit} s")
-        time.sleep(0.05)
-
-
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rpartition(")")[2].split()[0] != "Z"
     except OSError:
         return False
-
-
-def _driver_processes(tmp_path) -> list[int]:
-    found = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if str(tmp_path).encode() in f.read():
-                        found.append(int(pid))
-            except OSError:
-                continue
-    return found

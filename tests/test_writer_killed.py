@@ -20,8 +20,8 @@ import pytest
 
 from research.checkpoint.manifest import committed_steps, read_manifest
 from research.checkpoint.tiers import default_fast_root
-from tests.conftest import python, run_env
-from tests.test_train_resume import ARGS
+from tests.harness import python, run_env
+from tests.tiny import RESUME_ARGS as ARGS
 
 pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
 

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from tests.conftest import python
+from tests.harness import python
 
 pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from models import xla_cpu
-from tests.conftest import python, run_env
+from tests.harness import python, run_env
 
 PROBE = """
 import warnings

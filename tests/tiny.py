@@ -1,10 +1,14 @@
-"""A tiny training run for tests that build a Trainer themselves.
+"""The tiny training runs every test uses, from one place.
 
-The MLP of CANDLE P1B2 at 256 features on 256 synthetic rows (32 to test), a
-few steps: what tests/mpi and the drivers train when they need a real run
-whose numbers they compare. :func:`tiny_config` gives its config, and
-:func:`tiny_flags` the same run as ``python -m experiments.train`` flags; a
-test sets what it checks over them.
+* :func:`tiny_config` and :func:`tiny_flags`: the MLP of CANDLE P1B2 at 256
+  features on 256 synthetic rows (32 to test), a few steps: what tests/mpi and
+  the drivers train when they need a real run whose numbers they compare, as a
+  ``TrainConfig`` and as ``python -m experiments.train`` flags;
+* :func:`tiny_train`: a small ``python -m experiments.train`` command line
+  (``cnn_small`` on synthetic images, 2 ranks) for tests that launch the CLI,
+  and :data:`RESUME_ARGS`, the one the checkpoint-and-resume tests kill.
+
+A test sets what it checks over them.
 """
 
 from __future__ import annotations
@@ -47,3 +51,23 @@ def tiny_flags(n_train: int = 256, n_test: int = 32, batch: int = 4) -> list[str
         *("--data-opt", f"n_test={n_test}", "--batch-size", str(batch)),
         "--no-progress",
     ]
+
+
+def tiny_train(*extra: str, np: int = 2, n_train: int = 512) -> list[str]:
+    """The arguments of a small ``python -m experiments.train`` run: ``np``
+    ranks, cnn_small on ``n_train`` synthetic images (64 to test), batch 16, no
+    evaluation, no progress bar; then ``extra`` (a later flag wins)."""
+    return [
+        "-m", "experiments.train", "--np", str(np), "--model", "cnn_small",
+        "--data-opt", f"n_train={n_train}", "--data-opt", "n_test=64",
+        "--batch-size", "16", "--eval-every", "0", "--no-progress", *extra,
+    ]  # fmt: skip
+
+
+#: 60 ``host`` steps checkpointed by DeepFreeze every 5: the run that the
+#: resume tests kill and start again (tests/test_train_resume.py,
+#: tests/test_writer_killed.py).
+RESUME_ARGS = tiny_train(
+    "--steps", "60", "--strategy", "host",
+    "--checkpoint", "deepfreeze", "--checkpoint-every", "5",
+)  # fmt: skip

@@ -16,7 +16,8 @@ import re
 import pytest
 
 from research.comm.faults import failures, watchdog
-from tests.test_watchdog import BOUND_S, _driver_processes, _until, run_case
+from tests.harness import processes_naming, until
+from tests.stalls import BOUND_S, run_case
 
 TIMEOUT_S = 6.0
 WHAT = {
@@ -48,7 +49,7 @@ def test_a_stopped_rank_ends_the_job(case, np_, tmp_path):
         ), line.group(0)
     recs = failures.read(tmp_path, 0)
     assert recs and {r["cause"] for r in recs} == {"comm-timeout"}
-    _until(lambda: not _driver_processes(tmp_path), 10)
+    until(lambda: not processes_naming(tmp_path), 10)
 
 
 @pytest.mark.parametrize("np_", [2, 3])

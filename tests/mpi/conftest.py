@@ -15,7 +15,7 @@ os.environ.setdefault("NPROC", "1")  # XLA:CPU's intra-op pool: one thread
 
 
 def _expected_size() -> int | None:
-    """The -n this job was launched with: RESEARCH_EXPECTED_NP (tests/test_mpi.py
+    """The -n this job was launched with: RESEARCH_EXPECTED_NP (tests/harness.py
     exports it), else what the launcher tells its processes (MPICH's PMI,
     Open MPI, Slurm)."""
     for var in ("RESEARCH_EXPECTED_NP", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
@@ -35,7 +35,7 @@ def launched_world_size():
     got = MPI.COMM_WORLD.Get_size()
     assert want is not None, (
         "tests/mpi runs under mpiexec: set RESEARCH_EXPECTED_NP to the -n you "
-        "launch with (tests/test_mpi.py does)"
+        "launch with (tests/harness.py does)"
     )
     assert got == want, f"launched with -n {want} but MPI.COMM_WORLD has {got} ranks"
     assert got > 1, "tests/mpi needs at least 2 ranks"

@@ -15,49 +15,9 @@ from research.comm.base import Averager
 from research.comm.dense import FusedAllreduce, HostAllreduce
 from research.comm.registry import get_averager, list_averagers
 from research.trace import Tracer, tracing
+from tests.rank_trees import assert_mean, exact_mean, rank_tree
 
 MIXED_SMALL = dict(bucket_bytes=16_384, alone_bytes=32_768)  # a few of each kind
-
-
-def rank_tree(rank: int, n_leaves: int = 24) -> dict:
-    """Rank-dependent gradients: float32 and bfloat16, odd shapes, a scalar."""
-    rng = np.random.default_rng(1000 + rank)
-    tree = {}
-    for i in range(n_leaves):
-        shape = [(), (7,), (3, 5), (33, 17), (2, 3, 4, 5), (1500,)][i % 6]
-        dtype = jnp.bfloat16 if i % 5 == 3 else jnp.float32
-        tree[f"layer{i:02d}"] = jnp.asarray(rng.standard_normal(shape) + rank, dtype)
-    tree["big"] = jnp.asarray(rng.standard_normal((64, 200)) * (rank + 1), jnp.float32)
-    tree["steps"] = jnp.arange(5, dtype=jnp.int32) + 7 * rank  # integers: floor mean
-    return tree
-
-
-def exact_mean(world, tree) -> dict:
-    """The mean of every rank's tree, in float64, from an allgather."""
-    trees = world.allgather(jax.tree.map(lambda x: np.asarray(x, np.float64), tree))
-    return jax.tree.map(lambda *xs: np.mean(np.stack(xs), axis=0), *trees)
-
-
-def assert_mean(out, tree, expected) -> None:
-    for got, orig, want in zip(
-        jax.tree.leaves(out),
-        jax.tree.leaves(tree),
-        jax.tree.leaves(expected),
-        strict=True,
-    ):
-        assert got.shape == orig.shape
-        assert np.dtype(got.dtype) == np.dtype(orig.dtype)
-        if np.issubdtype(np.dtype(orig.dtype), np.integer):
-            np.testing.assert_array_equal(np.asarray(got), np.floor(want))
-        elif np.dtype(orig.dtype) == np.dtype(jnp.bfloat16):
-            # Summed in float32, rounded once to bfloat16 (8 mantissa bits).
-            np.testing.assert_allclose(
-                np.asarray(got, np.float64), want, rtol=2**-8, atol=2**-8
-            )
-        else:
-            np.testing.assert_allclose(
-                np.asarray(got, np.float64), want, rtol=1e-6, atol=1e-6
-            )
 
 
 def checksum(tree) -> int:

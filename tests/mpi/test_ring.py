@@ -10,6 +10,7 @@ import pytest
 from mpi4py import MPI
 
 from research.comm.dense import FusedAllreduce, ring
+from tests.rank_trees import agreed, mean64, mixed_tree, rank_data
 
 
 def test_builds_here(world):
@@ -19,11 +20,6 @@ def test_builds_here(world):
 def _x64(dtype):
     """64-bit dtypes stay 64-bit inside jit only with x64 enabled."""
     return jax.enable_x64(np.dtype(dtype).itemsize == 8)
-
-
-def _rank_data(world, n, dtype):
-    # Integers that every float type holds exactly, so sums are exact in any order.
-    return ((np.arange(n) % 1000) * (world.rank + 1) + world.rank).astype(dtype)
 
 
 # Sizes around the ring's edges: below ring_min_bytes (MPI_Allreduce), not a
@@ -36,7 +32,7 @@ SIZES = [1, 7, 16_383, 16_384 * 4 + 3, 262_147]
 @pytest.mark.parametrize("in_place", [False, True], ids=["fresh", "in-place"])
 def test_sums_like_mpi(world, n, dtype, in_place):
     comm = world.dup("test-ring")
-    x = _rank_data(world, n, dtype)
+    x = rank_data(world, n, dtype)
     want = np.empty_like(x)
     comm.Allreduce(x, want, op=MPI.SUM)
     summed = jax.jit(
@@ -115,20 +111,9 @@ def test_ordered_with_mpi4jax(world):
     np.testing.assert_allclose(np.asarray(s), world.size * (2 * total + world.size - 1))
 
 
-def _mixed_tree(rank, half, count):
-    """A solo float32 leaf, a small one, ``half`` bfloat16s, ``count`` int32s."""
-    rng = np.random.default_rng(rank)
-    return {
-        "big": jnp.asarray(rng.standard_normal((300, 300)), jnp.float32),
-        "small": jnp.asarray(rng.standard_normal(17), jnp.float32),
-        "half": jnp.asarray(rng.standard_normal(half), jnp.bfloat16),
-        "count": jnp.arange(count, dtype=jnp.int32) * rank,
-    }
-
-
 @pytest.mark.parametrize("in_place", [False, True], ids=["fresh", "in-place"])
 def test_fused_ring_equals_mpi4jax(world, in_place):
-    tree = _mixed_tree(world.rank, half=40, count=4)
+    tree = mixed_tree(world.rank, half=40, count=4)
     opts = dict(bucket_bytes=4096, alone_bytes=65536)
     fused = FusedAllreduce(
         world, allreduce="ring", in_place=in_place, segment_bytes=8192, **opts
@@ -182,14 +167,14 @@ def test_host_ring_rejects_bad_buffers(world):
 def test_host_averager_ring_equals_mpi4py(world):
     from research.comm.dense import HostAllreduce
 
-    tree = _mixed_tree(world.rank, half=40_000, count=70_000)
+    tree = mixed_tree(world.rank, half=40_000, count=70_000)
     opts = dict(bucket_bytes=4096, alone_bytes=65536)
     a, _ = HostAllreduce(world, **opts).reduce(tree)
     b, _ = HostAllreduce(world, allreduce="mpi", **opts).reduce(tree)
     for k in ("big", "small", "half"):
         # Both within a bfloat16 rounding of the float64 mean of the inputs
         # (at 3 ranks they divide at different points, so their bits differ).
-        want = _mean64(world, np.asarray(tree[k], np.float64))
+        want = mean64(world, np.asarray(tree[k], np.float64))
         for got in (a[k], b[k]):
             np.testing.assert_allclose(
                 np.asarray(got, np.float64), want, rtol=2**-7, atol=2**-7
@@ -198,19 +183,6 @@ def test_host_averager_ring_equals_mpi4py(world):
         np.testing.assert_array_equal(
             np.asarray(got), np.arange(70_000) * (world.size - 1) // 2
         )
-
-
-def _mean64(world, x):
-    """The mean of every rank's ``x`` in float64 (complex128), computed from
-    the gathered inputs: independent of every allreduce under test."""
-    wide = np.complex128 if np.iscomplexobj(x) else np.float64
-    return np.mean([np.asarray(a, wide) for a in world.allgather(np.asarray(x))], 0)
-
-
-def _agreed(world, averager):
-    choice = averager.allreduce_choice
-    assert len({repr(c) for c in world.allgather(choice)}) == 1, "ranks agree"
-    return choice
 
 
 ANY_TREE_DTYPES = [
@@ -248,7 +220,7 @@ def test_any_tree_averages_and_the_ring_ran(world, strategy):
             avg = FusedAllreduce(
                 world, allreduce="ring", bucket_bytes=65536, alone_bytes=262144
             )
-            choice = _agreed(world, avg)
+            choice = agreed(world, avg)
             assert choice["path"] == "ring" and choice["ring"] is True
             assert choice["allreduce"] == "ring" and choice["candidates"] == ["ring"]
             assert choice["reason"] == "allreduce=ring: the ring forced"
@@ -259,7 +231,7 @@ def test_any_tree_averages_and_the_ring_ran(world, strategy):
             avg = HostAllreduce(
                 world, allreduce="ring", bucket_bytes=65536, alone_bytes=262144
             )
-            assert _agreed(world, avg)["ring"]
+            assert agreed(world, avg)["ring"]
             before = ring.ring_calls()
             out, _ = avg.reduce(tree)
         out = jax.tree.map(np.asarray, out)
@@ -270,7 +242,7 @@ def test_any_tree_averages_and_the_ring_ran(world, strategy):
         tol = {2: 1e-2, 4: 1e-6, 8: 1e-12}[jnp.finfo(v.dtype).bits // 8]
         np.testing.assert_allclose(
             out[k].astype(np.complex128 if np.iscomplexobj(v) else np.float64),
-            _mean64(world, v),
+            mean64(world, v),
             rtol=tol,
             atol=tol,
             err_msg=k,
@@ -307,7 +279,7 @@ def test_auto_times_both_and_every_rank_keeps_the_same(world, strategy):
     assert avg.allreduce_choice["pending"]
     assert avg.allreduce_choice["candidates"] == ["ring", "mpi"]
     call()  # the first: times both, then averages
-    choice = _agreed(world, avg)
+    choice = agreed(world, avg)
     assert "pending" not in choice
     m = choice["measured"]
     assert m["ring_s"] > 0 and m["mpi_s"] > 0 and m["reps"] >= 1
@@ -321,7 +293,7 @@ def test_auto_times_both_and_every_rank_keeps_the_same(world, strategy):
     out = call()
     assert (ring.ring_calls() > before) == choice["ring"]
     for k, v in tree.items():
-        np.testing.assert_allclose(out[k], _mean64(world, v), rtol=1e-6)
+        np.testing.assert_allclose(out[k], mean64(world, v), rtol=1e-6)
 
 
 @pytest.mark.parametrize("slowed", ["ring", "mpi"])
@@ -369,7 +341,7 @@ def test_host_float64_numpy_leaf_without_x64(world):
 
     x = np.arange(70_001, dtype=np.float64) * (world.rank + 1)
     out, _ = HostAllreduce(world).reduce({"w": x})
-    np.testing.assert_allclose(np.asarray(out["w"], np.float64), _mean64(world, x))
+    np.testing.assert_allclose(np.asarray(out["w"], np.float64), mean64(world, x))
 
 
 def test_fallback_does_not_move_the_counter(world):
@@ -380,7 +352,7 @@ def test_fallback_does_not_move_the_counter(world):
     assert avg.allreduce_choice["ring"] is False
     before = ring.ring_calls()
     out = jax.jit(avg.average_in_jit)({"x": x})["x"]
-    np.testing.assert_allclose(np.asarray(out), _mean64(world, np.asarray(x)))
+    np.testing.assert_allclose(np.asarray(out), mean64(world, np.asarray(x)))
     assert ring.ring_calls() == before
 
 
@@ -413,13 +385,13 @@ def test_large_buffers_go_in_pieces(world, monkeypatch, n):
     dst = np.empty_like(x)
     ring.host_allreduce(x, dst, comm=comm, divisor=world.size, segment_bytes=1000)
     assert ring.ring_calls() - before == pieces
-    np.testing.assert_allclose(dst, _mean64(world, x), rtol=1e-12)
+    np.testing.assert_allclose(dst, mean64(world, x), rtol=1e-12)
     with jax.enable_x64(True):
         got = jax.jit(
             lambda v: ring.allreduce(v, op=MPI.SUM, comm=comm, divisor=world.size)
         )(jnp.asarray(x))
     assert ring.ring_calls() - before == 2 * pieces
-    np.testing.assert_allclose(np.asarray(got), _mean64(world, x), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(got), mean64(world, x), rtol=1e-12)
 
 
 def test_a_resumed_run_adopts_the_recorded_path(world):

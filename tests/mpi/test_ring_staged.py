@@ -13,7 +13,7 @@ import pytest
 from mpi4py import MPI
 
 from research.comm.dense import FusedAllreduce, ring
-from tests.mpi.test_ring import _agreed, _mean64, _mixed_tree, _rank_data
+from tests.rank_trees import agreed, mean64, mixed_tree, rank_data
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def x64_everywhere():
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
 def test_staged_sums_as_the_custom_call_does(world, n, dtype, x64_everywhere):
     comm = world.dup("test-ring-staged")
-    x = _rank_data(world, n, dtype)
+    x = rank_data(world, n, dtype)
     want = np.empty_like(x)
     comm.Allreduce(x, want, op=MPI.SUM)
     calls = ring.ring_calls()
@@ -62,7 +62,7 @@ def test_staged_folds_the_mean_into_the_same_bits(world, dtype, x64_everywhere):
     staged, custom = np.asarray(mean(True)(x)), np.asarray(mean(False)(x))
     assert staged.dtype == dtype
     np.testing.assert_array_equal(staged, custom)
-    np.testing.assert_allclose(staged, _mean64(world, x), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(staged, mean64(world, x), rtol=1e-6, atol=1e-6)
     assert len(set(world.allgather(staged.tobytes()))) == 1
 
 
@@ -97,17 +97,17 @@ def test_on_a_gpu_the_fused_ring_is_staged_and_forced_only(world, monkeypatch):
     from research.comm.dense import HostAllreduce
 
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    tree = _mixed_tree(world.rank, half=40, count=4)
+    tree = mixed_tree(world.rank, half=40, count=4)
     opts = dict(bucket_bytes=4096, alone_bytes=65536)
     forced = FusedAllreduce(world, allreduce="ring", in_place=True, **opts)
     auto = FusedAllreduce(world, **opts)
     host = HostAllreduce(world, allreduce="ring")
     monkeypatch.undo()
-    choice = _agreed(world, forced)
+    choice = agreed(world, forced)
     assert choice["path"] == "ring" and choice["staged"] is True
     assert "staged through host memory" in choice["reason"]
     assert "staged through host" in forced.path()
-    assert _agreed(world, auto)["candidates"] == ["mpi"]
+    assert agreed(world, auto)["candidates"] == ["mpi"]
     assert "not a candidate of auto" in auto.allreduce_choice["reason"]
     assert auto.allreduce_choice["path"] == "mpi"
     assert host.allreduce_choice["path"] == "ring"

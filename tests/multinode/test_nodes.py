@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from research.comm.dense import FusedAllreduce, HostAllreduce
-from tests.mpi.test_dense import assert_mean, exact_mean, rank_tree
+from tests.rank_trees import assert_mean, exact_mean, rank_tree
 
 LAYOUT = [int(n) for n in os.environ["RESEARCH_EXPECTED_LAYOUT"].split(",")]
 

@@ -2,7 +2,7 @@
 
 Collected only with ``RESEARCH_SITE_MPI_TESTS=1``, in an environment built by
 ``scripts/install.sh --site-mpi`` against Debian's Open MPI (``.venv-openmpi``).
-tests/test_mpi.py's harness launches with ``RESEARCH_MPIEXEC``; set here to Open
+tests/harness.py launches with ``RESEARCH_MPIEXEC``; set here to Open
 MPI's launcher unless the caller chose one.
 """
 

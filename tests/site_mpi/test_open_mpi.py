@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from research.comm.registry import known_averagers
-from tests.test_mpi import FILES, launcher, run_under_mpiexec
+from tests.harness import MPI_FILES, launcher, run_under_mpiexec
 from tests.tiny import tiny_flags
 
 
@@ -59,7 +59,7 @@ def _fail(what: str, proc: subprocess.CompletedProcess) -> None:
 
 
 @pytest.mark.parametrize("np_", [2, 3])
-@pytest.mark.parametrize("name", FILES)
+@pytest.mark.parametrize("name", MPI_FILES)
 def test_mpi_file_under_open_mpi(name: str, np_: int) -> None:
     proc = run_under_mpiexec(np_, ["-m", "pytest", f"tests/mpi/{name}", "-x"])
     if proc.returncode != 0:
