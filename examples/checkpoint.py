@@ -23,8 +23,8 @@ import optax
 from _common import accuracy, batches, digits, init, loss_fn
 from _common import digest as params_digest
 
+import research
 from research.checkpoint import CheckpointConfig
-from research.comm.registry import get_averager
 from research.comm.world import get_world
 
 
@@ -32,12 +32,12 @@ def main(run_dir: str, steps: int, every: int) -> str:
     world = get_world()
     (x, y), (tx_, ty_) = digits(world.rank, world.size)
     model, params, tx, opt = init()
-    averager = get_averager("fused", world)  # replicas: as in examples/dense.py
+    avg = research.averaging("fused", world)  # replicas: as in examples/dense.py
 
     @jax.jit
     def step(params, opt, xb, yb):
         grads = jax.grad(lambda p: loss_fn(model, p, xb, yb))(params)
-        updates, opt = tx.update(averager.average_in_jit(grads), opt, params)
+        updates, opt = tx.update(avg(grads)[0], opt, params)
         return optax.apply_updates(params, updates), opt
 
     # The state to save is any pytree of arrays, the same on every rank (each

@@ -18,7 +18,7 @@ from pathlib import Path
 import jax
 from _common import batches, digits, host_step, init
 
-from research.comm.registry import get_averager
+import research
 from research.comm.world import get_world
 from research.trace import Tracer, get_tracer, set_tracer
 
@@ -31,14 +31,14 @@ def main(run_dir: str, steps: int) -> Path:
     set_tracer(tracer)  # library code finds it with get_tracer()
     (x, y), _ = digits(world.rank, world.size)
     model, params, tx, opt = init()
-    averager = get_averager("host", world)  # on the host: its calls are traced
+    avg = research.averaging("host", world)  # on the host: its calls are traced
     grad, update = host_step(model, tx)
     for s in range(steps):
         with get_tracer().span("data", track="data", step=s):
             xb, yb = batches(x, y, 32, s)
         with get_tracer().span("forward+backward", track="compute", step=s):
             g = jax.block_until_ready(grad(params, xb, yb))  # host time = work
-        g, info = averager.reduce(g)
+        g, info = avg(g)
         with get_tracer().span("update", track="update", step=s):
             params, opt = jax.block_until_ready(update(params, opt, g))
     tracer.close()  # collective: rank 0 merges every rank into trace.json

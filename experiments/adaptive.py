@@ -1,7 +1,7 @@
 """Averaging that adapts while it trains, against every fixed strategy and an
 oracle, on a link that changes and under a straggler (issues 31, 43).
 
-Claim: ``--strategy adaptive`` (``research/comm/adaptive/``), which predicts
+Claim: ``--strategy adaptive`` (``research/strategies/adaptive/``), which predicts
 what dense (``host``), top-k (``sparse``) and the partial collectives
 (``majority``, ``solo``) would cost from a model fitted to the running one's
 own steps and switches to the one that makes progress fastest, reaches the
@@ -133,7 +133,6 @@ class Config(ExperimentConfig):
 
     def problem(self) -> str | None:
         """The first problem with the values as one line, or None."""
-        from research.comm.registry import check_options
         from research.imbalance import parse_imbalance
         from research.studies.adaptive_link import parse_schedule
 
@@ -146,10 +145,11 @@ class Config(ExperimentConfig):
             return "--nps: rank counts of at least 2"
         if not 0 < self.density <= 1:
             return "--density must lie in (0, 1]"
+        # As the arm runs: the density and the staleness bound put in.
+        from research.strategies import registry
         from research.studies.adaptive import arm_strategy
 
-        # As the arm runs: the density and the staleness bound put in.
-        return check_options("adaptive", arm_strategy(self, "adaptive")[1])
+        return registry.problem("adaptive", arm_strategy(self, "adaptive")[1])
 
 
 def get_config(

@@ -46,7 +46,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from research.checkpoint.registry import list_savers, saver_name
+from research.checkpoint.savers import list_savers
 from research.entry.cli import nested, override, parse_config, without
 from research.studies.deepfreeze import (
     check_flags,
@@ -127,8 +127,6 @@ class Config(ExperimentConfig):
         CKPT,
         factory=list_savers,
         metavar="SAVER",
-        type=saver_name,
-        aliases=("--strategies",),
     )
     interval: int = flag(
         10, "checkpoint every N steps for the table; default %(default)s", CKPT

@@ -189,14 +189,12 @@ class Config(ExperimentConfig):
         "used 32 with 64 ranks, where a rank is delayed in ~2%% of steps; with 4 "
         "ranks it is 25%%, lag builds up ~10x faster, and 4 keeps staleness alike",
         EAGER,
-        aliases=("--sync-every",),
     )
     allreduce_strategy: str = flag(
         "sync",
         "strategy of the allreduce arm; default %(default)s",
         EAGER,
         choices=("sync", "fused", "host"),
-        aliases=("--sync-strategy",),
     )
     target_acc: float = flag(
         DEFAULT_TARGET,

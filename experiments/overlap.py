@@ -11,7 +11,7 @@ not stated; most likely one process).
 What runs: for each rank count (one mpiexec job each) and model, a few training
 steps with each strategy: ``host`` (blocking allreduce after the backward pass),
 ``fused`` (inside the jitted step), ``layerwise`` (DDP buckets), ``overlap`` (the
-SC18 scheme; ``research.train.sharded``) and, for VGG-16, ``overlap-fcx`` (fc
+SC18 scheme; ``research.strategies.overlap``) and, for VGG-16, ``overlap-fcx`` (fc
 stages exchange activations instead of gradients), on the real (shared-memory)
 link and an emulated one (``auto``: where host's allreduce takes as long as its
 compute). One table per model (step, compute, communication, hidden fraction,
@@ -127,9 +127,7 @@ class Config:
     num_classes: int = flag(10, "default %(default)s", RUNS)
     threads: int = flag(1, "compute threads per rank; default %(default)s", RUNS)
     paper_scale: bool = flag(False, "ImageNet-size inputs (for clusters)", RUNS)
-    plots: bool = flag(
-        True, "skip the figures", OUTPUT, name="--no-plots", aliases=("--no-figures",)
-    )
+    plots: bool = flag(True, "skip the figures", OUTPUT, name="--no-plots")
     trace: bool = flag(
         True,
         "write timelines (the figures' timeline excerpt reads them)",

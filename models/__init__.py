@@ -33,8 +33,6 @@ experiments for their own ranks; in your own program call
 This package imports nothing from ``research`` or ``experiments``.
 """
 
-import importlib
-
 from models import xla_cpu  # noqa: F401 - models.xla_cpu.apply() for users
 from models.registry import count_params, get_model, input_shape, list_models
 
@@ -53,7 +51,10 @@ _CLASSES = {
 
 def __getattr__(name: str):
     if name in _CLASSES:
-        return getattr(importlib.import_module(_CLASSES[name]), name)
+        from models import candle, resnet, vgg
+
+        modules = {"models.candle": candle, "models.resnet": resnet, "models.vgg": vgg}
+        return getattr(modules[_CLASSES[name]], name)
     raise AttributeError(f"module 'models' has no attribute {name!r}")
 
 

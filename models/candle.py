@@ -62,7 +62,7 @@ class P1B2(nn.Module):
 
     @property
     def stage_names(self) -> tuple[str, ...]:
-        """Stages for ``research.train.stages``: each hidden layer, the classifier."""
+        """Stages for ``research.steps.stages``: each hidden layer, the classifier."""
         return (*(f"dense{i + 1}" for i in range(len(self.dense))), "head")
 
     @nn.compact
@@ -139,7 +139,7 @@ class NT3(nn.Module):
 
     @property
     def stage_names(self) -> tuple[str, ...]:
-        """Stages for ``research.train.stages``: each convolution (the last with
+        """Stages for ``research.steps.stages``: each convolution (the last with
         the pool), each hidden dense layer (the first flattens), the classifier."""
         convs = [f"conv{i + 1}" for i in range(len(self.filters))]
         dense = [f"dense{i + 1}" for i in range(len(self.dense))]

@@ -9,7 +9,6 @@ serves ``get_model``, ``input_shape`` and ``count_params``.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -35,8 +34,11 @@ _MODELS: dict[str, tuple[str, str]] = {
 
 
 def _factory(name: str) -> Callable[..., nn.Module]:
+    from models import candle, resnet, vgg
+
+    modules = {"models.candle": candle, "models.resnet": resnet, "models.vgg": vgg}
     module, attr = _MODELS[name]
-    return getattr(importlib.import_module(module), attr)
+    return getattr(modules[module], attr)
 
 
 # Fields every linen Module has that are not model options.

@@ -118,7 +118,7 @@ class ResNet(nn.Module):
 
     @property
     def stage_names(self) -> tuple[str, ...]:
-        """Stages for ``research.train.stages``: stem, every block, head."""
+        """Stages for ``research.steps.stages``: stem, every block, head."""
         blocks = [
             f"block{i + 1}_{j}"
             for i, size in enumerate(self.stage_sizes)

@@ -11,11 +11,11 @@ given it in the whole model (``Conv_3``, ``Dense_0``, ``bn_init``), so a stage r
 alone reads and writes exactly the variables it does inside the whole model, and a
 ``Dropout`` draws the same mask (Flax derives the mask's key from the module path).
 The split is by top-level submodule, so it does not depend on how a layer computes.
-``research.train.stages`` builds the per-stage forward and backward on this.
+``research.steps.stages`` builds the per-stage forward and backward on this.
 
 Dense layers are :class:`TappedDense`: an ``nn.Dense`` (same parameters, same
 names) that can hand out its input and the error at its output, for the SC18
-FC-activation exchange (``research.train.sharded``): with the ``TAP_INPUTS``
+FC-activation exchange (``research.strategies.overlap``): with the ``TAP_INPUTS``
 collection mutable it sows its input, and given a zero-valued ``TAP_ERRORS``
 variable (a Flax perturbation) the gradient with respect to that variable is the
 loss's gradient at the layer's output. Without those collections it is exactly

@@ -101,7 +101,7 @@ class VGG(nn.Module):
 
     @property
     def stage_names(self) -> tuple[str, ...]:
-        """Stages for ``research.train.stages``: each conv stage with its pool,
+        """Stages for ``research.steps.stages``: each conv stage with its pool,
         each hidden fc layer (the first also pools and flattens), the classifier."""
         convs = [f"conv{i + 1}" for i in range(len(self.stages))]
         fcs = [f"fc{i + 1}" for i in range(len(self.fc))]

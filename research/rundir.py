@@ -122,7 +122,7 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
 def step_medians(run_dir: str | os.PathLike, warmup: int) -> dict[str, Any]:
     """Medians of rank 0's step timings after ``warmup`` steps, any strategy.
 
-    Read from the executors' common keys (``research.train.executors.PHASES``):
+    Read from the strategies' common keys (``research.strategies.base.PHASES``):
     ``step_s``, ``compute_s``, ``comm_s`` (communication under way) and
     ``exposed_s`` (the training thread waiting for it); None where a run did
     not separate a phase (the fused program's communication is in its compute).

@@ -1,7 +1,7 @@
 """Training-step speed on XLA:CPU: XLA's kernel gradient vs ``models.conv``'s vs torch.
 
 For each model, in one process: the project's training step
-(``research.train.step.grad_step`` then ``apply_step``; SGD with momentum 0.9,
+(``research.steps.jitted.grad_step`` then ``apply_step``; SGD with momentum 0.9,
 BatchNorm in training mode, dropout on) timed as the median of ``--steps`` steps
 after two warm-up steps, once with XLA's own convolution kernel gradient
 (``old``, ``models.conv.set_weight_grad("xla")``) and once with this project's
@@ -70,8 +70,8 @@ import optax
 
 import models
 from models import conv, xla_cpu
-from research.train.state import create_train_state
-from research.train.step import _apply, grad_fn
+from research.steps.jitted import _apply, grad_fn
+from research.steps.state import create_train_state
 
 # Laptop sizes: each model's three columns take well under a minute here.
 SIZES: dict[str, dict[str, Any]] = {

@@ -13,7 +13,7 @@ with random labels, its gradient, SGD with momentum 0.9 on every parameter
 (no weight decay), BatchNorm statistics updated.
 
 * ``jax``: the project's model (``models``) and its fused step
-  (``research.train.step.make_fused_step`` with one rank: gradient and update
+  (``research.steps.jitted.make_fused_step`` with one rank: gradient and update
   one program, the state donated); ``--precision bf16`` computes in bfloat16
   with float32 parameters and updates (``--precision`` of the experiments).
 * ``torch``: torchvision's model, ``channels_last``, ``cudnn.benchmark``, TF32
@@ -76,9 +76,9 @@ def bench_jax(args: argparse.Namespace) -> dict[str, Any]:
     import optax
 
     import models
-    from research.train import step as steps
+    from research.steps import jitted as steps
+    from research.steps.state import create_train_state
     from research.train.config import PRECISION_DTYPES
-    from research.train.state import create_train_state
 
     model = models.get_model(
         args.model,

@@ -75,8 +75,8 @@ def bench_model(world, name: str, density: float, reps: int, exact: bool) -> dic
     import jax.numpy as jnp
 
     from research.comm.dense import HostAllreduce
-    from research.comm.sparse.select import TopKSelector
-    from research.comm.sparse.strategy import SparseAverager
+    from research.comm.sparse.mean import SparseMean
+    from research.comm.sparse.select import TopKSelector, k_for
     from research.comm.sparse.vector import MeanBuffer
 
     sizes = leaf_sizes(name)
@@ -86,8 +86,8 @@ def bench_model(world, name: str, density: float, reps: int, exact: bool) -> dic
         (rng.standard_normal(n, np.float32) * np.float32(rng.lognormal(0, 1)))
         for n in sizes
     ]
-    avg = SparseAverager(world, density=density)
-    k = avg.k_for(dim)
+    avg = SparseMean(world)
+    k = k_for(density, dim)
     sel = TopKSelector(sizes, [k])
     R = np.zeros(dim, np.float32)
     R2 = np.zeros(dim, np.float32)

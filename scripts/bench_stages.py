@@ -3,9 +3,9 @@
 For each model it times, in one process, with warm-up and interleaved
 repetitions (the order alternates every repetition), the median of:
 
-* ``monolithic`` (the baseline): ``research.train.step.grad_step``, one jitted
+* ``monolithic`` (the baseline): ``research.steps.jitted.grad_step``, one jitted
   program for forward, loss and backward;
-* ``staged``: ``research.train.stages.StagedGrad.grad``, one jitted forward and
+* ``staged``: ``research.steps.stages.StagedGrad.grad``, one jitted forward and
   one jitted backward per stage (stem, each block or layer group, head) plus the
   loss, with the residuals handed between them as device arrays;
 
@@ -26,7 +26,7 @@ rerun when it is quiet.
 Run ``python -m scripts.bench_stages`` (defaults: resnet50 and vgg16 at 64x64,
 batch 8, 5 repetitions; about two minutes on two quiet cores, mostly
 compilation). Measured figures and what explained a gap are in
-``research/train/stages.py``.
+``research/steps/stages.py``.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _state(model, batch: int):
     import numpy as np
     import optax
 
-    from research.train.state import TrainState
+    from research.steps.state import TrainState
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(batch, *model.input_shape)).astype(np.float32)
@@ -112,8 +112,8 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, float]:
     import optax
 
     import models
-    from research.train.stages import StagedGrad, group_stages
-    from research.train.step import grad_step
+    from research.steps.jitted import grad_step
+    from research.steps.stages import StagedGrad, group_stages
 
     model = models.get_model(name, num_classes=10, image_size=args.image_size)
     state, x, y = _state(model, args.batch)

@@ -1,12 +1,13 @@
 """The communication watchdog's cost on a healthy step (``make bench``, issue 30).
 
 In one MPI job (2 ranks by default) it averages a ResNet-50 gradient (25.6M
-float32, 102 MB; another model's with ``--model``) as training does, each call
-inside the watch the training step opens (``research/train/executors.py``):
+float32, 102 MB; another model's with ``--model``) with each dense strategy's
+one call (:func:`dense_strategies`: those with an ``allreduce`` path, whose
+result does not depend on timing), watched as its training step is:
 
-* ``fused``: ``FusedAllreduce.average_in_jit`` inside ``jit``
-  (``allreduce=auto``), the whole call watched as the fused step is;
-* ``host``: ``HostAllreduce.reduce`` (numpy buckets, its own watch inside);
+* ``fused``: the mean inside ``jit`` (``allreduce=auto``), the whole call
+  watched as the fused step is (``research/strategies/fused.py``);
+* ``host``: numpy buckets on the host, its own watch inside;
 
 in blocks with the watchdog running (its thread looking once a second, the
 roll call's thread polling every 0.5 s, every watch recorded, the ring's byte
@@ -35,7 +36,22 @@ from research.entry.cli import doc_parser
 from scripts import mpibench
 from scripts.mpibench import PINNED, gradient_shapes
 
-PATHS = ("fused", "host")
+
+def dense_strategies() -> tuple[str, ...]:
+    """The strategies that average densely, every rank the exact mean: an
+    ``allreduce`` path option, deterministic, a one-call form."""
+    from research.strategies import registry
+
+    return tuple(
+        n
+        for n in registry.names()
+        if "allreduce" in (o := registry.options_class(n)).spec()
+        and o.deterministic
+        and not o.no_call_form
+    )
+
+
+PATHS = dense_strategies()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -63,9 +79,9 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from research.comm.dense import FusedAllreduce, HostAllreduce
     from research.comm.faults import traffic, watchdog
     from research.comm.world import abort, get_world
+    from research.strategies import registry
 
     world = get_world()
     comm = world.comm
@@ -74,15 +90,8 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
     tree = jax.tree.map(
         lambda s: jnp.asarray(rng.standard_normal(s.shape, np.float32)), shapes
     )
-    fused = FusedAllreduce(world)
-    fused_jit = jax.jit(fused.average_in_jit)
-    host = HostAllreduce(world)
-
-    def fused_step() -> None:
-        with watchdog.watch("fused step", detail=fused.path()):
-            jax.block_until_ready(fused_jit(tree))
-
-    calls = {"fused": fused_step, "host": lambda: host.reduce(tree)}
+    strategies = {name: registry.create(name, world) for name in PATHS}
+    calls = {name: (lambda s=s: s(tree)) for name, s in strategies.items()}
     for fn in calls.values():
         for _ in range(args.warmup):
             fn()
@@ -138,7 +147,7 @@ def run_under_mpi(args: argparse.Namespace) -> dict:
         "blocks": args.blocks,
         "calls_per_block": args.calls,
         "loadavg_1min": os.getloadavg()[0],
-        "paths": {"fused": fused.path(), "host": host.path()},
+        "paths": {n: s.mean.path() for n, s in strategies.items()},
         "variants": table,
         "twin_off_blocks_rel": twins,
         "overhead": overhead,

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from research.entry.cli import doc_parser
+from research.strategies import registry
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = (
@@ -62,25 +63,10 @@ STAGES = (
     "vgg",
     "staging",
 )
-STRATEGIES = (
-    "fused",
-    "host",
-    "layerwise",
-    "overlap",
-    "sparse",
-    "solo",
-    "majority",
-    "ps",
-    "adaptive",
-)
-#: Strategies whose result does not depend on timing: same accuracy on the
-#: GPU as on the CPU, up to the platforms' rounding (TF32 on the GPU).
-DETERMINISTIC = ("fused", "host", "layerwise", "overlap", "sparse")
-ACC_TOLERANCE = 0.02
-#: (model, batch) at 224x224, and the target: the project's step at most this
-#: times torchvision's (ResNet-50, fp32 and bf16).
+#: Every registered strategy (``research.strategies``: options only, no MPI).
+STRATEGIES = tuple(registry.names())
+#: (model, batch) at 224x224 (the target: ``scripts.gpu_report.TARGET_RATIO``).
 MODELS = {"models": (("resnet50", 128),), "vgg": (("vgg16", 64),)}
-TARGET_RATIO = 0.9
 TRAIN_STEPS = 300
 #: Each job's limit; a job past it is ended (SIGTERM, then SIGKILL).
 JOB_TIMEOUT_S = 240

@@ -119,7 +119,7 @@ def main() -> None:
         import jax
         import jax.numpy as jnp
 
-        from research.train import step as steps
+        from research.steps import jitted as steps
 
         grad_step = steps.grad_step
 
@@ -149,7 +149,7 @@ def main() -> None:
 
         PartialAllreduce._advance = failing_advance
     elif phase == "eval":
-        from research.train import step as steps
+        from research.steps import jitted as steps
 
         eval_step = steps.eval_step
 

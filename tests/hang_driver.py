@@ -23,7 +23,7 @@ def main() -> None:
 
     from research.comm.world import get_world
     from research.entry.run import run_training
-    from research.train import step as steps
+    from research.steps import jitted as steps
     from research.train.loop import Callback
 
     run_dir, hang_rank, hang_step = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

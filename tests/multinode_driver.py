@@ -17,8 +17,8 @@ import zlib
 import jax
 import numpy as np
 
-from research.comm.registry import list_averagers
 from research.comm.world import get_world
+from research.strategies.registry import names as list_strategies
 from research.train.loop import Trainer
 from tests.tiny import tiny_config
 
@@ -26,7 +26,7 @@ from tests.tiny import tiny_config
 def main(out: str, folder: str) -> None:
     world = get_world()
     found = {}
-    for name in list_averagers():
+    for name in list_strategies():
         cfg = tiny_config(
             f"{folder}/{name}", steps=6, log_every=100, strategy=name, warmup_steps=2
         )

@@ -12,7 +12,7 @@ process dies), SIGKILL every rank: step 6 is on disk, uncommitted. ``resume``
 (at another world size): restore must give step 4, bit for bit; a save of
 step 6 then commits over the crash's leftovers, and a restore gives it back.
 Every rank prints ``RESULT {json}`` lines; ``--module M`` (with ``--path``)
-registers the savers of an outside module first (``add_saver_module``).
+registers the savers of an outside module first (by importing it).
 """
 
 from __future__ import annotations
@@ -159,10 +159,10 @@ def main() -> None:
     p.add_argument("--path")
     args = p.parse_args()
     if args.module:
-        from research.checkpoint.registry import add_saver_module
+        import importlib
 
         sys.path.insert(0, args.path)
-        add_saver_module(args.module)
+        importlib.import_module(args.module)  # registers its savers
     world = get_world()
     {"crash": cmd_crash, "resume": cmd_resume}[args.cmd](world, args.root, args.savers)
 

@@ -17,10 +17,10 @@ import random
 
 import pytest
 
-from research.comm.adaptive.changepoint import ChangePoint
-from research.comm.adaptive.model import CostModel, Fit, replay
-from research.comm.adaptive.policy import Policy, parse_candidates, parse_plan
-from research.comm.adaptive.stamp import FIELDS
+from research.strategies.adaptive.changepoint import ChangePoint
+from research.strategies.adaptive.model import CostModel, Fit, replay
+from research.strategies.adaptive.policy import Policy, parse_candidates, parse_plan
+from research.strategies.adaptive.stamp import FIELDS
 
 MB = 1e6
 DENSE_BYTES, SPARSE_BYTES = 19.4 * MB, 2.6 * MB

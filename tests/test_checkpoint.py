@@ -288,18 +288,23 @@ def test_deepfreeze_syncs_the_shard_only_where_it_persists(tmp_path, fast):
     assert ck.committed_steps("persistent") == [1]
 
 
-def test_old_saver_names_work_for_one_release_with_a_note(capsys, monkeypatch):
+def test_saver_names_before_the_rename_are_refused_in_one_line(capsys):
+    """The savers' names before their rename (never released) are unknown
+    names now, refused before launch with the valid ones."""
     from experiments.train import parse
-    from research.comm import base
 
-    monkeypatch.setattr(base, "_SAID", set())
-    cfg = CheckpointConfig(strategy="rank0-sync")
-    assert cfg.saver == "rank0-blocking" and cfg.validate() is None
-    err = capsys.readouterr().err
-    assert "CheckpointConfig(strategy=...) is now CheckpointConfig(saver=...)" in err
-    assert "checkpoint saver 'rank0-sync' is now 'rank0-blocking'" in err
-    assert parse(["--checkpoint", "orbax-sync"]).train.checkpoint == "orbax-blocking"
-    assert "'orbax-sync' is now 'orbax-blocking'" in capsys.readouterr().err
+    with pytest.raises(TypeError):
+        CheckpointConfig(strategy="rank0-sync")  # the keyword before saver=
+    assert (
+        "unknown checkpoint saver 'rank0-sync'"
+        in CheckpointConfig(saver="rank0-sync").validate()
+    )
+    with pytest.raises(SystemExit) as exc:
+        parse(["--checkpoint", "orbax-sync"])
+    assert exc.value.code == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "error:" in ln]
+    assert len(err) == 1 and "unknown checkpoint saver 'orbax-sync'" in err[0], err
+    assert "orbax-blocking" in err[0]
 
 
 def test_config_validation():

@@ -51,7 +51,7 @@ def test_default_pipeline_at_toy_size(tmp_path):
     proc = python(cmd, cwd=tmp_path, timeout=400)
     root = tmp_path / "runs" / "df"
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    from research.checkpoint.registry import list_savers
+    from research.checkpoint.savers import list_savers
 
     for name in list_savers():  # every saver, by default
         assert f"| {name} |" in proc.stdout

@@ -134,11 +134,16 @@ def test_the_matmul_kernel_gradient_is_the_cpus(monkeypatch):
         ("fused", {}, "gpu", "none", True),  # auto on GPUs: a candidate
         ("host", {"allreduce": "auto"}, "gpu", "orbax-blocking", False),
         ("fused", {"allreduce": "ring"}, "gpu", "none", False),
-        ("fused", {"native": "auto"}, "gpu", "none", False),
+        ("adaptive", {"allreduce": "xla"}, "cpu", "none", True),  # its dense one
         ("solo", {}, "gpu", "none", False),
     ],
 )
 def test_when_xlas_runtime_starts(strategy, options, platform, checkpoint, wanted):
-    from research.comm.dense.xla import wanted as wants
+    """The strategy's options say whether a run needs JAX's distributed
+    runtime; the saver whether it may run beside it (no list of names)."""
+    from research.checkpoint.savers import beside_xla_runtime
+    from research.comm.dense import xla
+    from research.strategies.registry import make_options
 
-    assert wants(strategy, options, platform, checkpoint) is wanted
+    want = make_options(strategy, options).xla_runtime(platform)
+    assert xla.wanted(want, beside_xla_runtime(checkpoint)) is wanted

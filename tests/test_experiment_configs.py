@@ -90,36 +90,44 @@ def test_studies_take_configs_and_raise_instead_of_exiting():
             assert word not in text, (path.name, word)
 
 
-def test_old_flag_spellings_work_for_one_release_with_a_note(capsys, monkeypatch):
+def _one_error_line(capsys, parse, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exc:
+        parse(argv)
+    assert exc.value.code == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "error:" in ln]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_old_flag_spellings_are_refused_in_one_line(capsys):
+    """The spellings before the renames (never released) are unknown flags and
+    names now: one line, exit 2, before any rank."""
     from experiments.deepfreeze import parse as deepfreeze
     from experiments.eager_sgd import parse as eager
-    from research.comm import base
 
-    monkeypatch.setattr(base, "_SAID", set())
-    assert eager(["--sync-strategy", "host"]).allreduce_strategy == "host"
-    assert deepfreeze(["--strategies", "rank0-sync"]).savers == ["rank0-blocking"]
-    err = capsys.readouterr().err
-    assert "--sync-strategy is now --allreduce-strategy" in err
-    assert "--strategies is now --savers" in err
-    assert "'rank0-sync' is now 'rank0-blocking'" in err
+    assert eager(["--allreduce-strategy", "host"]).allreduce_strategy == "host"
+    line = _one_error_line(capsys, eager, ["--sync-strategy", "host"])
+    assert "unrecognized arguments: --sync-strategy" in line
+    line = _one_error_line(capsys, deepfreeze, ["--strategies", "rank0-blocking"])
+    assert "unrecognized arguments: --strategies" in line
+    line = _one_error_line(capsys, deepfreeze, ["--savers", "rank0-sync"])
+    assert "unknown checkpoint saver 'rank0-sync'" in line
 
 
-def test_sync_names_only_the_strategy_old_spellings_for_one_release(
-    capsys, monkeypatch
-):
-    """``sync_every`` became ``full_every`` (2026-11-26): the old option and
-    flag still work, each with a one-line note, and mean the same."""
+def test_sync_names_only_the_strategy_and_full_every_the_rounds(capsys):
+    """``sync_every`` became ``full_every``: the option and the flag of that
+    name; the old ones (never released) are refused in one line."""
     from experiments.eager_sgd import parse as eager
     from experiments.train import parse as train
-    from research.comm import base, registry
+    from research.strategies.registry import problem
 
-    monkeypatch.setattr(base, "_SAID", set())
-    assert eager(["--sync-every", "6"]).full_every == 6
-    cfg = train(["--strategy", "solo", "--strategy-opt", "sync_every=4"]).train
+    assert eager(["--full-every", "6"]).full_every == 6
+    cfg = train(["--strategy", "solo", "--strategy-opt", "full_every=4"]).train
     assert cfg.strategy_options == {"full_every": 4}
-    err = capsys.readouterr().err
-    assert "--sync-every is now --full-every" in err
-    assert "strategy option sync_every is now full_every" in err
-    assert registry.check_options("majority", {"sync_every": 0}) == (
+    line = _one_error_line(capsys, eager, ["--sync-every", "6"])
+    assert "unrecognized arguments: --sync-every" in line
+    argv = ["--strategy", "solo", "--strategy-opt", "sync_every=4"]
+    assert "has no option 'sync_every'" in _one_error_line(capsys, train, argv)
+    assert problem("majority", {"full_every": 0}) == (
         "strategy option full_every=0 must be >= 1"
     )

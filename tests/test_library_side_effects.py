@@ -57,12 +57,12 @@ def test_checkpoint_config_due_follows_every():
     assert not any(CheckpointConfig(every=0).due(s) for s in range(1, 50))
 
 
-def test_old_flush_spelling_still_works_and_says_so_once(capsys):
+def test_drain_is_the_one_word_for_what_is_in_flight():
     """``drain`` is the one word for delivering what is in flight or carried;
-    ``flush`` still works for one release, with a one-line note."""
-    from research.comm.base import Averager
+    ``flush``, its spelling before (never released), is gone from the
+    strategies and the collective (an AttributeError, not a second name)."""
+    from research.comm.partial import PartialAllreduce
+    from research.strategies.base import GradientStrategy, Strategy
 
-    assert Averager().flush() is None
-    assert Averager().flush() is None
-    err = capsys.readouterr().err
-    assert err.count("Averager.flush() is now drain()") == 1
+    for cls in (Strategy, GradientStrategy, PartialAllreduce):
+        assert hasattr(cls, "drain") and not hasattr(cls, "flush"), cls

@@ -1,9 +1,9 @@
 """A new checkpoint saver is one module and one test: this file is the test.
 
 The module is written here into a temporary folder, outside the project: a
-saver registered with ``@register_saver``, its option an annotated
-constructor keyword with its range beside it. ``add_saver_module`` makes its
-name known; nothing in the project names it, yet the option check (before
+saver registered with ``@register_saver``, its option a field of its options
+dataclass with its range beside it. Importing the module makes its name
+known; nothing in the project names it, yet the option check (before
 launch), ``--list``, ``CheckpointConfig`` and the saver contract of
 ``tests/test_saver_contract.py`` (save, restore, a crash in the middle of a
 save, a resume at another world size) all take it. It is ``rank0-blocking`` on
@@ -22,17 +22,21 @@ from tests.saver_contract import run_contract
 
 NAME = "slowdisk_saver"
 MODULE = '''
+import dataclasses
 import time
 
-from research.checkpoint.baselines import Rank0Blocking
-from research.checkpoint.registry import Range, register_saver
+from research.checkpoint.baselines import Rank0Blocking, Rank0BlockingOptions
+from research.checkpoint.registry import Range, option, register_saver
 
 
-@register_saver("rank0-slowdisk")
+@dataclasses.dataclass(frozen=True)
+class SlowDiskOptions(Rank0BlockingOptions):
+    mb_per_s: float = option(100.0, Range(gt=0, le=1e6))
+
+
+@register_saver("rank0-slowdisk", SlowDiskOptions)
 class SlowDiskRank0(Rank0Blocking):
     """``rank0-blocking`` whose writes take at least bytes / ``mb_per_s``."""
-
-    option_ranges = {"mb_per_s": Range(gt=0, le=1e6)}
 
     def __init__(self, world, directory, *, mb_per_s: float = 100.0, **kw):
         super().__init__(world, directory, **kw)
@@ -51,24 +55,23 @@ class SlowDiskRank0(Rank0Blocking):
 
 @pytest.fixture(scope="module")
 def module_dir(tmp_path_factory):
+    import importlib
+
     from research.checkpoint import registry
 
     folder = tmp_path_factory.mktemp("saver")
     (folder / f"{NAME}.py").write_text(MODULE)
     sys.path.insert(0, str(folder))
-    registry.add_saver_module(NAME)
-    registered = set(registry._REGISTRY.names())
+    importlib.import_module(NAME)  # registers it
     yield folder
     # The saver is gone again for the tests that follow in this process.
     sys.path.remove(str(folder))
-    registry.SAVER_MODULES.remove(NAME)
-    for name in set(registry._REGISTRY.names()) - registered:
-        registry._REGISTRY.forget(name)
+    registry.forget_saver("rank0-slowdisk")
     sys.modules.pop(NAME, None)
 
 
 def test_a_saver_from_one_outside_module_is_known_and_checked(module_dir):
-    from research.checkpoint.registry import check_saver_options, list_savers
+    from research.checkpoint.savers import check_saver_options, list_savers
     from research.entry.cli import listing
 
     assert "rank0-slowdisk" in list_savers()

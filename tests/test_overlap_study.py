@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from experiments.overlap import parse
 from research.studies.overlap import format_table, label, load_rows, plan
 
@@ -85,14 +87,17 @@ def test_table_rows_sweep_and_reruns(tmp_path):
     assert again["layerwise"]["step_s"] == 1.6  # no run folder: as recorded
 
 
-def test_no_plots_is_the_spelling_and_no_figures_still_works(capsys):
+def test_no_plots_is_the_spelling_and_no_figures_is_refused(capsys):
     from experiments.overlap import parse
 
     assert parse([]).plots is True
     assert parse(["--no-plots"]).plots is False
     assert capsys.readouterr().err == ""
-    assert parse(["--no-figures"]).plots is False  # the old spelling
-    assert "--no-figures is now --no-plots" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # the old spelling, never released
+        parse(["--no-figures"])
+    assert exc.value.code == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "error:" in ln]
+    assert len(err) == 1 and "unrecognized arguments: --no-figures" in err[0]
 
 
 def test_checks_on_every_emulated_link_and_the_real_network_not_shared_memory():

@@ -213,9 +213,18 @@ def test_the_batch_templates_call_records_and_resizes(tmp_path, capsys):
     from research.entry.restart import main
 
     run = tmp_path / "run"
-    main(["after-failure", "--module", "experiments.train", "--attempt", "0",
-          "--exit-code", "137", "--np-before", "4", "--np-after", "2",
-          "--lost", "n2", "--", *ARGS[4:], "--run-dir", str(run)])  # fmt: skip
+    argv = ["after-failure", "--attempt", "0", "--exit-code", "137",
+            "--np-before", "4", "--np-after", "2", "--lost", "n2",
+            "--", *ARGS[4:], "--run-dir", str(run)]  # fmt: skip
+    main(argv)  # the first attempt never wrote its config: nothing to resize
+    assert capsys.readouterr().out.split() == []
+    assert not (run / "restarts.json").exists()
+    # What the first attempt's rank 0 wrote (research.train.report): the same
+    # command line's resolved config; the experiment is not imported again.
+    run.mkdir()
+    first = {"batch_size": 16, "lr": 0.05, "scale_lr": False, "steps": STEPS}
+    (run / "config.json").write_text(json.dumps({"config": first}))
+    main(argv)
     assert capsys.readouterr().out.split() == ["--batch-size", "32", "--lr", "0.05"]
     (rec,) = json.loads((run / "restarts.json").read_text())
     assert rec["lost_nodes"] == ["n2"] and rec["exit_code"] == 137, rec

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
 
 @pytest.mark.parametrize(("np_", "other"), [(2, 3), (3, 2)])
 def test_every_saver_keeps_the_contract(tmp_path, np_, other):
-    from research.checkpoint.registry import list_savers
+    from research.checkpoint.savers import list_savers
 
     savers = list_savers()
     assert "deepfreeze" in savers and len(savers) >= 4

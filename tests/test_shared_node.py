@@ -299,7 +299,7 @@ def test_a_tier_is_checked_again_before_restore_and_each_save(tmp_path):
     fast.mkdir(mode=0o700)
     (fast / "yours.txt").write_text("not a checkpoint")  # the user's own file
     config = CheckpointConfig(
-        strategy="deepfreeze", every=1, fast_dir=str(fast), fsync=False
+        saver="deepfreeze", every=1, fast_dir=str(fast), fsync=False
     )
     ckpt = config.create(get_world(), tmp_path)
     s = initial()

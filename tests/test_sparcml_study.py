@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from research.comm.link import Link
 from research.comm.sparse.cost import DEFAULTS, choose
-from research.comm.sparse.strategy import link_model
+from research.comm.sparse.mean import link_model
 from research.studies.sparcml import bench_checks, train_checks, verdict
 from research.studies.sparcml_commbound import comm_bound_checks
 from research.studies.sparcml_plots import crossover

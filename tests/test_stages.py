@@ -1,6 +1,6 @@
-"""Tests for ``research.train.stages``: the model run stage by stage.
+"""Tests for ``research.steps.stages``: the model run stage by stage.
 
-The reference is the monolithic step, ``research.train.step.grad_step``: the same
+The reference is the monolithic step, ``research.steps.jitted.grad_step``: the same
 loss, gradients, statistics and metrics must come out of the staged forward and
 backward, for every model family, with dropout active where the model has it.
 """
@@ -12,14 +12,14 @@ import optax
 import pytest
 
 import models
-from research.train.stages import (
+from research.steps.jitted import grad_step
+from research.steps.stages import (
     StagedGrad,
     dense_grads,
     group_stages,
     split_model,
 )
-from research.train.state import TrainState
-from research.train.step import grad_step
+from research.steps.state import TrainState
 
 # Small but structurally whole: every block of ResNet-18/50 and every conv of
 # VGG-16 is there; only widths, input sizes and fc widths shrink.
@@ -249,7 +249,7 @@ def test_grouped_stages_give_the_same_gradient():
 
 
 def test_post_packs_inside_the_backward_program():
-    from research.train.flat import ALIGN, FlatStage, aligned_empty
+    from research.steps.flat import ALIGN, FlatStage, aligned_empty
 
     model = models.get_model("resnet_tiny", num_classes=3)
     state, x, y = _state(model, seed=5)

@@ -53,9 +53,13 @@ def test_smoke_two_ranks_relaunch(tmp_path):
             "bucket_bytes='big' must be int",
         ),
         (["--threads", "-1"], "--threads must be >= 0"),
-        (  # the old name of full_every, out of its range: before any rank starts
-            ["--strategy", "solo", "--strategy-opt", "sync_every=-3"],
+        (  # out of its range: before any rank starts
+            ["--strategy", "solo", "--strategy-opt", "full_every=-3"],
             "full_every=-3 must be >= 1",
+        ),
+        (  # full_every's spelling before the rename (never released): refused
+            ["--strategy", "solo", "--strategy-opt", "sync_every=4"],
+            "strategy 'solo' has no option 'sync_every'; its options: full_every",
         ),
         (["--np", "0"], "--np must be >= 1"),
         (["--link", "10gbs"], "bad link spec '10gbs'"),
@@ -80,7 +84,7 @@ def test_bad_input_one_line_exit_2(args, needle, capsys):
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["--strategy", "solo", "--strategy-opt", "sync_every=-3"], "full_every=-3"),
+        (["--strategy", "solo", "--strategy-opt", "full_every=-3"], "full_every=-3"),
         (["--np", "0"], "--np must be >= 1"),
     ],
 )
@@ -141,67 +145,72 @@ def test_flag_checks_before_relaunch_do_not_start_mpi_or_jax():
     assert proc.stdout.strip().splitlines()[-1] == "[]"
 
 
-def test_builtin_strategy_names_match_what_the_modules_register():
-    """The names read from the sources (research.comm.declared) are exactly
-    those the modules register when imported."""
-    from research.comm import declared, registry
+def test_every_strategy_is_one_module_that_registers_it():
+    """A strategy is one module of research/strategies (adaptive: a package)
+    that registers its options; the package imports each by name, and nothing
+    reads source code to find them."""
+    import research.strategies as package
+    from research.strategies import registry
 
-    registry.list_averagers()  # imports every strategy module
-    registered = {
-        name: registry.averager_factory(name).__module__
-        for name in registry.list_averagers()
-        if registry.averager_factory(name).__module__.startswith("research.")
-    }
-    assert registered == {n: s.module for n, s in declared.strategies().items()}
-    assert registry.builtin_modules() == sorted(set(registered.values()))
+    shared = {"base", "registry", "staged"}  # what every strategy builds on
+    root = Path(package.__file__).parent
+    modules = {p.stem for p in root.glob("*.py") if p.stem != "__init__"} - shared
+    modules |= {p.parent.name for p in root.glob("*/__init__.py")}
+    found = {}
+    for name in registry.names():
+        module = registry.options_class(name).__module__
+        assert module.startswith("research.strategies."), (name, module)
+        found.setdefault(module.split(".")[2], []).append(name)
+    assert set(found) == modules, (sorted(found), sorted(modules))
+    assert found["partial"] == ["majority", "solo", "sync"]
 
 
-def test_builtin_options_match_the_constructors():
-    """The options read from the source agree with the imported constructors:
-    the same keywords, and every default of an accepted type and value."""
-    import inspect
+def test_every_strategy_takes_its_own_defaults_from_the_command_line():
+    """Each option's default, given as ``--strategy-opt KEY=VALUE``, parses
+    and builds the options dataclass (what the ranks make the strategy from)."""
+    from experiments.train import parse
+    from research.strategies import registry
 
-    from research.comm import declared, registry
-
-    registry.list_averagers()
-    for name, strategy in declared.strategies().items():
-        params = inspect.signature(registry.averager_factory(name)).parameters
-        imported = registry._REGISTRY.declared(name, ("world",))
-        assert set(imported.options) == set(strategy.options), name
-        for key, option in strategy.options.items():
-            default = params[key].default
-            assert isinstance(default, option.types), (name, key, default)
-            if option.choices is not None:
-                assert default in option.choices, (name, key, default)
+    for name in registry.names():
+        cls = registry.options_class(name)
+        flags = []
+        for key, o in cls.spec().items():
+            if not isinstance(o.default, tuple):
+                flags += ["--strategy-opt", f"{key}={o.default!r}"]
+        cfg = parse(["--strategy", name, *flags]).train
+        made = registry.make_options(name, cfg.strategy_options, cfg.link)
+        assert made == cls(), name
 
 
 def test_a_strategy_is_declared_in_its_own_module_only(tmp_path):
-    """Adding a strategy touches its module: no list in registry.py names the
-    built-in ones, and the library's core (the registry, the loop, the
-    executors, the CLI and the public API) names none of them (executor kinds,
-    ``Averager.executor``, are names of their own)."""
+    """Adding a strategy touches its module and the package's one import line:
+    the library's core (the registry, the loop and what it asks a strategy,
+    the CLI, the public API, the collectives' runtime start, the GPU and
+    watchdog scripts) names none of them."""
     import re
 
-    from research.comm import declared
+    from research.strategies import registry
 
-    root = Path(__file__).resolve().parent.parent / "research"
+    root = Path(__file__).resolve().parent.parent
     core = [
-        root / "comm" / "registry.py",
-        root / "comm" / "base.py",
-        root / "train" / "loop.py",
-        root / "train" / "executors.py",
-        root / "train" / "setup.py",
-        root / "entry" / "cli.py",
-        root / "api.py",
+        root / "research" / "strategies" / "registry.py",
+        root / "research" / "strategies" / "base.py",
+        root / "research" / "train" / "loop.py",
+        root / "research" / "train" / "setup.py",
+        root / "research" / "train" / "preemption.py",
+        root / "research" / "train" / "checkpointing.py",
+        root / "research" / "train" / "report.py",
+        root / "research" / "entry" / "cli.py",
+        root / "research" / "comm" / "dense" / "xla.py",
+        root / "research" / "api.py",
+        root / "scripts" / "gpu_report.py",
+        root / "scripts" / "bench_watchdog.py",
     ]
-    names = sorted(declared.strategies())
     for path in core:
         text = path.read_text()
         code = re.sub(r'""".*?"""', "", text, flags=re.S)  # docstrings may
         code = re.sub(r"#.*", "", code)
-        # Executor kinds are their own names (Averager.executor), not strategies.
-        code = re.sub(r'register_executor\("\w+"\)|executor == "\w+"', "", code)
-        for name in names:
+        for name in registry.names():
             assert f'"{name}"' not in code, (path.name, name)
 
 
@@ -245,15 +254,14 @@ def test_options_parse_literals_and_lowercase_booleans():
         parse_options(["novalue"], "--x")
 
 
-def test_allreduce_takes_a_path_or_auto_and_native_its_old_values():
-    from research.comm.registry import check_options
+def test_allreduce_takes_a_path_or_auto_and_native_is_gone():
+    from research.strategies.registry import problem as check_options
 
     for name in ("fused", "host"):
         for ok in ("auto", "ring", "mpi", "hierarchical"):
             assert check_options(name, {"allreduce": ok}) is None
-        for ok in (True, False, "auto"):  # the old spelling, one release
-            assert check_options(name, {"native": ok}) is None
+        # The spelling before allreduce= (never released): refused, naming it.
+        problem = check_options(name, {"native": True})
+        assert "has no option 'native'" in problem and "allreduce" in problem
     problem = check_options("fused", {"allreduce": "fast"})
     assert "allreduce='fast'" in problem and "'hierarchical'" in problem
-    problem = check_options("fused", {"native": "fast"})
-    assert "native='fast'" in problem and "'auto'" in problem

@@ -15,7 +15,8 @@ Modules: ``deepfreeze`` (the checkpointer), ``baselines``, ``restore``,
 ``agreement`` (MPI commit rounds), ``manifest``, ``tiers``, ``shard`` (Orbax
 items), ``writer`` (the helper process that writes and flushes shards),
 ``integrity`` (CRC-32s), ``leaves`` (named leaves), ``config``, ``registry``
-(savers by name: ``register_saver``, ``list_savers``),
+(a saver's options and ``register_saver``), ``savers`` (every saver by name:
+``list_savers``),
 ``overhead`` (the interleaved measurement's estimator). A library below
 training (``research/layers.py``): the Trainer's hook is
 ``research.train.checkpointing``, the interleaved saver benchmark
@@ -31,7 +32,7 @@ _EXPORTS = {
     "CheckpointError": "base",
     "SaveRecord": "base",
     "CheckpointConfig": "config",
-    "list_savers": "registry",
+    "list_savers": "savers",
     "register_saver": "registry",
     "CorruptShardError": "integrity",
     "CheckpointWarning": "manifest",
@@ -46,8 +47,18 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'research.checkpoint' has no attribute {name!r}")
-    import importlib
-
-    return getattr(
-        importlib.import_module(f"research.checkpoint.{_EXPORTS[name]}"), name
+    from research.checkpoint import (
+        base,
+        config,
+        integrity,
+        manifest,
+        offline,
+        registry,
+        restore,
+        savers,
     )
+
+    modules = {"base": base, "config": config, "integrity": integrity}
+    modules |= {"manifest": manifest, "offline": offline, "registry": registry}
+    modules |= {"restore": restore, "savers": savers}
+    return getattr(modules[_EXPORTS[name]], name)

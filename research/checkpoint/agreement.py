@@ -16,12 +16,12 @@ with sleeping tests (``research.comm.asynchronous.progress.wait_all``) needs nei
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from mpi4py import MPI
 
-from research.comm.asynchronous.progress import wait_all
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 
 def allgather_json(
@@ -32,6 +32,10 @@ def allgather_json(
     Two non-blocking collectives (lengths, then bytes), each completed by
     sleeping tests, so the calling thread takes no core while it waits.
     """
+    from mpi4py import MPI
+
+    from research.comm.asynchronous.progress import wait_all
+
     data = np.frombuffer(json.dumps(obj).encode(), dtype=np.uint8)
     size = comm.Get_size()
     length = np.array([data.size], dtype=np.int64)

@@ -13,9 +13,7 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-from mpi4py import MPI
+from typing import TYPE_CHECKING, Any
 
 from research.checkpoint.integrity import remove_tree
 from research.checkpoint.manifest import committed_steps, read_manifest, update_manifest
@@ -26,7 +24,11 @@ from research.checkpoint.tiers import (
     clean_rank_dir,
     open_fast_tier,
 )
-from research.comm.world import World
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from research.comm.world import World
 
 #: ``hook(event, step)``: called where a saver reaches ``event`` for ``step``
 #: (fault-injection tests). Every saver calls it with ``"written"`` on each
@@ -169,6 +171,8 @@ class Checkpointer:
         barrier. Only where a rank cannot know that the others reach it (its
         background thread broke off mid-round) does a subclass skip it.
         """
+        from mpi4py import MPI  # started by the world this saver was given
+
         if self.comm != MPI.COMM_NULL:
             # After this barrier every manifest update of this instance is on disk.
             self.comm.Barrier()

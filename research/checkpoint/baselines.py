@@ -16,12 +16,12 @@ so restore cannot detect a corrupt file of theirs beyond what Orbax notices.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import jax
 import numpy as np
 
 from research.checkpoint.agreement import allgather_json
@@ -36,23 +36,54 @@ from research.checkpoint.integrity import remove_tree
 from research.checkpoint.leaves import Flattener, is_key
 from research.checkpoint.manifest import make_entry
 from research.checkpoint.partition import Unit, plan
-from research.checkpoint.registry import Range, register_saver
+from research.checkpoint.registry import Range, SaverOptions, option, register_saver
 from research.checkpoint.shard import new_checkpointer, shard_args
 from research.checkpoint.snapshot import cut
 from research.checkpoint.tiers import Tier, dir_bytes
-from research.comm.world import World
 from research.trace import get_tracer
+
+if TYPE_CHECKING:
+    from research.comm.world import World
 
 
 def _host(x: Any) -> Any:
     """A leaf as Orbax takes it: key data for typed keys, the array otherwise."""
+    import jax
+
     return jax.random.key_data(x) if is_key(x) else x
+
+
+@dataclasses.dataclass(frozen=True)
+class BaselineOptions(SaverOptions):
+    """A baseline's options: ``keep`` newest steps, ``compress`` (zstd),
+    ``fsync`` (durable files)."""
+
+    keep: int = option(3, Range(ge=1))
+    compress: bool = False
+    fsync: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Rank0BlockingOptions(BaselineOptions):
+    """``rank0-blocking``'s options."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OrbaxBlockingOptions(BaselineOptions):
+    """``orbax-blocking``'s options (Orbax writes in the rank's process)."""
+
+    beside_xla_runtime: ClassVar[bool] = False
+
+
+@dataclasses.dataclass(frozen=True)
+class OrbaxAsyncRank0Options(BaselineOptions):
+    """``orbax-async-rank0``'s options (Orbax writes in the rank's process)."""
+
+    beside_xla_runtime: ClassVar[bool] = False
 
 
 class _Base(Checkpointer):
     """Persistent tier only; ``keep`` newest steps."""
-
-    option_ranges = {"keep": Range(ge=1)}
 
     def __init__(
         self,
@@ -106,14 +137,15 @@ class _Base(Checkpointer):
         }
 
 
-@register_saver("rank0-blocking")
+@register_saver("rank0-blocking", Rank0BlockingOptions)
 class Rank0Blocking(_Base):
     """Rank 0 saves the whole state synchronously; the others do nothing."""
 
-    name = "rank0-blocking"
     _ckptr = None
 
     def save(self, step: int, state: Any, extra: dict | None = None) -> SaveRecord:
+        import jax
+
         t0 = time.perf_counter()
         rec = SaveRecord(step=int(step))
         if self.rank == 0:
@@ -148,11 +180,9 @@ class Rank0Blocking(_Base):
         return rec
 
 
-@register_saver("orbax-blocking")
+@register_saver("orbax-blocking", OrbaxBlockingOptions)
 class OrbaxBlocking(_Base):
     """Every rank saves its balanced shard with Orbax's blocking Checkpointer."""
-
-    name = "orbax-blocking"
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
@@ -160,6 +190,8 @@ class OrbaxBlocking(_Base):
         self._units: list[Unit] = []
 
     def save(self, step: int, state: Any, extra: dict | None = None) -> SaveRecord:
+        import jax
+
         t0 = time.perf_counter()
         rec = SaveRecord(step=int(step))
         cpu0 = process_cpu()  # training is paused: the process is the writer
@@ -211,11 +243,9 @@ class OrbaxBlocking(_Base):
         return rec
 
 
-@register_saver("orbax-async-rank0")
+@register_saver("orbax-async-rank0", OrbaxAsyncRank0Options)
 class OrbaxAsyncRank0(_Base):
     """Rank 0 saves the whole state with Orbax's AsyncCheckpointer."""
-
-    name = "orbax-async-rank0"
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
@@ -228,6 +258,7 @@ class OrbaxAsyncRank0(_Base):
         self._error: BaseException | None = None
 
     def save(self, step: int, state: Any, extra: dict | None = None) -> SaveRecord:
+
         t0 = time.perf_counter()
         rec = SaveRecord(step=int(step))
         self.records[rec.step] = rec

@@ -6,15 +6,8 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from research.checkpoint.registry import (
-    NONE,
-    RENAMED_SAVERS,
-    check_saver_options,
-    declared_saver,
-    list_savers,
-    saver_class,
-    saver_name,
-)
+from research.checkpoint.registry import NONE
+from research.checkpoint.savers import check_saver_options, list_savers, options_class
 
 if TYPE_CHECKING:  # importing them imports mpi4py, which starts MPI: flag
     # parsing before an experiment relaunches itself must not
@@ -23,7 +16,7 @@ if TYPE_CHECKING:  # importing them imports mpi4py, which starts MPI: flag
 
 # The savers are registered (research.checkpoint.registry): ``list_savers()``
 # names them, "none" means no checkpoints.
-__all__ = ["CheckpointConfig", "RENAMED_SAVERS", "list_savers", "saver_name"]
+__all__ = ["CheckpointConfig", "list_savers"]
 
 
 @dataclasses.dataclass
@@ -31,13 +24,12 @@ class CheckpointConfig:
     """How, where and how often to checkpoint.
 
     The fields below ``directory`` are options of the savers; each saver gets
-    those its constructor declares (``research/checkpoint/registry.py``), and
-    ``options`` adds or overrides any of its declared options by name (a
-    saver of your own: its options go there).
+    those its options dataclass has (``research/checkpoint/registry.py``), and
+    ``options`` adds or overrides any of its options by name (a saver of your
+    own: its options go there).
 
     Attributes:
-      saver: a registered saver (``list_savers()``) or ``"none"``
-        (``strategy=``, the old keyword, works for one release).
+      saver: a registered saver (``list_savers()``) or ``"none"``.
       every: checkpoint after every ``every`` steps (0: never). Read by the
         Trainer's hook and by :meth:`due`; a checkpointer you drive yourself
         saves whenever you call ``save`` (ask ``config.due(step, total)``).
@@ -91,25 +83,16 @@ class CheckpointConfig:
     idle: bool = False
     keep_fast_tier: bool = False
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
-    #: The old name of ``saver`` (one release).
-    strategy: dataclasses.InitVar[str | None] = None
-
-    def __post_init__(self, strategy: str | None) -> None:
-        if strategy is not None:
-            from research.comm.base import renamed
-
-            renamed("CheckpointConfig(strategy=...)", "CheckpointConfig(saver=...)")
-            self.saver = strategy
-        self.saver = saver_name(self.saver)
 
     def saver_options(self) -> dict[str, Any]:
         """The options the saver is built with: each field named like one of
-        its declared options, then :attr:`options` (empty for ``"none"``)."""
-        found = declared_saver(self.saver)
-        if found is None:
+        its options, then :attr:`options` (empty for ``"none"``)."""
+        try:
+            spec = options_class(self.saver).spec()
+        except ValueError:  # unknown: validate() says so
             return dict(self.options)
         fields = {f.name for f in dataclasses.fields(self)} - {"options", "saver"}
-        out = {k: getattr(self, k) for k in found.options if k in fields}
+        out = {k: getattr(self, k) for k in spec if k in fields}
         out.update(self.options)
         return out
 
@@ -141,4 +124,5 @@ class CheckpointConfig:
         if self.saver == NONE:
             return None
         directory = self.directory or str(Path(run_dir or ".") / "checkpoints")
-        return saver_class(self.saver)(world, directory, **self.saver_options(), **kw)
+        options = options_class(self.saver).make(self.saver_options())
+        return options.create(world, directory, **kw)

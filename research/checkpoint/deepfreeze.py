@@ -46,6 +46,7 @@ is ``background.py``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import queue
 import tempfile
@@ -53,7 +54,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -73,11 +74,13 @@ from research.checkpoint.manifest import (
 )
 from research.checkpoint.partition import LOCAL, Unit, plan
 from research.checkpoint.rawshard import SPARE
-from research.checkpoint.registry import Range, register_saver
+from research.checkpoint.registry import Range, SaverOptions, option, register_saver
 from research.checkpoint.snapshot import Snapshotter
 from research.checkpoint.writer import Writer, WriterProcess
-from research.comm.world import World
 from research.trace import get_tracer
+
+if TYPE_CHECKING:
+    from research.comm.world import World
 
 #: Transfer files: ``xfer-<pid>-<id>-r<rank>`` in ``privdir.base()``; before
 #: that, ``research-xfer-...`` right in ``/dev/shm`` or ``$TMPDIR`` (still swept).
@@ -121,7 +124,27 @@ def _alive(pid: int) -> bool:
     return True
 
 
-@register_saver("deepfreeze")
+@dataclasses.dataclass(frozen=True)
+class DeepFreezeOptions(SaverOptions):
+    """DeepFreeze's options (:class:`DeepFreeze`'s arguments of the same name)."""
+
+    fast_dir: str | Path | None = "auto"
+    keep: int = option(3, Range(ge=1))
+    keep_fast: int = option(2, Range(ge=1))
+    max_inflight: int = option(2, Range(ge=1))
+    on_busy: Literal["wait", "skip"] = "wait"
+    snapshot: Literal["auto", "view", "host", "device"] = "auto"
+    compress: bool = False
+    fsync: bool = True
+    rank_local: tuple[str, ...] = ()
+    writer: Literal["process", "thread"] = "process"
+    nice: int = option(10, Range(ge=-20, le=19))
+    idle: bool = False
+    verify_flush: bool = False
+    keep_fast_tier: bool = False
+
+
+@register_saver("deepfreeze", DeepFreezeOptions)
 class DeepFreeze(Background, Checkpointer):
     """The DeepFreeze checkpointer (see the module docstring).
 
@@ -158,14 +181,6 @@ class DeepFreeze(Background, Checkpointer):
         ``write-begin``, ``write-started``, ``written``, ``committed``,
         ``flush-file`` and ``flushed`` (fault-injection tests).
     """
-
-    name = "deepfreeze"
-    option_ranges = {
-        "keep": Range(ge=1),
-        "keep_fast": Range(ge=1),
-        "max_inflight": Range(ge=1),
-        "nice": Range(ge=-20, le=19),
-    }
 
     def __init__(
         self,

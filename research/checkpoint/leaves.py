@@ -15,8 +15,6 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 
@@ -56,11 +54,15 @@ def path_name(path: Sequence[Any]) -> str:
 
 def is_key(x: Any) -> bool:
     """True for a typed PRNG key array (stored as its key data)."""
+    import jax
+
     dtype = getattr(x, "dtype", None)
     return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
 
 
 def spec_of(name: str, x: Any) -> LeafSpec:
+    import jax
+
     if is_key(x):
         data = jax.random.key_data(x)
         return LeafSpec(name, tuple(data.shape), np.dtype(data.dtype).name, "key")
@@ -87,6 +89,8 @@ class Flattener:
 
     def flatten(self, state: Any) -> tuple[list[Any], bool]:
         """Leaves of ``state``; the flag is True when the structure is new."""
+        import jax
+
         leaves, treedef = jax.tree_util.tree_flatten(state)
         shapes = [(getattr(x, "shape", ()), getattr(x, "dtype", None)) for x in leaves]
         changed = (
@@ -128,6 +132,9 @@ def unnest(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _like(target: Any, value: np.ndarray) -> Any:
     """``value`` as the same kind of object as ``target`` (device, key, scalar)."""
+    import jax
+    import jax.numpy as jnp
+
     if is_key(target):
         return jax.random.wrap_key_data(
             jnp.asarray(value), impl=jax.random.key_impl(target)
@@ -168,6 +175,8 @@ def check_compatible(specs: Sequence[LeafSpec], stored: Sequence[dict]) -> None:
 
 def rebuild(target: Any, arrays: dict[str, np.ndarray]) -> Any:
     """A state shaped like ``target`` whose leaves are ``arrays`` (by name)."""
+    import jax
+
     fl = Flattener()
     leaves, _ = fl.flatten(target)
     treedef = jax.tree_util.tree_structure(target)

@@ -26,10 +26,9 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from mpi4py import MPI
 
 from research.checkpoint.integrity import CorruptShardError
 from research.checkpoint.leaves import Flattener, check_compatible, rebuild
@@ -39,6 +38,9 @@ from research.checkpoint.read import assemble as _assemble
 from research.checkpoint.read import load_shard as _load
 from research.checkpoint.read import unit_nbytes as _nbytes
 from research.checkpoint.tiers import Tier
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
 
 
 @dataclasses.dataclass

@@ -19,12 +19,14 @@ each rank writes into its own directory.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import orbax.checkpoint as ocp
 
 from research.checkpoint.leaves import nest, unnest
+
+if TYPE_CHECKING:
+    import orbax.checkpoint as ocp
 
 SHARD_FORMAT = "research.checkpoint.shard/1"
 
@@ -38,6 +40,7 @@ def alone() -> ocp.options.MultiprocessingOptions:
     barriers for every process and leave the writing to process 0.
     """
     import jax
+    import orbax.checkpoint as ocp
 
     if jax.process_count() == 1:
         return ocp.options.MultiprocessingOptions()
@@ -46,6 +49,8 @@ def alone() -> ocp.options.MultiprocessingOptions:
 
 
 def _registry(compress: bool) -> ocp.handlers.DefaultCheckpointHandlerRegistry:
+    import orbax.checkpoint as ocp
+
     reg = ocp.handlers.DefaultCheckpointHandlerRegistry()
     options = alone()
     tree = ocp.PyTreeCheckpointHandler(
@@ -60,6 +65,8 @@ def _registry(compress: bool) -> ocp.handlers.DefaultCheckpointHandlerRegistry:
 
 
 def _composite(compress: bool) -> ocp.CompositeCheckpointHandler:
+    import orbax.checkpoint as ocp
+
     return ocp.CompositeCheckpointHandler(
         handler_registry=_registry(compress),
         composite_options=ocp.CompositeOptions(multiprocessing_options=alone()),
@@ -76,6 +83,8 @@ def new_checkpointer(*, use_async: bool, compress: bool = False):
       compress: zstd-compress chunks. Off by default: trained float weights
         shrink by a few percent while compression costs CPU that training needs.
     """
+    import orbax.checkpoint as ocp
+
     handler = _composite(compress)
     if use_async:
         return ocp.AsyncCheckpointer(handler, multiprocessing_options=alone())
@@ -84,6 +93,8 @@ def new_checkpointer(*, use_async: bool, compress: bool = False):
 
 def shard_args(arrays: dict[str, Any], meta: dict[str, Any]) -> ocp.args.Composite:
     """Orbax save arguments for one shard (``arrays`` by leaf name)."""
+    import orbax.checkpoint as ocp
+
     meta = {"format": SHARD_FORMAT, **meta}
     return ocp.args.Composite(
         state=ocp.args.PyTreeSave(nest(arrays)), shard=ocp.args.JsonSave(meta)
@@ -94,6 +105,8 @@ def read_shard(
     path: str | Path, names: list[str]
 ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Read a shard's arrays (as numpy, by leaf name) and its JSON metadata."""
+    import orbax.checkpoint as ocp
+
     restore_args = nest({n: ocp.RestoreArgs(restore_type=np.ndarray) for n in names})
     ckptr = ocp.Checkpointer(_composite(False), multiprocessing_options=alone())
     out = ckptr.restore(

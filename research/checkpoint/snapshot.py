@@ -28,13 +28,14 @@ rank's shard):
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from research.checkpoint.leaves import is_key
+
+if TYPE_CHECKING:
+    import jax
 
 MODES = ("auto", "view", "host", "device")
 
@@ -44,6 +45,8 @@ def cut(a: Any, rows: tuple[int, int] | None) -> Any:
 
 
 def _copy_all(xs: list[jax.Array], rows: tuple) -> list[jax.Array]:
+    import jax.numpy as jnp
+
     return [jnp.copy(x) if r is None else x[r[0] : r[1]] for x, r in zip(xs, rows)]
 
 
@@ -51,6 +54,8 @@ class Snapshotter:
     """Takes snapshots of a list of leaves in one of the modes above."""
 
     def __init__(self, mode: str = "auto") -> None:
+        import jax
+
         if mode not in MODES:
             raise ValueError(f"snapshot mode must be one of {MODES}, got {mode!r}")
         if mode == "auto":
@@ -69,6 +74,8 @@ class Snapshotter:
           leaves: the state's leaves to capture (this rank's units).
           rows: per leaf, ``(a, b)`` to capture rows ``a:b`` only, or None.
         """
+        import jax
+
         rows = list(rows) if rows is not None else [None] * len(leaves)
         out: list[Any] = [None] * len(leaves)
         device_idx: list[int] = []
@@ -105,6 +112,8 @@ class Snapshotter:
                 self._free = [list(taken)]  # one spare set: saves are sequential
 
     def _buffers_for(self, leaves: list[Any], rows: list) -> list[np.ndarray | None]:
+        import jax
+
         shapes = [
             (
                 tuple(x.shape) if r is None else (r[1] - r[0], *x.shape[1:]),

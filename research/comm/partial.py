@@ -66,18 +66,12 @@ activation messages that were sent to it and none is ever left unreceived.
 Messages of round r+1 carry another tag, so rounds never mix. The buffer is one
 flat float32 array (float64 when any leaf is), fresh each round. Fresh buffers
 make the first round after a stretch of small transfers 1.2-1.8x slower over
-TCP (``scripts.bench_first_round``); a pool of reused buffers was tried and not
-kept (``docs/journal.md``, 2026-11-28 night).
+TCP (``scripts.bench_first_round``; what was tried instead: ``docs/journal.md``).
 
 With an emulated ``link`` (:mod:`research.comm.link`), a round's result is held
 on the progress thread, sleeping, until the ring-allreduce model of its buffer
 has passed since this rank issued the round's Iallreduce; the tiny activation
 messages are not modelled. ``info.extra["emulated_s"]`` is the time added.
-
-Why one file of more than 500 lines: the round protocol (initiator, activation,
-carried gradients, the synchronous schedule, the drain and the stop) is one
-state machine shared by the caller's thread and the progress task; split, its
-invariants would live in two places.
 """
 
 from __future__ import annotations
@@ -93,9 +87,9 @@ import numpy as np
 from mpi4py import MPI
 
 from research.comm.asynchronous.progress import get_progress
-from research.comm.base import Averager, CommInfo, old_options, renamed
 from research.comm.dense.fusion import FlatLayout
 from research.comm.faults import watchdog
+from research.comm.info import CommInfo
 from research.comm.link import Link
 from research.comm.partial_rounds import (
     _DRAIN,
@@ -107,7 +101,6 @@ from research.comm.partial_rounds import (
     _Deposit,
     _Round,
 )
-from research.comm.registry import Range, register_averager
 
 Mode = Literal["solo", "majority", "sync"]
 MODES = ("solo", "majority", "sync")
@@ -122,8 +115,7 @@ class PartialAllreduce(Rounds):
       mode: ``"solo"``, ``"majority"`` or ``"sync"``.
       seed: seed of the majority initiator sequence (same on every rank).
       full_every: every ``full_every``-th round is full, every rank's own
-        gradient in it (None: never); ``sync_every``, its old name, works for
-        one release.
+        gradient in it (None: never).
       max_sleep: longest sleep between tests while awaiting activation, seconds.
       link: an emulated link (a :class:`Link` or a spec such as ``"10gbps"``;
         ``"real"``: none).
@@ -138,11 +130,7 @@ class PartialAllreduce(Rounds):
         *,
         max_sleep: float = 5e-4,
         link: Link | str | None = "real",
-        **old: Any,
     ) -> None:
-        full_every = old_options(
-            "PartialAllreduce", {"sync_every": "full_every"}, old
-        ).get("full_every", full_every)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if full_every is not None and full_every < 1:
@@ -232,11 +220,6 @@ class PartialAllreduce(Rounds):
             raise RuntimeError("drain() before any reduce(): nothing to drain")
         call, rec, waited = self._hand_in(_DRAIN, None)
         return self._unpack(rec.total), self._info(call, rec, waited)
-
-    def flush(self) -> tuple[Any, CommInfo]:
-        """The old name of :meth:`drain`, accepted for one release."""
-        renamed("PartialAllreduce.flush()", "drain()")
-        return self.drain()
 
     def take_carried(self, flat: bool = False) -> tuple[Any, int] | None:
         """Take back this rank's gradients that missed their rounds, instead of
@@ -391,89 +374,3 @@ _OPEN: weakref.WeakSet[PartialAllreduce] = weakref.WeakSet()
 def _abandon_open() -> None:
     for pa in list(_OPEN):
         pa._abandon()
-
-
-# -- the averaging seam -------------------------------------------------------------
-class PartialAverager(Averager):
-    """Host-side :class:`Averager` over :class:`PartialAllreduce` (registered modes).
-
-    ``reduce`` returns the round result to apply; ``drain`` returns None when no
-    rank carried anything (so the loop skips a zero update that momentum would
-    still turn into a step).
-    """
-
-    executor = "host-side"
-    mode: Mode = "solo"
-    option_ranges = {
-        "seed": Range(ge=0),
-        "full_every": Range(ge=1),
-        "max_sleep": Range(gt=0, le=1),
-    }
-    #: ``sync_every`` before the rename ("sync" now names only the strategy).
-    renamed_options = {"sync_every": "full_every"}
-
-    def __init__(
-        self,
-        world: Any,
-        *,
-        seed: int = 0,
-        full_every: int | None = 32,
-        max_sleep: float = 5e-4,
-        link: str = "real",
-        **old: Any,
-    ) -> None:
-        full_every = old_options(self.mode, self.renamed_options, old).get(
-            "full_every", full_every
-        )
-        self.pa = PartialAllreduce(
-            world,
-            mode=self.mode,
-            seed=seed,
-            full_every=full_every,
-            max_sleep=max_sleep,
-            link=link,
-        )
-
-    def reduce(self, grads: Any) -> tuple[Any, CommInfo]:
-        return self.pa.reduce(grads)
-
-    def drain(self) -> tuple[Any, CommInfo] | None:
-        if self.pa._layout is None:
-            return None
-        tree, info = self.pa.drain()
-        return (tree, info) if info.extra["carried_total"] else None
-
-    def take_carried(self, flat: bool = False) -> tuple[Any, int] | None:
-        """:meth:`PartialAllreduce.take_carried` (None before the first call)."""
-        return None if self.pa._layout is None else self.pa.take_carried(flat)
-
-    def rest(self, resting: bool = True) -> None:
-        """:meth:`PartialAllreduce.rest`."""
-        self.pa.rest(resting)
-
-    def close(self) -> None:
-        self.pa.close()
-
-
-@register_averager("solo")
-class SoloAverager(PartialAverager):
-    """eager-SGD with solo allreduce: the first rank to arrive starts the round."""
-
-    name = "solo"
-    mode = "solo"
-
-
-@register_averager("majority")
-class MajorityAverager(PartialAverager):
-    """eager-SGD with majority allreduce: a shared-random initiator starts it."""
-
-    name = "majority"
-    mode = "majority"
-
-
-@register_averager("sync")
-class SyncPartialAverager(PartialAverager):
-    """Every round synchronous: a host-side allreduce on the progress thread."""
-
-    name = "sync"
-    mode = "sync"

@@ -49,11 +49,10 @@ import numpy as np
 from mpi4py import MPI
 
 from research.comm.asynchronous.progress import Poll, Task, get_progress, wait_all
-from research.comm.base import Averager, CommInfo
 from research.comm.dense.fusion import FlatLayout
 from research.comm.faults import watchdog
+from research.comm.info import CommInfo
 from research.comm.link import Link
-from research.comm.registry import Range, register_averager
 from research.trace import get_tracer
 
 _TAG_PUSH, _TAG_PULL, _TAG_DONE = 11, 12, 13
@@ -376,53 +375,3 @@ class _ServerTask(Task):
             self.ps._error = exc
             self.ps._cond.notify_all()
         self.ps._stopped.set()
-
-
-@register_averager("ps")
-class ParameterServerAverager(Averager):
-    """Staged averager over :class:`ParameterServer`; ``reduce`` returns parameters.
-
-    :meth:`bind` must get the initial parameters and the server's optimizer
-    before the first step (the ``server`` executor of ``research.train.executors``
-    does, in ``start``).
-    """
-
-    name = "ps"
-    executor = "server"
-    # root < the world's size is checked when the world is known.
-    option_ranges = {"root": Range(ge=0), "max_sleep": Range(gt=0, le=1)}
-    no_call_form = (
-        "the parameter server exchanges gradients for parameters (push, pull); "
-        "it returns no mean. Use the Trainer: experiments.train --strategy ps"
-    )
-
-    def __init__(
-        self,
-        world: Any,
-        *,
-        root: int = 0,
-        max_sleep: float = 5e-4,
-        link: str = "real",
-    ) -> None:
-        self.ps = ParameterServer(world, root=root, max_sleep=max_sleep, link=link)
-
-    @property
-    def size(self) -> int:
-        return self.ps.size
-
-    def bind(self, params: Any, tx: Any) -> None:
-        """Initial parameters and an optax-style optimizer scaled for P pushes."""
-        self.ps.bind(
-            params, optimizer_update(tx, params) if self.ps.is_server else None
-        )
-
-    def reduce(self, grads: Any) -> tuple[Any, CommInfo]:
-        return self.ps.push_pull(grads)
-
-    def drain(self) -> tuple[Any, CommInfo] | None:
-        if self.ps._tmpl is None:
-            return None
-        return self.ps.finish()
-
-    def close(self) -> None:
-        self.ps.close()

@@ -148,36 +148,7 @@ def add_flags(
                 kw["nargs"] = meta["nargs"] or "+"
         if given_only:
             kw["default"] = argparse.SUPPRESS
-        # Older spellings: accepted (one release), noted by :func:`note_renamed`.
-        if meta["aliases"] and kw["help"] != argparse.SUPPRESS:
-            old = ", ".join(meta["aliases"])
-            kw["help"] += f" ({old}: the old spelling, for one release)"
-        g.add_argument(meta["name"] or auto, *meta["aliases"], **kw)
-
-
-def renamed_flags(defaults: Any) -> dict[str, str]:
-    """``{old spelling: flag}`` of every field of ``defaults`` (and nested)."""
-    out: dict[str, str] = {}
-    for f in dataclasses.fields(defaults):
-        if f.metadata.get("nested"):
-            out.update(renamed_flags(getattr(defaults, f.name)))
-        elif f.metadata and f.metadata["aliases"]:
-            new = f.metadata["name"] or "--" + f.name.replace("_", "-")
-            out.update({old: new for old in f.metadata["aliases"]})
-    return out
-
-
-def note_renamed(argv: Sequence[str], defaults: Any) -> None:
-    """One line on stderr for each old spelling of a flag in ``argv``."""
-    from research.comm.base import renamed
-
-    old = renamed_flags(defaults)
-    for arg in argv:
-        if arg == "--":
-            break
-        name = arg.split("=", 1)[0]
-        if name in old:
-            renamed(name, old[name])
+        g.add_argument(meta["name"] or auto, **kw)
 
 
 def config_from(defaults: Any, ns: argparse.Namespace, _prefix: str = "") -> Any:
@@ -256,7 +227,6 @@ def parse_config(
     if getattr(ns, "list", False):
         print(listing())
         raise SystemExit(0)
-    note_renamed(argv, preset)
     try:
         cfg = config_from(preset, ns)
         if hasattr(cfg, "train"):
@@ -320,11 +290,8 @@ def train_config(cfg: TrainConfig) -> TrainConfig:
     (mpiexec starts them in the same folder), and libraries handed paths below
     it (Orbax) refuse relative ones.
     """
-    from research.comm.registry import current_options
-
     run_dir = os.path.abspath(cfg.run_dir) if cfg.run_dir else ""
-    options = current_options(cfg.strategy, cfg.strategy_options)  # old names
-    cfg = dataclasses.replace(cfg, run_dir=run_dir, strategy_options=options)
+    cfg = dataclasses.replace(cfg, run_dir=run_dir)
     problem = validate(cfg)
     if problem:
         raise ValueError(problem)
@@ -351,8 +318,8 @@ def check_writable_dir(path: str | os.PathLike, flag: str) -> str | None:
 def validate(cfg: TrainConfig) -> str | None:
     """The first problem with ``cfg`` as one line, or None."""
     import models
-    from research.comm.registry import check_link, check_options, known_averagers
     from research.data import list_datasets
+    from research.strategies import registry
 
     if cfg.model not in models.list_models():
         names = ", ".join(models.list_models())
@@ -362,15 +329,15 @@ def validate(cfg: TrainConfig) -> str | None:
             f"unknown dataset {cfg.dataset!r}; choose one of "
             f"{', '.join(list_datasets())}"
         )
-    if cfg.strategy not in known_averagers():
+    if cfg.strategy not in registry.names():
         return (
             f"unknown strategy {cfg.strategy!r}; choose one of "
-            f"{', '.join(known_averagers())}"
+            f"{', '.join(registry.names())}"
         )
-    problem = check_options(cfg.strategy, cfg.strategy_options)
+    problem = registry.options_class(cfg.strategy).problem(cfg.strategy_options)
     if problem:
         return f"--strategy-opt: {problem}"
-    problem = check_link(cfg.strategy, cfg.link)
+    problem = registry.problem(cfg.strategy, {}, cfg.link)
     if problem:
         return problem
     if cfg.batch_size <= 0:
@@ -389,7 +356,7 @@ def validate(cfg: TrainConfig) -> str | None:
         return str(e)
     if cfg.threads < 0:
         return f"--threads must be >= 0 (0: XLA's default), got {cfg.threads}"
-    from research.checkpoint.registry import check_saver_options
+    from research.checkpoint.savers import check_saver_options, options_class
 
     if cfg.checkpoint == "none" and cfg.checkpoint_options:
         return "--checkpoint-opt needs a saver: --checkpoint NAME (see --list)"
@@ -398,9 +365,9 @@ def validate(cfg: TrainConfig) -> str | None:
         return f"--checkpoint: {problem}"
     if cfg.checkpoint != "none" and cfg.checkpoint_every < 1:
         return f"--checkpoint-every must be >= 1, got {cfg.checkpoint_every}"
-    if str(
-        cfg.strategy_options.get("allreduce", "")
-    ).lower() == "xla" and cfg.checkpoint.startswith("orbax"):
+    needs = registry.make_options(cfg.strategy, cfg.strategy_options).xla_runtime
+    saver = None if cfg.checkpoint == "none" else options_class(cfg.checkpoint)
+    if saver and not saver.beside_xla_runtime and needs("cpu") == "needed":
         return (
             f"--checkpoint {cfg.checkpoint} cannot go with allreduce=xla: under "
             "JAX's distributed runtime orbax-checkpoint writes numpy arrays from "
@@ -450,29 +417,15 @@ def check_private_dir(path: str | os.PathLike, flag: str) -> str | None:
 
 def listing() -> str:
     """What ``--list`` prints: models, datasets, and every strategy and saver
-    with its options (type, range or values, default), all read from their
-    declarations without importing them."""
+    with its options (type, range or values, default), from their options
+    dataclasses (importing them starts no MPI)."""
     import models
-    from research.checkpoint.registry import declared_saver, list_savers
-    from research.comm.registry import declared_options, known_averagers
+    from research.checkpoint import savers
     from research.data import list_datasets
-
-    def options(opts: dict) -> list[str]:
-        if not opts:
-            return ["      (no options)"]
-        width = max(map(len, opts))
-        return [f"      {k:<{width}}  {o.describe()}" for k, o in opts.items()]
+    from research.strategies import registry
 
     lines = [
         f"models:     {', '.join(models.list_models())}",
         f"datasets:   {', '.join(list_datasets())}",
-        "strategies (--strategy NAME --strategy-opt KEY=VALUE):",
     ]
-    for name in known_averagers():
-        lines += [f"  {name}", *options(declared_options(name) or {})]
-    lines.append("checkpoint savers (--checkpoint NAME --checkpoint-opt KEY=VALUE):")
-    lines.append("  none  (no checkpoints)")
-    for name in list_savers():
-        found = declared_saver(name)
-        lines += [f"  {name}", *options(found.options if found else {})]
-    return "\n".join(lines)
+    return "\n".join([*lines, *registry.listing(), *savers.listing()])

@@ -315,18 +315,23 @@ def after_failure(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m research.entry.restart after-failure ...``: what a batch template
-    calls between two attempts (``scripts/slurm.sbatch``). Prints the flags
-    to add, on one line."""
+    """``python -m research.entry.restart after-failure ... -- FLAGS``: what a
+    batch template calls between two attempts (``scripts/slurm.sbatch``), with
+    the job's own flags after ``--``. Prints the flags to add, on one line.
+
+    The same command line runs again: nothing of it is parsed but its
+    ``--run-dir``; the first attempt's batch size and learning rate (rule 3)
+    are what its rank 0 wrote to ``RUN_DIR/config.json``. Without a run folder,
+    or before the first attempt wrote one, there is nothing to resume from or
+    to resize against: no flags.
+    """
     import argparse
-    import importlib
 
     p = argparse.ArgumentParser(
         prog="python -m research.entry.restart",
         epilog="Then -- and the job's own flags.",
     )
     p.add_argument("command", choices=["after-failure"])
-    p.add_argument("--module", required=True, help="experiments.NAME")
     p.add_argument("--attempt", type=int, required=True)
     p.add_argument("--exit-code", type=int, required=True)
     p.add_argument("--np-before", type=int, required=True)
@@ -337,24 +342,43 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     ns = p.parse_args(argv[:cut])
-    args = argv[cut + 1 :]
-    cfg = importlib.import_module(ns.module).parse(args)
-    train = cfg.train
-    if not train.run_dir:
-        print("", flush=True)  # no fixed --run-dir: nothing to resume from
+    run_dir = flag_value(argv[cut + 1 :], "--run-dir")
+    first = _first_config(run_dir) if run_dir else None
+    if first is None:
+        print("", flush=True)  # nothing to resume from or resize against
         return
     extra = after_failure(
-        train.run_dir,
+        run_dir,
         attempt=ns.attempt,
         code=ns.exit_code,
         np_before=ns.np_before,
         np_after=ns.np_after,
         lost=[h for h in ns.lost.split(",") if h],
-        batch_size=train.batch_size,
-        lr=train.lr,
-        scale_lr=train.scale_lr,
+        batch_size=int(first["batch_size"]),
+        lr=float(first["lr"]),
+        scale_lr=bool(first.get("scale_lr", False)),
     )
     print(" ".join(extra), flush=True)
+
+
+def flag_value(argv: Sequence[str], flag: str) -> str | None:
+    """The value of the last ``flag VALUE`` or ``flag=VALUE`` in ``argv``."""
+    found = None
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif a.startswith(flag + "="):
+            found = a.split("=", 1)[1]
+    return found
+
+
+def _first_config(run_dir: str) -> dict[str, Any] | None:
+    """The training config the run's rank 0 wrote (``config.json``), or None."""
+    try:
+        record = json.loads((Path(run_dir) / "config.json").read_text())
+        return dict(record["config"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 if __name__ == "__main__":

@@ -1,12 +1,9 @@
-"""Training: TrainState, optimizer and schedules, pure steps, the loop.
+"""Training runs: their config, optimizer and schedules, the loop and its hooks.
 
-Importing it makes the strategies declared here (``layerwise``) known to
-:mod:`research.comm.declared` by their source (``research.comm`` knows
-nothing of this layer).
+``config`` (``TrainConfig``, the flags), ``optim``, ``setup`` (what a run is
+made of before it trains, agreed by every rank), ``loop`` (the ``Trainer``),
+``evaluate``, ``callback``, ``checkpointing``, ``preemption``,
+``restart_record``, ``report``, ``tensorboard``, ``profiling`` and
+``process``. The step is the strategy's (``research.strategies``), its pieces
+``research.steps``'.
 """
-
-from pathlib import Path as _Path
-
-from research.comm import declared as _declared
-
-_declared.add_root(_Path(__file__).parent)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
+from research.steps.state import TrainState
 from research.train.config import TrainConfig
-from research.train.state import TrainState
 
 
 class Run(Protocol):
@@ -23,8 +23,7 @@ class Run(Protocol):
     dataset: Any
     loader: Any
     model: Any
-    averager: Any  # research.comm.base.Averager
-    executor: Any  # research.train.executors.Executor
+    strategy: Any  # research.strategies.base.Strategy
     imbalance: Any  # research.imbalance.Imbalance
     stop: Any  # research.train.preemption.StopAgreement
     tracer: Any  # research.trace.Tracer or NullTracer

@@ -84,11 +84,9 @@ class CheckpointCallback(Callback):
         if restored is not None:
             extra = restored.extra_for(trainer.world.rank)
             trainer.restore(restored.state, restored.step, extra.get("data"))
-            # The allreduce the interrupted run measured and took: the same
-            # path again, so the resumed run continues bit for bit.
-            adopt = getattr(trainer.averager, "adopt_allreduce", None)
-            if adopt is not None:
-                adopt(extra.get("allreduce"))
+            # What the interrupted run's strategy recorded (the allreduce it
+            # measured and took): the same again, so it continues bit for bit.
+            trainer.strategy.adopt(extra.get("strategy") or {})
             self.resumed_from = restored.step
             trainer.world.log(
                 f"resumed from step {restored.step} "
@@ -110,9 +108,7 @@ class CheckpointCallback(Callback):
 
     def _save(self, trainer: Run, step: int) -> None:
         extra = {"data": trainer.loader.position, "step": step}
-        choice = getattr(trainer.averager, "allreduce_choice", None)
-        if choice is not None:
-            extra["allreduce"] = choice
+        extra["strategy"] = trainer.strategy.record()
         record = self.ckpt.save(step, trainer.state, extra=extra)
         self._saved_at = step
         trainer.log_scalars(

@@ -12,8 +12,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from research.checkpoint.registry import saver_name
-
 
 def flag(
     default: Any,
@@ -27,7 +25,6 @@ def flag(
     nargs: str | None = None,
     type: Any = None,  # noqa: A002 - argparse's own name
     negatable: bool = False,
-    aliases: tuple[str, ...] = (),
 ) -> Any:
     """A dataclass field with its command-line flag.
 
@@ -42,12 +39,9 @@ def flag(
       type: the value's type where the default does not say (``None``
         defaults); for a list, its items' type.
       negatable: a boolean with both ``--X`` and ``--no-X``.
-      aliases: older spellings still accepted, each with a one-line note
-        (``research.entry.cli.add_flags``).
     """
     meta = {"help": help, "group": group, "name": name, "choices": choices}
     meta.update(metavar=metavar, nargs=nargs, type=type, negatable=negatable)
-    meta["aliases"] = aliases
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -206,7 +200,6 @@ class TrainConfig:
         "default %(default)s",
         CKPT,
         metavar="SAVER",
-        type=saver_name,  # old names (rank0-sync, orbax-sync) for one release
     )
     checkpoint_options: dict[str, Any] = flag(
         None,

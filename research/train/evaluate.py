@@ -12,8 +12,8 @@ from research.comm.dense import HostAllreduce
 from research.comm.faults import watchdog
 from research.comm.world import World
 from research.data.sharding import eval_batches
-from research.train import step as steps
-from research.train.state import TrainState
+from research.steps import jitted as steps
+from research.steps.state import TrainState
 
 
 def average_batch_stats(state: TrainState, mean: HostAllreduce) -> TrainState:

@@ -1,11 +1,11 @@
 """The training loop: steps, evaluation, logging, callbacks; the strategy runs the step.
 
-``Trainer(config, world, averager=..., imbalance=..., callbacks=...).run()``
+``Trainer(config, world, strategy=..., imbalance=..., callbacks=...).run()``
 trains, evaluates and writes the run folder (``research.rundir``). How a step
-runs is its strategy's executor (``research.train.executors``): the loop asks
-it for each step's new state, metrics and communication record, and has it
-``drain`` what is in flight before an evaluation, a checkpoint snapshot and the
-end. Rows go to ``metrics.jsonl`` and TensorBoard (``research.train.tensorboard``).
+runs is its strategy's (``research.strategies``): the loop asks it for each
+step's new state, metrics and communication record, and has it drain what is
+in flight before an evaluation, a checkpoint snapshot and the end. Rows go
+to ``metrics.jsonl`` and TensorBoard (``research.train.tensorboard``).
 The loop blocks on each step's metrics, so step times are honest.
 
 Failures: set-up is agreed before any collective (``research.train.setup``).
@@ -23,20 +23,20 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from research.comm.base import Averager, CommInfo
 from research.comm.dense import HostAllreduce
-from research.comm.dense import xla as xla_collective
-from research.comm.faults import failures, watchdog
+from research.comm.faults import watchdog
+from research.comm.info import CommInfo
 from research.comm.process import devices
 from research.comm.world import World
 from research.imbalance import Imbalance
 from research.periodic import itstime
 from research.rundir import MetricsWriter, write_json
+from research.steps.state import TrainState
+from research.strategies.base import StepContext, Strategy
 from research.trace import NullTracer, Tracer, get_tracer, set_tracer
 from research.train.callback import Callback  # re-exported: callbacks subclass it
 from research.train.config import TrainConfig
 from research.train.evaluate import average_batch_stats, evaluate
-from research.train.executors import StepContext, make_executor
 from research.train.preemption import StopAgreement, Stopped, lag_for, save_at_stop
 from research.train.profiling import StepProfiler
 from research.train.report import (
@@ -48,8 +48,7 @@ from research.train.report import (
     step_row,
     summary_record,
 )
-from research.train.setup import agreed_setup, implied_callbacks, make_averager
-from research.train.state import TrainState
+from research.train.setup import agreed_setup, implied_callbacks, start_process
 from research.train.tensorboard import Board
 
 __all__ = ["Callback", "Trainer"]
@@ -66,64 +65,63 @@ class Trainer:
         config: TrainConfig,
         world: World,
         *,
-        averager: Averager | None = None,
+        strategy: Strategy | None = None,
         imbalance: Imbalance | None = None,
         callbacks: tuple[Callback, ...] | list[Callback] = (),
         run_dir: str | Path | None = None,
     ) -> None:
-        self.config = config
-        self.world = world
+        self.config, self.world = config, world
         # Absolute once: Orbax and other libraries refuse relative paths.
         self.run_dir = Path(run_dir or config.run_dir).absolute()
-        self.callbacks = list(callbacks)
         self.imbalance = imbalance or Imbalance()
-        # The communication watchdog's timeout, and where a failing rank says
-        # why (research.comm.faults.watchdog, research.comm.faults.failures).
-        watchdog.configure(config.comm_timeout)
-        failures.set_dir(self.run_dir)
-        # XLA's collectives (allreduce=xla, or auto on GPUs) need JAX's
-        # distributed runtime, which starts before JAX computes (collective).
-        xla_collective.start_for(world, config)
+        options = start_process(config, world, self.run_dir)  # before JAX computes
         setup = agreed_setup(config, world)  # the same outcome on every rank
         self.dataset, self.loader = setup.dataset, setup.loader
         self.total_steps, self.schedule = setup.total_steps, setup.schedule
         self.model, self.state = setup.model, setup.state
-        self.callbacks += implied_callbacks(config)
+        self.callbacks = [*callbacks, *implied_callbacks(config)]
         if world.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         self.devices = world.allgather(devices.describe())  # for config.json
-        self.averager = make_averager(config, world, averager)
-        ctx = StepContext(world.size, setup.optimizer, self.model, config.weight_decay)
-        self.executor = make_executor(self.averager, ctx)
+        self.strategy = strategy or options.create(world)
+        self.ctx = StepContext(setup.optimizer, self.model, config.weight_decay)
         # Collective (a communicator of its own); catches SIGTERM and SIGUSR1.
-        self.stop = StopAgreement(world, lag_for(self.averager))
-        self.step = 0
-        with watchdog.watch("timeline start"):
-            self.tracer: Tracer | NullTracer = Tracer.start(
-                self.run_dir,
-                rank=world.rank,
-                size=world.size,
-                comm=world.comm,
-                enabled=config.trace,
-                max_events=config.trace_max_events,
-            )
-        self.metrics = MetricsWriter(self.run_dir, enabled=world.rank == 0)
-        # TensorBoard scalars (rank 0 writes; research.train.tensorboard) and
-        # XLA's profile of --profile's steps (research.train.profiling).
-        self.board = Board.start(self.run_dir, world, enabled=config.tensorboard)
-        self.profiler = StepProfiler.start(
-            setup.profile_window, self.run_dir, world.rank, self.tracer
-        )
-        self.logged = (0, 0.0)  # (step, train_time) of the last metrics row
+        self.stop = StopAgreement(world, lag_for(self.strategy))
+        self._records(setup.profile_window)
         # BatchNorm statistics: the ring where every rank can load it, not a
         # timed choice, so a resumed run averages them exactly as before.
         self._stats_mean = HostAllreduce(world, allreduce="ring")
+        self._tallies()
+
+    def _tallies(self) -> None:
+        """What the run counts as it goes (``summary.json``'s figures)."""
+        self.step, self.logged = 0, (0, 0.0)  # the last metrics row: step, time
         self.step_times: list[float] = []
         self.delays: list[float] = []  # injected into each step (imbalance)
         self.contributors: list[int] = []
         self.evals: list[dict[str, Any]] = []
         self.train_time = 0.0  # wall time in training steps, evaluation excluded
         self.t_start = 0.0  # when the first step began (perf_counter)
+
+    def _records(self, profile_window: Any) -> None:
+        """The timeline, metrics, TensorBoard's scalars (rank 0 writes;
+        research.train.tensorboard) and XLA's profile of --profile's steps
+        (research.train.profiling)."""
+        cfg, world = self.config, self.world
+        with watchdog.watch("timeline start"):
+            self.tracer: Tracer | NullTracer = Tracer.start(
+                self.run_dir,
+                rank=world.rank,
+                size=world.size,
+                comm=world.comm,
+                enabled=cfg.trace,
+                max_events=cfg.trace_max_events,
+            )
+        self.metrics = MetricsWriter(self.run_dir, enabled=world.rank == 0)
+        self.board = Board.start(self.run_dir, world, enabled=cfg.tensorboard)
+        self.profiler = StepProfiler.start(
+            profile_window, self.run_dir, world.rank, self.tracer
+        )
 
     # -- resume -------------------------------------------------------------------
     def restore(self, state: TrainState, step: int, data_position: dict | None) -> None:
@@ -141,7 +139,7 @@ class Trainer:
             x, y = self.loader.next_batch()
         data_s = time.perf_counter() - t0
         delay = self.imbalance.delay(step, self.world.rank)
-        self.state, m, info, phases = self.executor.step(
+        self.state, m, info, phases = self.strategy.step(
             self.state, x, y, step=step, hold=lambda: self._hold(delay, step)
         )
         return m, info, {"data_s": data_s, "delay_s": delay, **phases}
@@ -161,7 +159,7 @@ class Trainer:
         Called before every evaluation and checkpoint snapshot and at the end,
         so nobody sees half-updated parameters or misses a carried gradient.
         """
-        self.state = self.executor.drain(self.state, final)
+        self.state = self.strategy.drain_into(self.state, final)
 
     # -- the loop -----------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -183,7 +181,7 @@ class Trainer:
         self._close_records(collective=True)
         set_tracer(prev_tracer)
         with watchdog.watch("strategy close"):
-            self.executor.close()
+            self.strategy.close()
         if self.stop.stopped is not None:
             raise Stopped(self.stop.stopped)
         return summary
@@ -201,7 +199,7 @@ class Trainer:
         world = self.world
         if world.rank == 0:
             write_json(self.run_dir / "config.json", config_record(self))
-        started = self.executor.start(self.state)
+        started = self.strategy.start(self.state, self.ctx)
         if started is not None:  # the strategy's own state fields, before restore
             self.state = started
         self.imbalance.hold(0.0)  # compiles and calibrates a spin, if any
@@ -257,7 +255,7 @@ class Trainer:
                 self.board.step(row)
             else:  # this rank's own figures, for TensorBoard's per-rank tags
                 self.board.step(rank_row(self, info, phases, dt))
-        for row in self.executor.take_rows():  # a strategy's own events
+        for row in self.strategy.take_rows():  # a strategy's own events
             self.metrics.write(row)
         if bar is not None:
             bar.update(1)

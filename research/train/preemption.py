@@ -33,9 +33,9 @@ collectives (solo, majority), which let a fast rank run up to ``full_every``
 rounds ahead, the lag is that bound, so the agreement never slows them down
 (the cost: up to ``full_every`` more steps before stopping); where nothing
 bounds the distance (a parameter server, ``full_every=None``) it is
-:data:`UNBOUNDED_LAG` (see :func:`lag_for`). Orbax's preemption sync point
-and torchrun's SIGTERM handling work alike: a flag, then an agreement at a
-step boundary.
+:data:`UNBOUNDED_LAG` (:func:`lag_for` asks the strategy: its ``drift``).
+Orbax's preemption sync point and torchrun's SIGTERM handling work alike: a
+flag, then an agreement at a step boundary.
 
 A rank that cannot reach a step boundary (a wait on the device or in a
 collective that never returns: a Python handler runs only when the main thread
@@ -108,20 +108,14 @@ class Stopped(SystemExit):
         self.record = record
 
 
-def lag_for(averager: Any) -> int:
-    """Steps the agreement waits behind: how far apart the ranks may run.
-
-    Partial collectives (``research.comm.partial``) let a rank run up to
-    ``full_every`` rounds ahead; a parameter server's workers (executor
-    ``server``) run apart without bound; everything else runs in lock step.
-    """
-    if getattr(averager, "executor", None) == "server":
+def lag_for(strategy: Any) -> int:
+    """Steps the agreement waits behind: as far apart as the strategy lets
+    ranks run (its ``drift``: 0 in lock step; partial collectives up to
+    ``full_every`` rounds; None without bound, a parameter server)."""
+    drift = strategy.drift
+    if drift is None:
         return UNBOUNDED_LAG
-    pa = getattr(averager, "pa", None)
-    if pa is None or getattr(pa, "mode", "sync") == "sync":
-        return DEFAULT_LAG
-    every = getattr(pa, "full_every", None)
-    return max(DEFAULT_LAG, int(every)) if every else UNBOUNDED_LAG
+    return max(DEFAULT_LAG, int(drift))
 
 
 class StopAgreement:

@@ -17,9 +17,9 @@ import numpy as np
 
 from research.comm.dense import xla as xla_collective
 from research.rundir import versions
+from research.steps.state import param_count, tree_bytes, tree_digest
 from research.threads import xla_compute_threads
 from research.train.callback import Run
-from research.train.state import param_count, tree_bytes, tree_digest
 
 
 def link_label(spec: str, world: Any = None) -> str:
@@ -90,9 +90,9 @@ def config_record(t: Run) -> dict[str, Any]:
         "world_size": t.world.size,
         # Which ranks share a node, and the nodes' host names (research.comm.world).
         "nodes": nodes_record(t.world),
-        "strategy": {"name": t.averager.name, "executor": t.averager.executor},
+        "strategy": {"name": t.strategy.name, "options": t.strategy.options},
         # Which allreduce ran and why (research.comm.dense: agreed by all ranks).
-        "allreduce": getattr(t.averager, "allreduce_choice", None),
+        "allreduce": t.strategy.allreduce_choice,
         **platform_record(t),
         "link": link_label(t.config.link, t.world),
         "imbalance": getattr(t.imbalance, "describe", lambda: t.imbalance.name)(),
@@ -127,8 +127,8 @@ def summary_record(t: Run) -> dict[str, Any]:
         "steps": t.step,
         "world_size": t.world.size,
         "nodes": nodes_record(t.world),
-        "strategy": t.averager.name,
-        "allreduce": getattr(t.averager, "allreduce_choice", None),
+        "strategy": t.strategy.name,
+        "allreduce": t.strategy.allreduce_choice,
         "model": t.config.model,
         "dataset": t.config.dataset,
         **platform_record(t),
@@ -147,10 +147,7 @@ def summary_record(t: Run) -> dict[str, Any]:
     }
     if t.contributors:
         summary["mean_contributors"] = float(np.mean(t.contributors))
-    own = getattr(t.averager, "summary", None)  # the strategy's own record
-    if own is not None:
-        summary.update(own())
-    summary.update(t.executor.summary())  # a strategy's executor's figures
+    summary.update(t.strategy.summary())  # the strategy's own record
     summary["comm_watchdog"] = watchdog_record(t.world)
     for cb in t.callbacks:
         summary.update(cb.summary())
@@ -198,7 +195,7 @@ def progress_bar(t: Run):
 
 def step_row(t: Run, m: dict, info: Any, phases: dict, dt: float) -> dict:
     """One step's row of ``metrics.jsonl``: loss, accuracy, rate, times, phases
-    (``*_s``, the executor's) and the communication record (``comm_*``).
+    (``*_s``, the strategy's) and the communication record (``comm_*``).
 
     ``samples_per_s``: global samples per second of training time since the
     previous row (``t.logged``; the first row's includes compilation).

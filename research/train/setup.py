@@ -1,11 +1,13 @@
-"""What a run is made of before it trains: its set-up, strategy and implied hooks.
+"""What a run is made of before it trains: its process, set-up and implied hooks.
 
-What only reads (data, schedule, model, state, the profile window) is made on
-each rank alone; the ranks then compare outcomes (:func:`agree`), so bad input
-raises the same :class:`research.usage.UsageError` on every rank and no rank
-is left waiting in a collective that another will never join. The strategy
-(:func:`make_averager`) and the hooks a config implies (:func:`implied_callbacks`:
-checkpoints, a restart's record) follow.
+:func:`start_process` sets what is the process's own before JAX computes (the
+watchdog's timeout, where a failing rank says why, JAX's distributed runtime
+where the strategy asks for it) and returns the strategy's options. What only
+reads (data, schedule, model, state, the profile window) is made on each rank
+alone; the ranks then compare outcomes (:func:`agree`), so bad input raises
+the same :class:`research.usage.UsageError` on every rank and no rank is left
+waiting in a collective that another will never join. The hooks a config
+implies (:func:`implied_callbacks`: checkpoints, a restart's record) follow.
 """
 
 from __future__ import annotations
@@ -14,13 +16,13 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from research.comm.base import Averager
-from research.comm.faults import failures
+from research.comm.faults import failures, watchdog
+from research.steps.state import TrainState, create_train_state
+from research.strategies.base import StrategyOptions
 from research.train.callback import Callback
 from research.train.config import TrainConfig, load_data, model_options
 from research.train.optim import make_optimizer_for
 from research.train.profiling import ProfileWindow
-from research.train.state import TrainState, create_train_state
 from research.usage import UsageError
 
 
@@ -87,19 +89,25 @@ def agree(world: Any, problem: str | None) -> None:
         raise UsageError(p if len(failed) == world.size else f"rank {r}: {p}")
 
 
-def make_averager(config: TrainConfig, world: Any, given: Averager | None) -> Averager:
-    """``given``, or the config's strategy with its options and ``--link``
-    (checked either way: a problem raises :class:`UsageError`, alike on every
-    rank)."""
-    from research.comm.registry import get_averager, strategy_options
+def start_process(config: TrainConfig, world: Any, run_dir: Any) -> StrategyOptions:
+    """The run's process-wide parts, before JAX computes (collective); the
+    strategy's options (a problem raises :class:`UsageError`, alike on every
+    rank: the flags are the same)."""
+    from research.checkpoint.savers import beside_xla_runtime
+    from research.comm.dense import xla
+    from research.strategies.registry import make_options
 
+    watchdog.configure(config.comm_timeout)  # research.comm.faults.watchdog
+    failures.set_dir(run_dir)  # where a failing rank says why
     try:
-        options = strategy_options(
-            config.strategy, config.strategy_options, config.link
-        )
-        return given or get_averager(config.strategy, world, **options)
-    except ValueError as e:  # the same on every rank
+        options = make_options(config.strategy, config.strategy_options, config.link)
+    except ValueError as e:
         raise UsageError(str(e)) from None
+    # XLA's collectives (allreduce=xla, or auto on GPUs) need JAX's runtime.
+    want = options.xla_runtime(xla.platform()) if world.size > 1 else None
+    if xla.wanted(want, beside_xla_runtime(config.checkpoint)):
+        xla.start(world)
+    return options
 
 
 def implied_callbacks(config: TrainConfig) -> list[Callback]:

@@ -18,9 +18,9 @@ tag                         from
                             training time since the previous row), ``step_time``
 ``step/<key>``              its timings: the schema's ``compute_s``,
                             ``comm_exposed_s``, ``comm_busy_s``, ``update_s``
-                            (``research.train.executors.PHASES``), ``data_s``,
-                            ``delay_s``, an executor's own (``select_s``) and
-                            any other number an executor adds
+                            (``research.strategies.base.PHASES``), ``data_s``,
+                            ``delay_s``, a strategy's own (``select_s``) and
+                            any other number a strategy adds
 ``comm/<key>``              its communication record ``comm_<key>``: ``bytes``,
                             ``contributors``, ``staleness``, ``wait_s``,
                             ``round``, a strategy's own (solo and majority:

@@ -29,8 +29,8 @@ from jax.flatten_util import ravel_pytree
 
 import research
 from research.checkpoint.config import CheckpointConfig
-from research.comm.dense import HostAllreduce
 from research.rundir import read_metrics
+from research.strategies.host import HostOptions
 from research.train.callback import Callback
 from research.train.checkpointing import CheckpointCallback
 from research.train.config import TrainConfig
@@ -102,20 +102,11 @@ class _StartFrom(Callback):
         trainer.restore(jax.device_put(state), self.capture.at, self.capture.position)
 
 
-class _AddOnce(HostAllreduce):
+def _add_once(world, extra):
     """``host`` whose first gradient gets ``extra`` added (the carried residual)."""
-
-    def __init__(self, world, extra) -> None:
-        super().__init__(world, allreduce="ring")
-        self.extra = extra
-
-    def reduce(self, grads):
-        if self.extra is not None:
-            grads = jax.tree.map(
-                lambda g, r: np.asarray(g) + np.asarray(r), grads, self.extra
-            )
-            self.extra = None
-        return super().reduce(grads)
+    host = HostOptions(allreduce="ring").create(world)
+    host.fold(jax.tree.map(np.array, extra))  # copies: fold adds into them
+    return host
 
 
 def _same(a, b) -> bool:
@@ -153,7 +144,7 @@ def test_a_forced_switch_equals_the_new_strategy_from_there(
         reference = Trainer(
             ref_cfg,
             world,
-            averager=_AddOnce(world, extra),
+            strategy=_add_once(world, extra),
             callbacks=[_StartFrom(capture, residual=False)],
         )
         assert not np.any(np.asarray(adaptive.state.strategy["residual"]))
@@ -324,7 +315,7 @@ def test_measured_decisions_agree_and_are_recorded(world, tmp_path_factory):
     late = RandomImbalance(1, 0.15, world.size, start=0)
     trainer = Trainer(cfg, world, imbalance=late)
     summary = trainer.run()
-    policy = trainer.averager.policy
+    policy = trainer.strategy.policy
     vectors = world.allgather(np.asarray(policy.agreed()))
     assert all(np.array_equal(v, vectors[0], equal_nan=True) for v in vectors)
     ad = summary["adaptive"]

@@ -16,9 +16,9 @@ import pytest
 from mpi4py import MPI
 
 import research
-from research.comm.registry import averager_factory, list_averagers
+from research.strategies import registry
 
-NOT_OFFERED = [n for n in list_averagers() if averager_factory(n).no_call_form]
+NOT_OFFERED = [n for n in registry.names() if registry.options_class(n).no_call_form]
 
 SHAPES = {"b": (30,), "s": (), "w": (40, 30)}  # sorted: jax's flattening order
 

@@ -275,8 +275,8 @@ def test_a_solo_restart_applies_every_gradient_exactly_once(world, shared):
     """
     import jax
 
-    from research.comm.partial import SoloAverager
     from research.imbalance import parse_imbalance
+    from research.strategies.partial import Partial, SoloOptions
     from research.train.checkpointing import CheckpointCallback
     from research.train.loop import Trainer
 
@@ -284,8 +284,8 @@ def test_a_solo_restart_applies_every_gradient_exactly_once(world, shared):
         leaves = jax.tree_util.tree_leaves(tree)
         return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in leaves])
 
-    class Recording(SoloAverager):
-        """The real solo averager, recording what goes in and what comes out."""
+    class Recording(Partial):
+        """The real solo strategy, recording what goes in and what comes out."""
 
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
@@ -298,8 +298,8 @@ def test_a_solo_restart_applies_every_gradient_exactly_once(world, shared):
             self.contributors.append(info.contributors)
             return tree, info
 
-        def drain(self):
-            out = super().drain()
+        def carried(self):
+            out = super().carried()
             if out is not None:
                 self.applied.append(flat(out[0]))
             return out
@@ -318,11 +318,11 @@ def test_a_solo_restart_applies_every_gradient_exactly_once(world, shared):
             fast_dir=str(shared / "fast"),
             fsync=False,
         )
-        avg = Recording(world, seed=1, full_every=None)
+        avg = Recording(world, SoloOptions(seed=1, full_every=None))
         # One rank at a time sleeps 20 ms: solo rounds go without it.
         late = parse_imbalance("random:k=1:seconds=0.02", size=world.size, seed=3)
         callback = CheckpointCallback(ck)
-        t = Trainer(cfg, world, averager=avg, imbalance=late, callbacks=[callback])
+        t = Trainer(cfg, world, strategy=avg, imbalance=late, callbacks=[callback])
         start = flat(t.state.params)
         t.run()
         if callback.resumed_from is not None:

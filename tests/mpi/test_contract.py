@@ -1,17 +1,18 @@
 """Every registered strategy through the same checks, under MPI.
 
-For each name ``list_averagers()`` knows (a new strategy is checked without
-being named here), a short Trainer run with DeepFreeze checkpoints:
+For each name the registry knows (a new strategy is checked without being
+named here), a short Trainer run with DeepFreeze checkpoints:
 
 * replicas agree: every rank ends with the same parameters;
 * ``drain`` twice is harmless: a second drain right after the first changes
   nothing;
-* one metrics schema: every step row has the executors' common timing keys
-  (``research.train.executors.PHASES``), so studies read any strategy alike;
+* one metrics schema: every step row has the strategies' common timing keys
+  (``research.strategies.base.PHASES``), so studies read any strategy alike;
 * resume: a second run of the same configuration restores the checkpoint of
-  step 5 and trains to step 8; where the strategy is deterministic (all but
-  eager-SGD's partial rounds and the asynchronous parameter server, whose
-  rounds depend on timing) it ends bit for bit as the run that never stopped.
+  step 5 and trains to step 8; where the strategy is deterministic (its
+  options say so: all but eager-SGD's partial rounds, the asynchronous
+  parameter server and the adaptive choice, which depend on timing) it ends
+  bit for bit as the run that never stopped.
 """
 
 from __future__ import annotations
@@ -25,16 +26,18 @@ import jax
 import numpy as np
 import pytest
 
-from research.comm.registry import list_averagers
+from research.strategies import registry
 from research.train.callback import Callback
 from tests.checkpoint_state import identical
 from tests.tiny import tiny_config
 
-#: Strategies whose result depends on timing: which gradients make a round, or
-#: (adaptive) which method the model fitted to measured times picks at a step.
-#: Adaptive's resume with its switches fixed (``plan``) is checked bit for bit
-#: in tests/mpi/test_adaptive.py.
-TIMING_DEPENDENT = {"solo", "majority", "ps", "adaptive"}
+#: Strategies whose result depends on timing (their options say so, none named
+#: here): which gradients make a round, or (adaptive) which method the model
+#: fitted to measured times picks at a step. Adaptive's resume with its
+#: switches fixed (``plan``) is checked bit for bit in tests/mpi/test_adaptive.py.
+TIMING_DEPENDENT = {
+    n for n in registry.names() if not registry.options_class(n).deterministic
+}
 
 
 @pytest.fixture
@@ -76,7 +79,7 @@ class _DrainTwice(Callback):
 
 def _check_phases(name: str, run_dir: Path) -> None:
     from research.rundir import read_metrics
-    from research.train.executors import PHASES
+    from research.strategies.base import PHASES
 
     # Step rows: evaluations and a strategy's own rows (adaptive's model and
     # change rows) have a "kind" (as research.rundir.step_medians reads them).
@@ -91,7 +94,7 @@ def _check_phases(name: str, run_dir: Path) -> None:
         assert (row["comm_busy_s"] is None) == (row["comm_exposed_s"] is None), row
 
 
-@pytest.mark.parametrize("name", list_averagers())
+@pytest.mark.parametrize("name", registry.names())
 def test_every_strategy_keeps_the_contract(world, shared, name):
     from research.checkpoint import CheckpointConfig
     from research.train.checkpointing import CheckpointCallback

@@ -11,9 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from research.comm.base import Averager
 from research.comm.dense import FusedAllreduce, HostAllreduce
-from research.comm.registry import get_averager, list_averagers
+from research.strategies.base import Strategy
+from research.strategies.fused import Fused
+from research.strategies.host import Host
+from research.strategies.registry import create as get_strategy
+from research.strategies.registry import names as list_strategies
 from research.trace import Tracer, tracing
 from tests.rank_trees import assert_mean, exact_mean, rank_tree
 
@@ -36,15 +39,16 @@ def assert_identical_on_all_ranks(world, tree) -> None:
 
 
 def test_registry_names_and_errors(world) -> None:
-    names = list_averagers()
+    names = list_strategies()
     assert {"fused", "host"} <= set(names)
-    avg = get_averager("fused", world, bucket_bytes=1 << 20)
-    assert isinstance(avg, FusedAllreduce) and avg.executor == "fused"
-    host = get_averager("host", world)
-    assert isinstance(host, HostAllreduce) and host.executor == "host-side"
-    assert isinstance(host, Averager)
+    avg = get_strategy("fused", world, bucket_bytes=1 << 20)
+    assert isinstance(avg, Fused) and isinstance(avg.mean, FusedAllreduce)
+    assert avg.options.bucket_bytes == 1 << 20
+    host = get_strategy("host", world)
+    assert isinstance(host, Host) and isinstance(host.mean, HostAllreduce)
+    assert isinstance(host, Strategy)
     with pytest.raises(ValueError, match="fused") as err:
-        get_averager("no-such-strategy", world)
+        get_strategy("no-such-strategy", world)
     assert "host" in str(err.value)
 
 
@@ -191,8 +195,8 @@ def test_every_averager_takes_an_mpi_communicator(world):
 
     from research.comm.world import as_world
 
-    for name in list_averagers():
-        avg = get_averager(name, MPI.COMM_WORLD)
+    for name in list_strategies():
+        avg = get_strategy(name, MPI.COMM_WORLD)
         assert avg is not None, name
         if hasattr(avg, "drain"):
             avg.drain()

@@ -1,12 +1,13 @@
 """A new strategy is one module and one test: this file is the test.
 
 The module is written here into a temporary folder, outside the project: a
-strategy registered with ``@register_averager``, its option an annotated
-constructor keyword with its range beside it. ``add_strategy_module`` makes
-its name known; nothing in the project names it, yet the CLI's option check,
+strategy's options dataclass registered with ``@register``, its option a field
+with its range beside it, and the one object it makes. Importing the module
+makes its name known; nothing in the project names it, yet the option check,
 the Trainer and ``research.averaging`` all take it. It is ``host``'s mean scaled by
 ``factor``: with plain SGD, ``factor=0.5`` at learning rate 2L must train the
-same parameters as ``host`` at L, on every rank.
+same parameters as ``host`` at L, on every rank. (The built-in local SGD,
+``research/strategies/local_sgd.py``, is the same shape: one module, one test.)
 """
 
 from __future__ import annotations
@@ -20,20 +21,31 @@ import numpy as np
 from tests.tiny import tiny_config
 
 MODULE = '''
+import dataclasses
+
 import jax
-from research.comm.dense import HostAllreduce
-from research.comm.registry import Range, register_averager
+
+from research.options import Range, option
+from research.strategies.host import Host, HostOptions
+from research.strategies.registry import register
 
 
-@register_averager("scaled_mean")
-class ScaledMean(HostAllreduce):
+@register("scaled_mean")
+@dataclasses.dataclass(frozen=True)
+class ScaledMeanOptions(HostOptions):
+    factor: float = option(1.0, Range(gt=0))
+
+    def create(self, world):
+        return ScaledMean(world, self)
+
+
+class ScaledMean(Host):
     """``host``'s mean times ``factor``."""
 
-    option_ranges = {"factor": Range(gt=0)}
-
-    def __init__(self, world, *, factor: float = 1.0):
-        super().__init__(world)
-        self.factor = factor
+    def __init__(self, world, options):
+        factor = options.factor
+        super().__init__(world, HostOptions())
+        self.options, self.factor = options, factor
 
     def reduce(self, grads):
         mean, info = super().reduce(grads)
@@ -63,7 +75,10 @@ def _train(world, tmp: Path, strategy: str, options: dict, lr: float):
 
 
 def test_a_strategy_from_one_outside_module(world, tmp_path_factory):
-    from research.comm.registry import add_strategy_module, check_options
+    import importlib
+
+    from research.strategies import registry
+    from research.strategies.registry import problem as check_options
 
     folder = world.bcast(
         str(tmp_path_factory.mktemp("strategy")) if world.rank == 0 else None
@@ -73,7 +88,7 @@ def test_a_strategy_from_one_outside_module(world, tmp_path_factory):
     world.barrier()
     sys.path.insert(0, folder)
     try:
-        add_strategy_module("scaled_mean_strategy")
+        importlib.import_module("scaled_mean_strategy")  # registers it
         assert check_options("scaled_mean", {"factor": 0.5}) is None
         assert "no option 'fctor'" in check_options("scaled_mean", {"fctor": 0.5})
         low = check_options("scaled_mean", {"factor": -1.0})
@@ -91,3 +106,4 @@ def test_a_strategy_from_one_outside_module(world, tmp_path_factory):
         np.testing.assert_allclose(out["g"], want, rtol=1e-6)
     finally:
         sys.path.remove(folder)
+        registry.forget("scaled_mean")

@@ -18,10 +18,10 @@ import jax
 import numpy as np
 import pytest
 
+from research.steps.flat import ALIGN
+from research.steps.state import tree_bytes
 from research.train.config import TrainConfig
-from research.train.flat import ALIGN
 from research.train.loop import Trainer
-from research.train.state import tree_bytes
 
 # Small inputs: the suite runs on 2 cores and its time is mostly compiles.
 MODELS = {
@@ -133,7 +133,7 @@ def test_equals_host_and_identical_on_all_ranks(world, runs, strategy):
 
 
 def test_overlap_optimizer_state_is_sharded(world, runs):
-    executor = runs["overlap"].executor
+    executor = runs["overlap"].strategy
     full = tree_bytes(runs["host"].state.opt_state)
     # 1/P of the momentum, plus padding (each leaf aligned to ALIGN items,
     # each rank's slice rounded up to ALIGN) and one step counter per stage.
@@ -153,7 +153,7 @@ def test_timeline_has_every_phase_and_wait(world, runs):
         assert {e["pid"] for e in spans} == set(range(world.size))
         for rank in range(world.size):
             names = {(e["name"], e["cat"]) for e in spans if e["pid"] == rank}
-            for stage in trainer.executor.stages:
+            for stage in trainer.strategy.stages:
                 assert (f"forward {stage.name}", "compute") in names
                 assert (f"backward {stage.name}", "compute") in names
                 if strategy == "overlap":
@@ -187,12 +187,12 @@ def test_fc_exchange_sends_activations_not_gradients(world, runs):
     if "overlap-fcx" not in runs:
         pytest.skip("overlap-fcx runs only for FCX_MODELS")
     trainer, sharded = runs["overlap-fcx"], runs["overlap"]
-    ex = trainer.executor
+    ex = trainer.strategy
     tapped = sorted(ex.staged.exchange)
     assert tapped and tapped == [s.index for s in ex.stages if s.exchangeable]
     # The exchanged stages' optimizer state is whole, the others' sharded.
     full = tree_bytes(runs["host"].state.opt_state)
-    assert sharded.executor.opt_bytes <= ex.opt_bytes
+    assert sharded.strategy.opt_bytes <= ex.opt_bytes
     if world.size > 1 and len(tapped) < len(ex.stages):
         assert ex.opt_bytes < full
     if world.rank != 0:

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from research.comm.partial import PartialAllreduce, PartialAverager
+from research.comm.partial import PartialAllreduce
+from research.strategies.partial import SyncOptions
 
 
 def tree_of(rank: int, step: int, seed: int = 0) -> dict:
@@ -288,15 +289,18 @@ def test_mismatched_calls_are_detected(world):
     pa.__exit__(RuntimeError, None, None)  # local stop: a peer may have gone on
 
 
-def test_averager_adapter(world):
-    av = PartialAverager(world, sync_every=2)  # the old name, one release
-    assert av.pa.full_every == 2
+def test_the_strategy_over_the_collective(world):
+    with pytest.raises(TypeError):  # full_every's old name (never released)
+        SyncOptions(sync_every=2)
+    av = SyncOptions(full_every=2).create(world)
+    assert av.pa.full_every == 2 and av.pa.mode == "sync" and av.drift == 0
     tree = {"a": np.full(3, float(world.rank), np.float32)}
     out, info = av.reduce(tree)
     assert info.round == 1
     out, info = av.reduce(tree)  # round 2 is full
     np.testing.assert_array_equal(out["a"], np.mean(range(world.size)))
-    assert av.drain() is None  # nothing carried after a full round
+    assert av.carried() is None  # nothing carried after a full round
+    assert av.drain() is None  # the one call's drain: the same
     av.close()
 
 

@@ -7,7 +7,9 @@ import time
 import numpy as np
 import pytest
 
-from research.comm.ps import ParameterServer, ParameterServerAverager, optimizer_update
+from research.comm.ps import ParameterServer, optimizer_update
+from research.strategies.base import StepContext
+from research.strategies.ps import PSOptions
 
 
 def sgd(lr):
@@ -79,18 +81,29 @@ def test_workers_do_not_wait_for_each_other(world):
     np.testing.assert_allclose(final["w"], -0.1 * steps * world.size, rtol=1e-6)
 
 
-def test_optimizer_update_and_averager(world):
+def test_optimizer_update_and_the_strategy(world):
+    """The ``ps`` strategy over the server: started with the run's optimizer
+    (scaled for P pushes: ``StepContext.optimizer(P)``), ranks unbounded apart."""
+    import types
+
     optax = pytest.importorskip("optax")
     init = {"w": np.full(3, 2.0, np.float32)}
-    av = ParameterServerAverager(world)
-    assert av.executor == "server"
+    av = PSOptions().create(world)
+    assert av.drift is None  # the stop agreement waits without bound
     with pytest.raises(RuntimeError, match="bind"):
         av.reduce(init)
-    av.bind(init, optax.sgd(0.1, momentum=0.9))
+    asked = []
+
+    def optimizer(pushes, weight_decay=None):
+        asked.append(pushes)
+        return None, optax.sgd(0.1, momentum=0.9)
+
+    av.start(types.SimpleNamespace(params=init), StepContext(optimizer))
+    assert asked == [world.size]
     for s in range(5):
         params, info = av.reduce({"w": np.full(3, float(world.rank + s), np.float32)})
         assert params["w"].shape == (3,)
-    final, info = av.drain()
+    final, info = av.carried()
     digests = world.comm.allgather(np.asarray(final["w"]).tobytes())
     assert len(set(digests)) == 1
     assert info.round == 5 * world.size

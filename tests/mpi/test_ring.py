@@ -358,7 +358,7 @@ def test_fallback_does_not_move_the_counter(world):
 
 @pytest.mark.parametrize("bad", [-1, 0, 2**40, 1.5, True])
 def test_bad_segment_bytes_refused_before_communication(world, bad):
-    from research.comm.registry import check_options
+    from research.strategies.registry import problem as check_options
 
     comm = world.dup("test-ring")
     x = np.zeros(100_000, np.float32)
@@ -419,14 +419,14 @@ def test_a_resumed_run_adopts_the_recorded_path(world):
     assert choose.adopt(pending, {"path": "hierarchical"}) is pending
 
 
-def test_the_old_native_spelling_still_works(world, capsys):
-    """native=true|false|auto (before allreduce=) for one release, with a note."""
+def test_the_old_native_spelling_is_refused(world):
+    """native=true|false|auto, the spelling before allreduce= (never released):
+    a keyword the collectives do not take, a bad value named in one line."""
     from research.comm.dense import HostAllreduce
 
-    assert FusedAllreduce(world, native=True).allreduce == "ring"
-    assert HostAllreduce(world, native=False).allreduce == "mpi"
-    assert HostAllreduce(world, native="auto").allreduce == "auto"
-    if world.rank == 0:  # the note is said once per job, by rank 0
-        assert "allreduce=ring" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="allreduce= only"):
-        HostAllreduce(world, native=True, allreduce="mpi")
+    with pytest.raises(TypeError, match="native"):
+        FusedAllreduce(world, native=True)
+    with pytest.raises(TypeError, match="native"):
+        HostAllreduce(world, native=False)
+    with pytest.raises(ValueError, match="allreduce must be one of auto, ring"):
+        HostAllreduce(world, allreduce="native")

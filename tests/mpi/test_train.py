@@ -98,7 +98,7 @@ def test_solo_restart_applies_every_gradient_exactly_once(world, tmp_path_factor
     """
     from research.checkpoint.config import CheckpointConfig
     from research.imbalance import parse_imbalance
-    from research.train import step as steps
+    from research.steps import jitted as steps
     from research.train.checkpointing import CheckpointCallback
 
     if world.size < 2:

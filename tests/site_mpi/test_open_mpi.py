@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from research.comm.registry import known_averagers
+from research.strategies.registry import names as known_strategies
 from tests.harness import MPI_FILES, launcher, run_under_mpiexec
 from tests.tiny import tiny_flags
 
@@ -81,7 +81,7 @@ def _train(tmp_path, strategy: str, np_: int, steps: int) -> dict:
 
 
 @pytest.mark.parametrize("np_", [2, 3])
-@pytest.mark.parametrize("strategy", known_averagers())
+@pytest.mark.parametrize("strategy", known_strategies())
 def test_each_strategy_trains(tmp_path, strategy: str, np_: int) -> None:
     run = _train(tmp_path, strategy, np_, steps=6)
     acc = run["summary"]["final_test_acc"]
@@ -92,7 +92,7 @@ def test_fused_and_host_agree_at_three_ranks(tmp_path):
     """The exact strategies train to the same model under Open MPI at 3 ranks.
 
     ``fused`` averages inside the jitted step, ``host`` on the host, each with
-    the allreduce its ``native=auto`` measured faster (the native ring
+    the allreduce its ``allreduce=auto`` measured faster (the native ring
     compiled with Open MPI's mpicxx, or Open MPI's own): the same sums in
     another order, so the same accuracy and a test loss equal to rounding.
     """

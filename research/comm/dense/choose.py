@@ -33,9 +33,6 @@ The ``allreduce`` option of the ``fused`` and ``host`` strategies:
   where JAX's distributed runtime runs, which the Trainer starts on GPUs with
   one rank each (on the CPU gloo took 4x the ring: named, not timed).
 
-The spellings before ``allreduce`` (``native=true|false|auto``: the ring, MPI's,
-or the faster of the two) are accepted for one release, with a note.
-
 Why measure: on one machine the ring avoids MPICH's page-faulting temporaries
 and wins; across nodes a flat ring sends every byte over the network 2(P-1)/P
 times while the hierarchical one sends the node's sum once; a vendor MPI's tuned
@@ -62,8 +59,6 @@ from research.comm.dense import ring
 PATHS = ("ring", "mpi", "hierarchical", "xla")
 #: Accepted values of ``allreduce``.
 ALLREDUCE_VALUES = ("auto", *PATHS)
-#: The former option's values and what they mean now.
-_NATIVE = {True: "ring", False: "mpi", "auto": "auto"}
 #: Timed calls per path (after one warm-up call each; the fastest is kept):
 #: at least MIN_REPS, and for fast calls as many as fit in BUDGET_S, at most
 #: MAX_REPS (a 0.3 ms allreduce varies by tens of percent from call to call).
@@ -85,29 +80,6 @@ def check_allreduce(value: Any) -> str:
     raise ValueError(
         f"allreduce must be one of {', '.join(ALLREDUCE_VALUES)}, got {value!r}"
     )
-
-
-def from_native(native: Any) -> str:
-    """The ``allreduce`` value the former ``native`` option meant."""
-    if native in ("true", "false"):
-        native = native == "true"
-    if native is True or native is False or native == "auto":
-        return _NATIVE[native]
-    raise ValueError(f"native must be true, false or 'auto', got {native!r}")
-
-
-def resolve(allreduce: Any, native: Any, owner: str) -> str:
-    """The ``allreduce`` value from the two spellings (``native`` is the old
-    one: accepted with a one-line note; both given is an error)."""
-    from research.comm.base import renamed
-
-    if native is None:
-        return check_allreduce(allreduce)
-    if allreduce != "auto":
-        raise ValueError(f"{owner}: give allreduce= only (native= is its old spelling)")
-    value = from_native(native)
-    renamed(f"{owner} native={native}", f"allreduce={value}")
-    return value
 
 
 def hierarchical_differs(topology: Any) -> bool:

@@ -35,10 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-#: Default bucket size. Below glibc's 32 MiB mmap-threshold cap, so XLA's and
-#: MPICH's per-call buffers are recycled by malloc instead of faulted in anew, and
-#: large enough that per-message latency is negligible (measured: dense.py).
-DEFAULT_BUCKET_BYTES = 8 * 2**20
+from research.comm.dense.sizes import DEFAULT_BUCKET_BYTES
 
 # Dtypes MPI (and mpi4jax) cannot reduce; they travel as float32.
 _WIRE_DTYPES = {

@@ -17,13 +17,13 @@ fused mean took 875 ms through gloo against 206 ms through the ring, so
 NCCL refuses two ranks on one GPU); ``allreduce=xla`` forces it.
 
 The runtime must start before JAX's first computation: the Trainer starts it
-when its strategy asks for the path; a loop of one's own calls
-:func:`start` right after ``get_world()``. It changes what JAX calls a
-process: Orbax then counts ranks (research.checkpoint.shard gives each rank its
-own checkpointer), and orbax-checkpoint 0.12 writes numpy arrays from process 0
-only, so the Orbax savers are refused beside ``allreduce=xla`` (DeepFreeze's
-writer is a process of its own) and ``auto`` does not start the runtime for
-them.
+when its strategy's options ask for it (``StrategyOptions.xla_runtime``); a
+loop of one's own calls :func:`start` right after ``get_world()``. It changes
+what JAX calls a process: Orbax then counts ranks (research.checkpoint.shard
+gives each rank its own checkpointer), and orbax-checkpoint 0.12 writes numpy
+arrays from process 0 only, so the Orbax savers are refused beside
+``allreduce=xla`` (DeepFreeze's writer is a process of its own) and ``auto``
+does not start the runtime for them (``SaverOptions.beside_xla_runtime``).
 """
 
 from __future__ import annotations
@@ -44,11 +44,6 @@ AXIS = "ranks"
 INIT_TIMEOUT_S = 60
 #: Seconds a finishing process waits for the others at JAX's shutdown barrier.
 SHUTDOWN_TIMEOUT_S = 30
-#: The strategies whose ``allreduce`` option may take this path.
-DENSE = ("fused", "host")
-#: Checkpoint savers that write with Orbax inside the rank's process.
-ORBAX_SAVERS = ("orbax-blocking", "orbax-async-rank0")
-
 _state: dict[str, Any] = {}  # what start() did, for config.json
 _mesh: list[jax.sharding.Mesh] = []
 
@@ -63,32 +58,18 @@ def status() -> dict[str, Any]:
     return dict(_state)
 
 
-def wanted(
-    strategy: str, options: dict[str, Any], platform: str, checkpoint: str = "none"
-) -> bool:
-    """Whether a run of ``strategy`` with ``options`` should start the runtime:
-    ``allreduce=xla``, or ``auto`` on GPUs (where it is worth timing) unless
-    an Orbax saver checkpoints (see the module docstring)."""
-    if strategy not in DENSE:
-        return False
-    allreduce = str(options.get("allreduce", "auto")).lower()
-    if "native" in options and allreduce == "auto":
-        return False  # the old spelling names ring, mpi or auto over those two
-    if allreduce == "xla":
-        return True
-    return allreduce == "auto" and platform == "gpu" and checkpoint not in ORBAX_SAVERS
-
-
-def start_for(world: Any, config: Any) -> None:
-    """:func:`start` where :func:`wanted` says so for a run's ``config`` (a
-    TrainConfig; collective over ``world``: every rank decides alike from the
-    same flags and its node's platform)."""
+def platform() -> str:
+    """This rank's platform (``"cpu"``, ``"gpu"``): its bound device, or the
+    one it will bind (no JAX computation)."""
     binding = devices.current()
-    platform = binding.platform if binding else devices.planned_platform()[0]
-    if world.size > 1 and wanted(
-        config.strategy, config.strategy_options, platform, config.checkpoint
-    ):
-        start(world)
+    return binding.platform if binding else devices.planned_platform()[0]
+
+
+def wanted(want: str | None, allowed: bool) -> bool:
+    """Whether to start the runtime: a run ``"needed"`` it, or finds it
+    ``"worth timing"`` (``allreduce=auto`` on GPUs) and is ``allowed`` to (no
+    saver that writes with Orbax in the rank's process)."""
+    return want == "needed" or (want == "worth timing" and allowed)
 
 
 def start(world: Any) -> bool:

@@ -24,7 +24,6 @@ that is down cannot see that, and ends with its ranks once their watchdog fires.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import signal
@@ -91,8 +90,3 @@ def lifeline_preexec() -> Callable[[], None]:
 
     return arm
 
-
-def kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
-    """Send ``sig`` to a process group, if it still exists."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)

@@ -68,41 +68,28 @@ dense unless the data is dense. ``isparse_allreduce`` runs on the rank's progres
 thread on a duplicated communicator and waits by sleeping, not spinning.
 """
 
-from research.comm.sparse.algorithms import (
-    ALGORITHMS,
-    SparseHandle,
-    SparseStats,
-    isparse_allreduce,
-    sparse_allreduce,
-)
-from research.comm.sparse.calibration import calibrate, load_model
-from research.comm.sparse.cost import (
-    DEFAULTS,
-    CostModel,
-    choose,
-    predicted_bytes,
-    predicted_time,
-)
-from research.comm.sparse.quant import QuantizedValues, dequantize, quantize
-from research.comm.sparse.vector import SparseVector, goes_dense, index_dtype
+from typing import Any
 
-__all__ = [
-    "ALGORITHMS",
-    "DEFAULTS",
-    "CostModel",
-    "QuantizedValues",
-    "SparseHandle",
-    "SparseStats",
-    "SparseVector",
-    "calibrate",
-    "choose",
-    "dequantize",
-    "goes_dense",
-    "index_dtype",
-    "isparse_allreduce",
-    "load_model",
-    "predicted_bytes",
-    "predicted_time",
-    "quantize",
-    "sparse_allreduce",
-]
+#: Where each name lives: loaded when first named, so that importing the
+#: package (``research.comm.sparse.select`` for the strategies' options before
+#: launch) imports no MPI.
+_FROM = {
+    "algorithms": ("ALGORITHMS", "SparseHandle", "SparseStats"),
+    "calibration": ("calibrate", "load_model"),
+    "cost": ("DEFAULTS", "CostModel", "choose", "predicted_bytes", "predicted_time"),
+    "quant": ("QuantizedValues", "dequantize", "quantize"),
+    "vector": ("SparseVector", "goes_dense", "index_dtype"),
+}
+_FROM["algorithms"] += ("isparse_allreduce", "sparse_allreduce")
+_WHERE = {name: module for module, names in _FROM.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        from research.comm.sparse import algorithms, calibration, cost, quant, vector
+
+        modules = {"algorithms": algorithms, "calibration": calibration}
+        modules |= {"cost": cost, "quant": quant, "vector": vector}
+        return getattr(modules[_WHERE[name]], name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -65,6 +65,11 @@ CHUNK = 1 << 18
 _MAG = np.uint32(0x7FFFFFFF)
 
 
+def k_for(density: float, n: int) -> int:
+    """Entries sent out of ``n`` at ``density`` (at least 1, at most ``n``)."""
+    return max(1, min(int(n), math.ceil(density * int(n))))
+
+
 def top_mask(keys: np.ndarray, m: int) -> np.ndarray:
     """Boolean mask of the ``m`` largest ``keys``, ties to the lower index.
 

@@ -17,41 +17,24 @@ entries over ranks with the sparse allreduce (``algorithm="auto"`` picks the
 cheapest of SparCML's algorithms), and returns the mean as a tree shaped like
 ``grads``. The residual is this rank's own (it differs between ranks): save
 ``state()`` per rank (DeepFreeze's ``rank_local``) and hand it back with
-``load_state`` to resume exactly. The Trainer's ``sparse`` strategy runs this
-same object (``research/train/sparse.py``: :meth:`select` and :meth:`sum`
-timed apart, weight decay added to the local gradient first).
+``load_state`` to resume exactly. The ``sparse`` strategy runs this same
+object (``research/strategies/sparse.py``: its one call in a user's loop, and
+in the Trainer's step :meth:`select` and :meth:`sum` timed apart, weight decay
+added to the local gradient first).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from research.comm.base import CommInfo
-from research.comm.sparse.select import TopKSelector
-from research.comm.sparse.vector import MeanBuffer, SparseVector
-
-
-class SparseSum(Protocol):
-    """What :class:`TopKAllreduce` uses of the ``sparse`` strategy's averager
-    (:class:`research.comm.sparse.strategy.SparseAverager`): its settings, the
-    k for n entries, and the sum over ranks of everyone's selection."""
-
-    name: str
-    world: Any
-    size: int
-    scope: str
-    error_feedback: bool
-    seed: int
-
-    def k_for(self, n: int) -> int: ...
-
-    def reduce_sparse_sum(
-        self, indices: np.ndarray, values: np.ndarray, dim: int, step: int
-    ) -> tuple[SparseVector, CommInfo]: ...
+from research.comm.info import CommInfo
+from research.comm.sparse.mean import SparseMean
+from research.comm.sparse.select import TopKSelector, k_for
+from research.comm.sparse.vector import MeanBuffer
 
 
 class TopKAllreduce:
@@ -69,8 +52,8 @@ class TopKAllreduce:
       link: an emulated link for the allreduce (``research.comm.link``).
       wd: weight decay added to the gradient before selection (``g + wd p``;
         pass the parameters to :meth:`select`), 0 for none.
-      averager: the ``sparse`` strategy's averager to communicate through
-        (the Trainer's); None: one is built from the options above.
+      mean: the sparse mean to communicate through (a strategy's own, shared
+        by its other uses); None: one is made from the options above.
     """
 
     def __init__(
@@ -85,12 +68,17 @@ class TopKAllreduce:
         seed: int = 0,
         link: str = "real",
         wd: float = 0.0,
-        averager: SparseSum | None = None,
+        mean: SparseMean | None = None,
     ) -> None:
-        self.averager = averager or _sparse_averager(
-            world, density=density, scope=scope, bits=bits, seed=seed, link=link,
-            error_feedback=error_feedback, algorithm=algorithm,
-        )  # fmt: skip
+        if not 0 < density <= 1:
+            raise ValueError(f"density must be in (0, 1], got {density}")
+        if scope not in ("global", "per-layer"):
+            raise ValueError(f"scope must be global or per-layer, got {scope!r}")
+        self.mean = mean or SparseMean(
+            world, bits=bits, algorithm=algorithm, seed=seed, link=link
+        )
+        self.density, self.scope = float(density), scope
+        self.error_feedback, self.seed = bool(error_feedback), int(seed)
         self.wd = float(wd)
         self.step = 0
         self._layout: tuple | None = None
@@ -101,12 +89,11 @@ class TopKAllreduce:
         self._start(leaves, treedef)
 
     def _start(self, leaves: list[Any], treedef: Any) -> None:
-        avg = self.averager
         sizes = [int(np.size(x)) for x in leaves]
-        if avg.scope == "global":
-            ks, segments = [avg.k_for(sum(sizes))], None
+        if self.scope == "global":
+            ks, segments = [k_for(self.density, sum(sizes))], None
         else:
-            ks = [avg.k_for(n) for n in sizes]
+            ks = [k_for(self.density, n) for n in sizes]
             segments = [(i, i + 1) for i in range(len(sizes))]
         self.dim = sum(sizes)
         if self.dim >= 2**31:
@@ -117,11 +104,11 @@ class TopKAllreduce:
             ks,
             segments=segments,
             wd=self.wd,
-            error_feedback=avg.error_feedback,
-            seed=avg.seed,
+            error_feedback=self.error_feedback,
+            seed=self.seed,
         )
         self.residual = np.zeros(self.dim, np.float32)
-        self._mean = MeanBuffer(self.dim, avg.size)
+        self._mean = MeanBuffer(self.dim, self.mean.size)
         shapes = [tuple(np.shape(x)) for x in leaves]
         dtypes = [np.dtype(x.dtype) for x in leaves]
         self._layout = (treedef, shapes, dtypes, sizes)
@@ -171,7 +158,7 @@ class TopKAllreduce:
     ) -> tuple[np.ndarray, CommInfo]:
         """The mean over ranks of everyone's selection, as a flat float32
         vector that the next call overwrites (collective)."""
-        total, info = self.averager.reduce_sparse_sum(idx, vals, self.dim, step)
+        total, info = self.mean.reduce_sparse_sum(idx, vals, self.dim, step)
         return self._mean.set(total), info
 
     def residual_tree(self) -> Any:
@@ -210,12 +197,3 @@ class TopKAllreduce:
                 f"residual of {residual.size} entries for a gradient of {self.dim}"
             )
         np.copyto(self.residual, residual)
-
-
-def _sparse_averager(world: Any, **options: Any) -> SparseSum:
-    """The ``sparse`` strategy's averager, looked up by its registered name
-    (the strategy builds its own call form from this module: neither imports
-    the other back)."""
-    from research.comm.registry import get_averager
-
-    return get_averager("sparse", world, **options)
