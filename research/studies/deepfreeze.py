@@ -43,7 +43,7 @@ def check_flags(cfg: Any) -> str | None:
         return f"--settle must be between 1 and --window - 1 ({cfg.window - 1})"
     if cfg.minor_rounds < 1:
         return "--minor-rounds must be >= 1"
-    from research.checkpoint.registry import check_saver_options
+    from research.checkpoint.savers import check_saver_options
 
     for saver in cfg.savers:
         problem = check_saver_options(saver, {})
@@ -145,10 +145,10 @@ def run_job(cfg: Any, root: Path) -> dict[str, Any]:
 def _current(job: dict) -> dict:
     """A job file in today's words: files written before the savers' rename say
     "strategy"/"strategies" and "rank0-sync"/"orbax-sync" for the savers."""
-    from research.checkpoint.registry import RENAMED_SAVERS
+    old = {"rank0-sync": "rank0-blocking", "orbax-sync": "orbax-blocking"}
 
     def name(n: str) -> str:
-        return RENAMED_SAVERS.get(n, n)
+        return old.get(n, n)
 
     if "strategies" in job:
         job["savers"] = {name(k): v for k, v in job.pop("strategies").items()}

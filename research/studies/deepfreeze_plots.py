@@ -34,7 +34,7 @@ def saver_color(arm: str) -> Any:
     """The colour of a saver's arm (any registered saver, no list to update)."""
     from matplotlib.colors import to_rgba
 
-    from research.checkpoint.registry import list_savers
+    from research.checkpoint.savers import list_savers
 
     savers = list_savers()
     base = next((s for s in savers if arm == s or arm.startswith(s + "-")), None)

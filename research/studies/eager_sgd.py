@@ -36,11 +36,11 @@ def check_flags(cfg: Any) -> str | None:
             "--strategy does not apply here: choose arms with --arms "
             "and the synchronous arm's strategy with --allreduce-strategy"
         )
-    from research.comm.registry import check_link
+    from research.strategies import registry
 
     for arm in cfg.arms:
-        problem = check_link(cfg.allreduce_strategy if arm == "allreduce" else arm,
-                             cfg.train.link)  # fmt: skip
+        name = cfg.allreduce_strategy if arm == "allreduce" else arm
+        problem = registry.problem(name, {}, cfg.train.link)
         if problem:
             return f"arm {arm}: {problem}"
     if cfg.full_every < 0:

@@ -15,7 +15,7 @@ Measured per run (rank 0's ``metrics.jsonl``, steps after ``warmup``, medians):
 step time; compute (the compute thread's forward and backward: the whole step
 for ``fused``, whose allreduce is inside its program); communication (``host``:
 its blocking allreduce; ``layerwise``/``overlap``: time with at least one
-collective in flight, ``research.train.flat.busy_time``); exposed
+collective in flight, ``research.steps.flat.busy_time``); exposed
 communication (the compute thread's waits); hidden fraction = 1 - exposed / comm.
 Each row records its nodes and its link's label; the targets are checked on
 every emulated link (``auto`` or a spec) and on the real link where the ranks
@@ -117,11 +117,11 @@ def _timing(run_dir: Path, warmup: int) -> dict[str, Any]:
 
 
 def _measure(trainer: Any, warmup: int) -> dict[str, Any]:
-    from research.train.state import tree_bytes
+    from research.steps.state import tree_bytes
 
-    executor = trainer.executor
-    opt = getattr(executor, "opt_bytes", 0) or tree_bytes(trainer.state.opt_state)
-    stages = getattr(executor, "stages", ())
+    strategy = trainer.strategy
+    opt = getattr(strategy, "opt_bytes", 0) or tree_bytes(trainer.state.opt_state)
+    stages = getattr(strategy, "stages", ())
     grad = tree_bytes(trainer.state.params)
     biggest = max(
         (tree_bytes(s.params(trainer.state.params)) for s in stages), default=grad

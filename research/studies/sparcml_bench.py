@@ -16,7 +16,7 @@ uniformly random indices (``density * dim`` of them, seeded by rank) and calls
   ``measured + bytes it sent / payload rate + messages x latency`` (the merges
   are CPU work between the transfers: ``research.comm.link``), the call's
   the slowest rank's: what the ``sparse`` strategy's sleep yields on that link
-  (``research.comm.sparse.strategy``), computed rather than slept so the
+  (``research.comm.sparse.mean``), computed rather than slept so the
   benchmark does not take the emulated seconds. ``auto`` on the emulated link
   is the algorithm ``cost.choose`` picks from the calibrated model with the
   link's latency and bandwidth put in (alpha + L, beta = 8 / B, the dense
@@ -55,7 +55,7 @@ def bench_one(
     from research.comm.sparse import ALGORITHMS, SparseVector, sparse_allreduce
     from research.comm.sparse.calibration import agreed_model, ensure_calibrated
     from research.comm.sparse.cost import choose, predicted_bytes
-    from research.comm.sparse.strategy import link_model
+    from research.comm.sparse.mean import link_model
 
     P, rank = comm.Get_size(), comm.Get_rank()
     ensure_calibrated(comm)  # a no-op after _calibrate_missing

@@ -42,7 +42,7 @@ def plot(root: Path, bench, results, link: Link) -> list[Path]:
     import matplotlib.pyplot as plt
 
     from research.comm.sparse.calibration import load_model
-    from research.comm.sparse.strategy import link_model
+    from research.comm.sparse.mean import link_model
 
     made = []
     if bench:
