@@ -17,6 +17,7 @@ strategy is made.
 ``overlap``             SC18: per-stage reduce-scatter, sharded update, allgather
 ``sparse``              SparCML: top-k with error feedback, sparse allreduce
 ``adaptive``            one of host, top-k, majority, solo at a time, by a model
+``local_sgd``           H local steps, then parameters and optimizer state averaged
 ======================  ==========================================================
 
 ``base`` (the object's two faces, the step's phases), ``staged`` (what
@@ -30,6 +31,7 @@ from research.strategies import (  # noqa: F401  (each registers itself)
     fused,
     host,
     layerwise,
+    local_sgd,
     overlap,
     partial,
     ps,
