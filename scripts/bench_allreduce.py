@@ -36,7 +36,7 @@ then what ``auto`` chose and whether it ran within the measured noise of the
 faster of its two forced paths, and the target (fused and host within 1.10x of
 the baseline) with its check.
 ``--diagnose`` adds the variants that show why one mpi4jax allreduce of 100 MB is
-~2x slower than mpi4py (see ``research/comm/dense/averagers.py``): one 102 MB
+~2x slower than mpi4py (see ``research/comm/dense/mean.py``): one 102 MB
 mpi4jax call; mpi4py out of place into a reused result, and into a fresh result
 with 4 KiB pages (what XLA hands mpi4jax); the fused path with one 102 MB bucket and
 without sequencing. ``--unpinned`` leaves XLA's thread pools at their defaults;

@@ -18,7 +18,7 @@ items), ``writer`` (the helper process that writes and flushes shards),
 (a saver's options and ``register_saver``), ``savers`` (every saver by name:
 ``list_savers``),
 ``overhead`` (the interleaved measurement's estimator). A library below
-training (``research/layers.py``): the Trainer's hook is
+training (``research/import_rules.py``): the Trainer's hook is
 ``research.train.checkpointing``, the interleaved saver benchmark
 ``research.studies.checkpoint_bench``.
 """

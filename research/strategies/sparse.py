@@ -278,7 +278,7 @@ class Sparse(Strategy):
         return jax.tree.unflatten(self._treedef, out)
 
     def _select_host(self, state: TrainState, grads: Any, step: int):
-        """Threshold selection on the host; the executor's buffer is the residual."""
+        """Threshold selection on the host; the strategy's buffer is the residual."""
         import jax
 
         if self.options.error_feedback:
@@ -329,7 +329,7 @@ class Sparse(Strategy):
         with get_tracer().span("update", "update", step=step):
             if self.threshold:
                 # The residual stays out of the donated state: it is the
-                # executor's buffer (published by drain), not a jax array.
+                # strategy's buffer (published by drain_into), not a jax array.
                 keep = state.strategy
                 bare = state.replace(
                     strategy={k: v for k, v in keep.items() if k != "residual"}

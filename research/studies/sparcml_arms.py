@@ -53,7 +53,7 @@ def load_arm(run_dir: Path, target_acc: float) -> dict[str, Any]:
     sent = [r["comm_bytes"] for r in rows if "comm_bytes" in r and "step_time" in r]
     out["bytes_per_step"] = statistics.fmean(sent) if sent else None
     out["curve"] = [(e["step"], e["test_acc"]) for e in rows if e.get("kind") == "eval"]
-    # Median ms per step of each phase the executor reports (step 1 compiles):
+    # Median ms per step of each phase the strategy reports (step 1 compiles):
     # the common keys (research.strategies.base.PHASES) and top-k's selection.
     keys = {"compute": "compute_s", "select": "select_s", "comm": "comm_busy_s"}
     keys["update"] = "update_s"

@@ -20,7 +20,7 @@ transfers. :class:`FusionPlan` does the same for a JAX pytree:
 Why the threshold is also a *maximum* (not only Horovod's "fuse up to"): on
 Linux/glibc every allocation above 32 MiB is a fresh ``mmap``, so a buffer that
 large is page-faulted in 4 KiB pages on every step. Buckets below that size are
-recycled by malloc after the first step. See ``research/comm/dense/averagers.py``.
+recycled by malloc after the first step. See ``research/comm/dense/mean.py``.
 """
 
 from __future__ import annotations
