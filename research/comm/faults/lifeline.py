@@ -89,4 +89,3 @@ def lifeline_preexec() -> Callable[[], None]:
             os._exit(1)
 
     return arm
-
