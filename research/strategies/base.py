@@ -245,6 +245,24 @@ class Strategy:
         """Continue as the run that saved :meth:`record` (every rank alike)."""
 
 
+class RecordsItsMean:
+    """A strategy that averages with a dense mean of ``research.comm.dense``
+    (its ``mean``): the allreduce it chose is in ``config.json`` and in every
+    checkpoint, and a resumed run takes the same again (bit for bit)."""
+
+    mean: Any
+
+    @property
+    def allreduce_choice(self) -> dict[str, Any] | None:
+        return self.mean.allreduce_choice
+
+    def record(self) -> dict[str, Any]:
+        return {"allreduce": self.mean.allreduce_choice}
+
+    def adopt(self, record: dict[str, Any]) -> None:
+        self.mean.adopt_allreduce(record.get("allreduce"))
+
+
 def _host_leaves(name: str, grads: Any) -> list[Any]:
     import jax
 

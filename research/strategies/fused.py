@@ -28,7 +28,13 @@ from research.comm.dense.sizes import DEFAULT_ALONE_BYTES, DEFAULT_BUCKET_BYTES
 from research.comm.faults import watchdog
 from research.comm.info import CommInfo
 from research.options import Range, option
-from research.strategies.base import StepOut, Strategy, StrategyOptions, step_phases
+from research.strategies.base import (
+    RecordsItsMean,
+    StepOut,
+    Strategy,
+    StrategyOptions,
+    step_phases,
+)
 from research.strategies.registry import register
 from research.trace import get_tracer
 
@@ -43,40 +49,49 @@ def dense_xla_runtime(allreduce: str, platform: str) -> str | None:
     return "worth timing" if allreduce == "auto" and platform == "gpu" else None
 
 
-@register("fused")
 @dataclasses.dataclass(frozen=True)
-class FusedOptions(StrategyOptions):
-    """Options of ``fused`` (:class:`research.comm.dense.FusedAllreduce`'s).
+class DenseOptions(StrategyOptions):
+    """What ``fused`` and ``host`` share: their dense mean's options.
 
     Attributes:
-      bucket_bytes: largest bucket of fused small leaves (keep it below 32 MiB:
-        ``research/comm/dense/mean.py``).
-      alone_bytes: leaves at least this large are summed whole (None: fuse
+      bucket_bytes: largest bucket of packed small leaves (keep it below 32
+        MiB: ``research/comm/dense/mean.py``).
+      alone_bytes: leaves at least this large are summed whole (None: pack
         every leaf).
-      sequential: prepare bucket i+1 only once bucket i's allreduce is done.
-      prescale: the mean folded into the sum (False: a pass after it).
       allreduce: ``auto`` (time the paths, keep the fastest on every rank),
         ``ring``, ``mpi``, ``hierarchical`` or ``xla``.
-      in_place: sum each buffer in place (the ring's result aliases it).
-      segment_bytes: the ring's piece size (None: the ring's default).
     """
 
     bucket_bytes: int = option(DEFAULT_BUCKET_BYTES, Range(ge=1, le=2**40))
     alone_bytes: int | None = option(DEFAULT_ALONE_BYTES, Range(ge=0, le=2**62))
+    allreduce: Allreduce = "auto"
+
+    def xla_runtime(self, platform: str) -> str | None:
+        return dense_xla_runtime(self.allreduce, platform)
+
+
+@register("fused")
+@dataclasses.dataclass(frozen=True)
+class FusedOptions(DenseOptions):
+    """Options of ``fused`` (:class:`research.comm.dense.FusedAllreduce`'s).
+
+    Attributes:
+      sequential: prepare bucket i+1 only once bucket i's allreduce is done.
+      prescale: the mean folded into the sum (False: a pass after it).
+      in_place: sum each buffer in place (the ring's result aliases it).
+      segment_bytes: the ring's piece size (None: the ring's default).
+    """
+
     sequential: bool = True
     prescale: bool = True
-    allreduce: Allreduce = "auto"
     in_place: bool = False
     segment_bytes: int | None = option(None, Range(ge=1, le=2**30))
 
     def create(self, world: Any) -> Fused:
         return Fused(world, self)
 
-    def xla_runtime(self, platform: str) -> str | None:
-        return dense_xla_runtime(self.allreduce, platform)
 
-
-class Fused(Strategy):
+class Fused(RecordsItsMean, Strategy):
     """The mean inside the jitted step (module docstring)."""
 
     def __init__(self, world: Any, options: FusedOptions) -> None:
@@ -142,14 +157,3 @@ class Fused(Strategy):
     def drain_into(self, state: Any, final: bool = False) -> Any:
         # Between steps the xla path keeps the state global: this rank's again.
         return self._step.local(state) if self._spmd else state
-
-    # -- what others ask --------------------------------------------------------------
-    @property
-    def allreduce_choice(self) -> dict[str, Any] | None:
-        return self.mean.allreduce_choice
-
-    def record(self) -> dict[str, Any]:
-        return {"allreduce": self.mean.allreduce_choice}
-
-    def adopt(self, record: dict[str, Any]) -> None:
-        self.mean.adopt_allreduce(record.get("allreduce"))

@@ -47,6 +47,7 @@ import numpy as np
 from research.comm.info import CommInfo
 from research.options import Range, option
 from research.strategies.base import (
+    RecordsItsMean,
     StepContext,
     StepOut,
     Strategy,
@@ -81,7 +82,7 @@ class LocalSGDOptions(StrategyOptions):
         return LocalSGD(world, self)
 
 
-class LocalSGD(Strategy):
+class LocalSGD(RecordsItsMean, Strategy):
     """Local steps, then the mean of parameters and optimizer state."""
 
     def __init__(self, world: Any, options: LocalSGDOptions) -> None:
@@ -191,13 +192,3 @@ class LocalSGD(Strategy):
     @property
     def drift(self) -> int | None:
         return self.options.local_steps
-
-    @property
-    def allreduce_choice(self) -> dict[str, Any] | None:
-        return self.mean.allreduce_choice
-
-    def record(self) -> dict[str, Any]:
-        return {"allreduce": self.mean.allreduce_choice}
-
-    def adopt(self, record: dict[str, Any]) -> None:
-        self.mean.adopt_allreduce(record.get("allreduce"))
