@@ -2,8 +2,8 @@
 
 In one MPI job (2 ranks by default) it averages a ResNet-50 gradient (25.6M
 float32, 102 MB; another model's with ``--model``) with each dense strategy's
-one call (:func:`dense_strategies`: those with an ``allreduce`` path, whose
-result does not depend on timing), watched as its training step is:
+one call (:func:`dense_strategies`: those whose options are the dense
+mean's), watched as its training step is:
 
 * ``fused``: the mean inside ``jit`` (``allreduce=auto``), the whole call
   watched as the fused step is (``research/strategies/fused.py``);
@@ -38,16 +38,15 @@ from scripts.mpibench import PINNED, gradient_shapes
 
 
 def dense_strategies() -> tuple[str, ...]:
-    """The strategies that average densely, every rank the exact mean: an
-    ``allreduce`` path option, deterministic, a one-call form."""
+    """The strategies whose one call is the dense mean of the gradients: those
+    whose options are the dense mean's (``DenseOptions``: fused, host)."""
     from research.strategies import registry
+    from research.strategies.fused import DenseOptions
 
     return tuple(
         n
         for n in registry.names()
-        if "allreduce" in (o := registry.options_class(n)).spec()
-        and o.deterministic
-        and not o.no_call_form
+        if issubclass(registry.options_class(n), DenseOptions)
     )
 
 
