@@ -169,7 +169,7 @@ INSIDE: dict[str, tuple[str, ...]] = {
     ),
     "research.entry": ("launch", "restart", "cli", "run"),
     "research.studies": (
-        *("presets", "network", "checkpoint_bench", "deepfreeze"),
+        *("intervals", "presets", "network", "checkpoint_bench", "deepfreeze"),
         *("deepfreeze_plots", "eager_sgd", "eager_sweep", "eager_sgd_plots"),
         *("overlap", "scalability", "scalability_plots", "scalability_report"),
         *("sparcml_arms", "sparcml_bench", "sparcml_commbound", "sparcml_plots"),
