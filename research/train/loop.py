@@ -71,6 +71,9 @@ class Trainer:
         callbacks: tuple[Callback, ...] | list[Callback] = (),
         run_dir: str | Path | None = None,
     ) -> None:
+        # When this run began: its time before the first step (the strategy's
+        # start-up, adaptive's candidates) is part of what a comparison counts.
+        self.t_made = time.perf_counter()
         self.config = config
         self.world = world
         # Absolute once: Orbax and other libraries refuse relative paths.
@@ -124,6 +127,7 @@ class Trainer:
         self.evals: list[dict[str, Any]] = []
         self.train_time = 0.0  # wall time in training steps, evaluation excluded
         self.t_start = 0.0  # when the first step began (perf_counter)
+        self.start_s = 0.0  # from the constructor's start to the first step
 
     # -- resume -------------------------------------------------------------------
     def restore(self, state: TrainState, step: int, data_position: dict | None) -> None:
@@ -211,6 +215,7 @@ class Trainer:
         self.logged = (self.step, self.train_time)
         world.barrier()
         self.t_start = time.perf_counter()
+        self.start_s = self.t_start - self.t_made
         while self.step < self.total_steps:
             with self.profiler.step(self.step + 1):
                 t0 = time.perf_counter()
