@@ -123,10 +123,18 @@ def format_table(main: dict) -> str:
     """Markdown table, targets and the in-flight measurement."""
     rows = table_rows(main)
     periods = max((r.get("periods") or 0) for r in rows)
-    head = ["saver", "blocking ms (median)", "committed s", "persisted s",
-            f"overhead @{main['interval']} [90% CI]", "cost ms/ckpt",
-            "minus deepfreeze [90% CI]", "restore s", "MB written/rank/ckpt",
-            "writer CPU ms/ckpt (ms/MB)"]  # fmt: skip
+    head = [
+        "saver",
+        "blocking ms (median)",
+        "committed s",
+        "persisted s",
+        f"overhead @{main['interval']} [90% CI]",
+        "cost ms/ckpt",
+        "minus deepfreeze [90% CI]",
+        "restore s",
+        "MB written/rank/ckpt",
+        "writer CPU ms/ckpt (ms/MB)",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         diff = r.get("diff_ci")

@@ -82,9 +82,17 @@ def _fmt(v, scale: float = 1.0, digits: int = 1, std: bool = True) -> str:
 def format_table(rows: list[dict[str, Any]], target_acc: float) -> str:
     """The experiment's table as Markdown (sd shown with several seeds)."""
     multi = any(len(r["seeds"]) > 1 for r in rows)
-    head = ["arm", "steps", "samples/s", "median step ms", "without own delay",
-            f"time to {target_acc:.0%} s", "final test acc", "fresh contributors",
-            "gradient age"]  # fmt: skip
+    head = [
+        "arm",
+        "steps",
+        "samples/s",
+        "median step ms",
+        "without own delay",
+        f"time to {target_acc:.0%} s",
+        "final test acc",
+        "fresh contributors",
+        "gradient age",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         name = r["arm"] + (" (no imbalance)" if r["arm"] == "balanced" else "")
@@ -150,16 +158,24 @@ def check_records(
     sync = val("allreduce", "step_without_delay_s")
     if delay and base and sync:
         grow = sync - base
-        add("INFO", "allreduce", "info",
+        add(
+            "INFO",
+            "allreduce",
+            "info",
             f"allreduce's median step grew by {grow * 1e3:.1f} ms over the "
             f"no-imbalance step ({base * 1e3:.1f} ms), {grow / delay:.0%} of the "
-            f"{delay * 1e3:.1f} ms injected delay (means over {n} seeds)")  # fmt: skip
+            f"{delay * 1e3:.1f} ms injected delay (means over {n} seeds)",
+        )
     for arm in EAGER:
         step = val(arm, "step_without_delay_s")
         if base and step:
-            add("INFO", arm, "info",
+            add(
+                "INFO",
+                arm,
+                "info",
                 f"{arm}'s median step without its own delay {step * 1e3:.1f} ms, "
-                f"{step / base:.2f}x the no-imbalance step")  # fmt: skip
+                f"{step / base:.2f}x the no-imbalance step",
+            )
     fast = speedups(rows)
     acc = by.get("allreduce", {}).get("per_seed", {}).get("final_test_acc") or []
     acc = [a for a in acc if a is not None]
@@ -168,24 +184,36 @@ def check_records(
         if arm not in by or "allreduce" not in by:
             continue
         s = fast[arm]
-        add(iv.verdict(s, 1.0, above=True), arm, "faster",
+        add(
+            iv.verdict(s, 1.0, above=True),
+            arm,
+            "faster",
             f"{arm} trains faster than allreduce under the imbalance: "
-            f"{s.show('.2f', 'x')} its samples/s (asked above 1x)")  # fmt: skip
+            f"{s.show('.2f', 'x')} its samples/s (asked above 1x)",
+        )
         ref, mine = _paired(by, arm, "time_to_target_s")
         sooner = iv.difference(ref, mine, "seeds", paired=True)
-        add(iv.verdict(sooner, 0.0, above=True), arm, "sooner",
+        add(
+            iv.verdict(sooner, 0.0, above=True),
+            arm,
+            "sooner",
             f"{arm} reaches {target_acc:.0%} sooner than allreduce: by "
             f"{sooner.show('.1f', ' s')} (allreduce's time minus {arm}'s, paired "
-            "by seed; asked above 0)")  # fmt: skip
+            "by seed; asked above 0)",
+        )
         ref, mine = _paired(by, arm, "final_test_acc")
         loss = iv.difference(ref, mine, "seeds", paired=True)
         word = iv.verdict(loss, spread, above=False) if spread else iv.UNDECIDED
         limit = f"{spread:.4f}" if spread else "unknown with one seed"
-        add(word, arm, "accuracy",
+        add(
+            word,
+            arm,
+            "accuracy",
             f"{arm} does not lose accuracy: allreduce's final accuracy minus "
             f"{arm}'s {loss.show('+.4f')} (paired by seed), asked at most the "
             f"seeds' spread, {limit} ({SPREADS:g} sd of allreduce's over its "
-            "seeds)")  # fmt: skip
+            "seeds)",
+        )
     return out
 
 
@@ -290,11 +318,14 @@ def readme(runs: list[Path], sections: dict[str, list[Path]]) -> str | None:
         f"synchronous allreduce and a parameter server. {w['when']}, {w['seeds']} "
         f"seeds: solo runs at {fast['solo'].show('.2f', 'x')} allreduce's "
         f"samples/s, majority {fast['majority'].show('.2f', 'x')} (90% "
-        "intervals); faster: " + _verdicts(w["checks"], "faster")
-        + "; sooner to the target: " + _verdicts(w["checks"], "sooner")
+        "intervals); faster: "
+        + _verdicts(w["checks"], "faster")
+        + "; sooner to the target: "
+        + _verdicts(w["checks"], "sooner")
         + "; accuracy kept within the seeds' spread: "
-        + _verdicts(w["checks"], "accuracy") + "."
-    )  # fmt: skip
+        + _verdicts(w["checks"], "accuracy")
+        + "."
+    )
     for title, roots in sections.items():
         s = _words(roots[-1])
         text += (
