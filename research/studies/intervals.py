@@ -16,11 +16,11 @@ twice from the same data says the same):
 
 * :func:`mean`: Student's t over the samples (seeds: runs that differ only in
   their seed are independent draws);
-* :func:`median`, :func:`ratio`: a percentile bootstrap (:data:`DRAWS`
+* :func:`median`, :func:`ratio`, :func:`shift`: a percentile bootstrap (:data:`DRAWS`
   resamples from a fixed seed) of the median (steps: a few slow steps must
   not move the figure) or of the ratio of two arms' statistics, each arm
   resampled on its own, or both with the same indices where the samples are
-  paired (the same seed, the same step);
+  paired (the same seed, the same step), or of the difference of two medians;
 * :func:`difference`: Welch's t for two arms' means (paired: t of the
   per-sample differences).
 
@@ -159,6 +159,22 @@ def ratio(
     fn = np.median if stat == "median" else np.mean
     value = float(fn(a) / fn(b))
     iv = _bootstrap([a, b], lambda x, y: fn(x, axis=-1) / fn(y, axis=-1), paired=paired)
+    return Estimate(value, *(iv or (None, None)), n, of)
+
+
+def shift(
+    a: Sequence[float | None], b: Sequence[float | None], of: str = "steps"
+) -> Estimate:
+    """``median(a) - median(b)`` and its bootstrap interval (each resampled on
+    its own): how much one run's steps moved against another's."""
+    xa, xb = np.asarray(_clean(a)), np.asarray(_clean(b))
+    n = int(min(xa.size, xb.size))
+    if n == 0:
+        return Estimate(math.nan, None, None, 0, of)
+    value = float(np.median(xa) - np.median(xb))
+    iv = _bootstrap(
+        [xa, xb], lambda x, y: np.median(x, axis=-1) - np.median(y, axis=-1), False
+    )
     return Estimate(value, *(iv or (None, None)), n, of)
 
 
