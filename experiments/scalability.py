@@ -196,7 +196,8 @@ def _sweep_flags(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> str | None:
     from research.comm.process.env import launched_by_mpi
-    from research.studies.scalability_report import cluster_lists, report
+    from research.studies.scalability_page import report
+    from research.studies.scalability_report import cluster_lists
 
     argv = sys.argv[1:] if argv is None else argv
     cfg = parse(argv)

@@ -97,29 +97,6 @@ def derived(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def report(dirs: list[str | Path], out: str | Path, plots: bool = True) -> str:
-    """Tables and checks (``out/table.md``; :mod:`research.studies.scalability_page`)
-    and figures (``out/*.png``) from ``dirs``' rows."""
-    from research.studies.intervals import check_line
-    from research.studies.scalability_page import check_records, format_table
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    rows = read_rows(dirs)
-    text = format_table(rows)
-    recs = check_records(rows)
-    if recs:
-        text += "\n\nChecks:\n\n" + "\n".join(
-            check_line(c["word"], c["text"]) for c in recs
-        )
-    (out / "table.md").write_text(text + "\n")
-    if plots and rows:
-        from research.studies.scalability_plots import plot_all
-
-        plot_all(derived(rows), [Path(d) for d in dirs], out)
-    return text
-
-
 def cluster_lists(
     points: dict[str, Any], flags: list[str], root: str | Path
 ) -> tuple[list[Path], str]:
