@@ -377,9 +377,11 @@ def readme(runs: list[Path], sections: dict[str, list[Path]]) -> str | None:
                     f"a ResNet-50 training step (batch {step[0][1]['batch']}, median "
                     f"of {step[0][1]['steps']}) took "
                     + ", ".join(
-                        f"{o['ms'] / t['ms']:.2f}x torchvision's time in {p}"
-                        for p, o, t in step
-                    )  # fmt: skip
+                        f"{o['ms'] / t['ms']:.2f}x"
+                        + (" torchvision's time" if i == 0 else "")
+                        + f" in {p}"
+                        for i, (p, o, t) in enumerate(step)
+                    )
                 )
         path = root / "allreduce.json"
         if path.is_file():

@@ -154,14 +154,14 @@ def test_tables_and_checks_from_run_folders(tmp_path):
     # Two slow steps after each of three changes, and its 0.1 s start-up: 24%
     # over the oracle here (18% without the start-up, as this test once read).
     assert line("the oracle's time").startswith("FAIL")
-    assert "adaptive takes 1.24x [1.23, 1.25], 2 seeds the oracle's time" in (
+    assert "adaptive takes 1.24x [1.23, 1.25] (2 seeds) the oracle's time" in (
         line("oracle's")
     )
     assert line("final test accuracy").startswith("PASS")
     assert line("probes per run 1, 1").startswith("PASS")
     # The switch steps are the new methods' ordinary steps (made up alike).
     assert line("a switch's step over").startswith("PASS")
-    assert "median 1.00x [1.00, 1.00], 6 switches" in line("a switch's step over")
+    assert "median 1.00x [1.00, 1.00] (6 switches)" in line("a switch's step over")
     assert line("the switches themselves").startswith("PASS")
     # Judged on seeds the model was tuned on (as these made-up runs are): said.
     assert line("judged on seeds 0, 1").startswith("FAIL")

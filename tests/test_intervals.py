@@ -95,8 +95,8 @@ def test_welch_difference():
 
 def test_show_says_what_a_figure_rests_on():
     est = Estimate(1.3123, 1.2, 1.4, 3, "seeds")
-    assert est.show(".2f", "x") == "1.31x [1.20, 1.40], 3 seeds"
+    assert est.show(".2f", "x") == "1.31x [1.20, 1.40] (3 seeds)"
     assert (
         Estimate(0.026, 0.021, 0.031, 10, "rounds").show("+.1f", "%", 100)
-        == "+2.6% [+2.1, +3.1], 10 rounds"
+        == "+2.6% [+2.1, +3.1] (10 rounds)"
     )

@@ -56,20 +56,20 @@ def _scenario(root: Path) -> str:
             rival = asks["as_fast_as"]
             r = _ratio(arms["adaptive"], arms[rival], "to_target_s")
             part += (
-                f"{r.show('.2f', 'x').split(',')[0]} fixed {rival}'s time "
+                f"{r.brief('.2f', 'x')} fixed {rival}'s time "
                 f"({_word(data['checks'], P, 'fixed ' + rival)})"
             )
         else:
             g = _ratio(arms[best], arms["adaptive"], "to_target_s")
             part += (
-                f"{g.show('.2f', 'x').split(',')[0]} sooner than {best} "
+                f"{g.brief('.2f', 'x')} sooner than {best} "
                 f"({_word(data['checks'], P, 'sooner than')})"
             )
         if oracle:
             o = _ratio(arms["adaptive"], oracle["runs"], "to_target_s")
             gain = _ratio(arms[best], oracle["runs"], "to_target_s")
             part += (
-                f", {o.show('.2f', 'x').split(',')[0]} the oracle's "
+                f", {o.brief('.2f', 'x')} the oracle's "
                 f"({_word(data['checks'], P, 'the oracle' + chr(39) + 's time')}; "
                 f"the oracle {gain.value:.2f}x ahead of {best})"
             )

@@ -304,7 +304,7 @@ def readme(runs: list[Path], sections: dict[str, list[Path]]) -> str | None:
     df = by["deepfreeze"]
     none = by.get("none") or {}
     others = ", ".join(
-        f"{name} {overhead(r).show('+.1%').split(' [')[0]}"
+        f"{name} {overhead(r).point('+.1%')}"
         for name, r in by.items()
         if name not in ("none", "deepfreeze")
     )

@@ -77,12 +77,20 @@ class Estimate:
         return self.lo is not None and self.hi is not None
 
     def show(self, spec: str = ".2f", unit: str = "", scale: float = 1.0) -> str:
-        """``"1.31x [1.22, 1.40], 3 seeds"``: the figure, its interval, its base."""
+        """``"1.31x [1.22, 1.40] (3 seeds)"``: the figure, its interval, its base."""
         v = format(self.value * scale, spec) + unit
         if not self.known:
             return f"{v} ({self.n} {self.of}: no interval)"
         lo, hi = format(self.lo * scale, spec), format(self.hi * scale, spec)
-        return f"{v} [{lo}, {hi}], {self.n} {self.of}"
+        return f"{v} [{lo}, {hi}] ({self.n} {self.of})"
+
+    def brief(self, spec: str = ".2f", unit: str = "", scale: float = 1.0) -> str:
+        """``"1.31x [1.22, 1.40]"``: the figure and its interval, no base."""
+        return self.show(spec, unit, scale).split(" (")[0]
+
+    def point(self, spec: str = ".2f", unit: str = "", scale: float = 1.0) -> str:
+        """``"1.31x"``: the figure alone (where its interval is said elsewhere)."""
+        return format(self.value * scale, spec) + unit
 
     def to_json(self) -> dict:
         """The estimate as a JSON object (``results.json`` keeps them so)."""

@@ -358,7 +358,7 @@ def _speeds(root: Path, kind: str) -> tuple[str, list[dict[str, Any]], int]:
         for p in sizes:
             if ("host", p, kind) in by:
                 sp = speedup(by[("host", p, kind)], by[("overlap", p, kind)])
-                shown.append(f"{sp.show('.2f', 'x').split(',')[0]}")
+                shown.append(f"{sp.brief('.2f', 'x')}")
                 n = max(n, sp.n)
         if shown:
             parts.append(

@@ -109,7 +109,7 @@ def _extra(r: dict[str, Any], tag: str, by: dict) -> str:
         return f"no delay, late {_ms(r.get('late_median_s'))}"
     if tag == "checkpoint" and r["ckpt_every"]:
         g = in_gaps_est(r)
-        shown = "-" if g is None else g.show(".0%").split(",")[0]
+        shown = "-" if g is None else g.brief(".0%")
         return (
             f"every {r['ckpt_every']}: overhead {_pct(r.get('ckpt_overhead'))}, "
             f"block {_ms(r.get('ckpt_block_s'))}/save, bg "
@@ -117,7 +117,7 @@ def _extra(r: dict[str, Any], tag: str, by: dict) -> str:
         )
     if tag == "checkpoint":
         f = free_est(r)
-        shown = "-" if f is None else f.show(".0%").split(",")[0]
+        shown = "-" if f is None else f.brief(".0%")
         return f"no checkpoint: update gap {_ms(r.get('gap_median_s'))}, free {shown}"
     return ""
 

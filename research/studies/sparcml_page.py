@@ -329,7 +329,7 @@ def readme(runs: list[Path], sections: dict[str, list[Path]]) -> str | None:
             if pts:
                 said.append(
                     f"at {density:.1%} density `auto` takes "
-                    + " / ".join(e.show(".3f").split(" [")[0] for _, e in pts)
+                    + " / ".join(e.point(".3f") for _, e in pts)
                     + f" of dense's time (P = {'/'.join(str(p) for p, _ in pts)})"
                 )
         by = {r["arm"]: r for r in data.get("train") or []}
