@@ -37,18 +37,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import fnmatch
 import json
 import re
 import shlex
-import shutil
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 from types import ModuleType
 
 from research.provenance import read_jobs
+from scripts.results_data import place
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Page titles: the paper each experiment reproduces.
@@ -76,12 +74,6 @@ PAGES = {
 #: The program that writes each experiment's run folder, where not
 #: ``experiments.<name>``.
 PROGRAMS = {"network": "scripts.bench_link", "gpu": "scripts.gpu_check"}
-#: Never copied, whatever a glob matches: timelines, checkpoints, events.
-NEVER = ("trace.json", "trace-*.json", "checkpoints", "events.out.tfevents*",
-         "plugins", "*.orbax-checkpoint-tmp", "*.tmp")  # fmt: skip
-#: A kept file larger than this is left out (and said so in files.json).
-MAX_FILE = 2 * 2**20
-
 #: The markers around a named section (``--section``).
 BEGIN, END = "<!-- begin section: {} -->", "<!-- end section: {} -->"
 _SECTION = re.compile(
@@ -158,79 +150,6 @@ def experiment_of(root: Path) -> str:
             "experiment's run root)"
         )
     return str(jobs[0]["experiment"])
-
-
-# -- copying a run's small files beside its page ------------------------------------
-def _never(rel_path: str) -> bool:
-    parts = rel_path.split("/")
-    return any(fnmatch.fnmatch(p, pat) for p in parts for pat in NEVER)
-
-
-def _kept(src: Path, keep: tuple[str, ...]) -> list[str]:
-    names = {"run.json", "note.md"}
-    for pattern in (*keep, "*.png"):
-        names |= {p.relative_to(src).as_posix() for p in src.glob(pattern)}
-    return sorted(n for n in names if (src / n).is_file() and not _never(n))
-
-
-def copy_run(src: Path, dest: Path, keep: tuple[str, ...], note: str | None) -> None:
-    """Copy ``src``'s small files into ``dest`` (made anew) and describe them."""
-    kept, left = {}, {}
-    names = _kept(src, keep)
-    dest.mkdir(parents=True)
-    for name in names:
-        size = (src / name).stat().st_size
-        if size > MAX_FILE and name not in keep:
-            left[name] = f"{size} bytes, over {MAX_FILE}"
-            continue
-        (dest / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src / name, dest / name)
-        kept[name] = size
-    others: dict[str, int] = {}
-    for p in sorted(src.rglob("*")):
-        name = p.relative_to(src).as_posix()
-        if p.is_file() and name not in kept and name not in left:
-            base = p.name if not _never(name) else next(
-                x for x in name.split("/") if any(fnmatch.fnmatch(x, n) for n in NEVER)
-            )  # fmt: skip
-            others[base] = others.get(base, 0) + 1
-    record = {"run_folder": src.name, "kept": kept, "too_big": left,
-              "left_out": others}  # fmt: skip
-    (dest / "files.json").write_text(json.dumps(record, indent=1) + "\n")
-    if note:
-        (dest / "note.md").write_text(note.strip() + "\n")
-
-
-def place(srcs: list[Path], base: Path, keep: tuple[str, ...], notes) -> list[Path]:
-    """The data folders ``base/run1..N`` for ``srcs`` (in order): a source
-    already there stays, the others are copied (``notes``: one per source);
-    any other ``run*`` folder and figure left in ``base`` goes."""
-    dests = [base / f"run{i}" for i in range(1, len(srcs) + 1)]
-    with tempfile.TemporaryDirectory() as t:
-        staged: list[Path | None] = []
-        for src, dest, note in zip(srcs, dests, notes, strict=True):
-            if src.absolute() == dest.absolute() and note is None:
-                staged.append(None)
-                continue
-            tmp = Path(t) / dest.name
-            if (src / "files.json").is_file():  # a data folder already: as it is
-                shutil.copytree(src, tmp)
-                if note:
-                    (tmp / "note.md").write_text(note.strip() + "\n")
-            else:
-                copy_run(src, tmp, keep, note)
-            staged.append(tmp)
-        base.mkdir(parents=True, exist_ok=True)
-        for child in base.iterdir():
-            stale = re.fullmatch(r"run\d+", child.name) and child not in dests
-            if stale or child.suffix == ".png":  # the layout before data were kept
-                shutil.rmtree(child) if child.is_dir() else child.unlink()
-        for tmp, dest in zip(staged, dests, strict=True):
-            if tmp is not None:
-                if dest.exists():
-                    shutil.rmtree(dest)
-                shutil.move(str(tmp), dest)
-    return dests
 
 
 # -- rendering ------------------------------------------------------------------------

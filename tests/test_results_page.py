@@ -265,3 +265,20 @@ def test_run_json_takes_the_commit_it_is_given(tmp_path, monkeypatch):
     mine, given = read_jobs(tmp_path)
     assert given["commit"] == "09a8396+changes"
     assert mine["commit"] != "09a8396+changes"
+
+
+def test_the_regeneration_script_makes_every_cpu_page():
+    """``scripts/regenerate_results.sh`` is what the final runs run: every page
+    but the GPU's (which needs a lent GPU) is one of its parts."""
+    import subprocess
+
+    from scripts.results import PAGES
+
+    script = ROOT / "scripts" / "regenerate_results.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    text = script.read_text()
+    parts = set(text.split("PAGES=(", 1)[1].split(")", 1)[0].split())
+    assert parts == set(PAGES) - {"gpu"}
+    for page in parts:
+        assert f"\n    {page})\n" in text and f"page {page}" in text
+    assert "flock" in text and "--check" in text

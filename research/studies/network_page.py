@@ -22,7 +22,15 @@ def render(root: Path) -> list[str]:
 
     results = json.loads((Path(root) / "results.json").read_text())
     one_node = {j["ranks"]: j for j in results.get("one_node", [])}
-    return format_table(results["jobs"], one_node).rstrip("\n").splitlines()
+    calls = sorted({len(r["times_s"]) for j in results["jobs"] for r in j["rows"]})
+    span = f"{calls[0]}" if len(calls) == 1 else f"{calls[0]}-{calls[-1]}"
+    return [
+        f"network ms: the median of each point's {span} timed calls on the real "
+        "link, their min-max beside it; one node ms the same call's median over "
+        "shared memory.",
+        "",
+        *format_table(results["jobs"], one_node).rstrip("\n").splitlines(),
+    ]
 
 
 def readme(runs: list[Path], sections: dict[str, list[Path]]) -> None:
