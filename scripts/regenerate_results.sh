@@ -55,6 +55,7 @@ tiny() {
     deepfreeze*) echo "--rounds 2 --window 4 --settle 2 --minor-rounds 1 --interval 4" \
         "--intervals 2 --model-opt features=256 --data-opt features=256" \
         "--data-opt n_train=256 --batch-size 8" ;;
+    overlap-fcx) echo "--steps 6 --ranks 2" ;;
     overlap*) echo "--models resnet50 --steps 6" ;;
     sparcml-cb*) echo "--dim 200000 --reps 2 --cb-models candle_p1b2_tiny" \
         "--cb-steps 4 --cb-eval-every 2 --cb-target 0.05 --cb-seeds 0 1" ;;
@@ -144,10 +145,14 @@ for p in "${PAGES[@]}"; do
         page --section "$NET" deepfreeze-net
         ;;
     overlap)
-        # The default (22 steps a run, 20 measured): about 15 min. The section,
-        # on real networks: 2 nodes at 1 Gb/s; 4 nodes at 10 Gb/s (2 and 4
-        # ranks); 2 nodes x 2 ranks at 10 Gb/s: about 10, 15 and 10 min.
+        # The default (22 steps a run, 20 measured): about 15 min. Then what it
+        # leaves out, information only: VGG-16's FC-activation exchange and the
+        # layerwise bucket sweep: about 8 min. The section, on real networks: 2
+        # nodes at 1 Gb/s; 4 nodes at 10 Gb/s (2 and 4 ranks); 2 nodes x 2 ranks
+        # at 10 Gb/s: about 10, 15 and 10 min.
         run overlap "${EXP[@]}" experiments.overlap
+        run overlap-fcx "${EXP[@]}" experiments.overlap --ranks 1 2 4 --models vgg16 \
+            --strategies host layerwise overlap overlap-fcx --sweep-models vgg16
         local_flags=(--links real --strategies host fused layerwise overlap
             --models resnet50 vgg16)
         on_nodes 2 1gbit run overlap-net-1g "${EXP[@]}" experiments.overlap \
@@ -156,7 +161,7 @@ for p in "${PAGES[@]}"; do
             --hosts n1,n2,n3,n4 --ranks 2 4 "${local_flags[@]}"
         on_nodes 2 10gbit run overlap-net-10g-2x2 "${EXP[@]}" experiments.overlap \
             --hosts n1,n2 --ranks 4 "${local_flags[@]}"
-        page overlap
+        page overlap overlap-fcx
         page --section "$NET" overlap-net-1g overlap-net-10g overlap-net-10g-2x2
         ;;
     sparcml)

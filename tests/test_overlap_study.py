@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from experiments.overlap import parse
-from research.studies.overlap import label, load_rows, plan
+from research.studies.overlap import STRATEGIES, label, load_rows, plan
 from research.studies.overlap_page import format_checks, format_table
 
 
@@ -14,26 +14,26 @@ def test_default_plan_per_world_size():
     assert plan(args, 1) == [("real", "host", None), ("real", "overlap", None)]
     two = plan(args, 2, "vgg16")
     real = [r for r in two if r[0] == "real"]
-    assert [s for _, s, _ in real] == [
-        "host",
-        "fused",
-        "layerwise",
-        "overlap",
-        "overlap-fcx",
-    ]
+    # The default: the four strategies the targets need, DDP's 25 MiB bucket.
+    assert [s for _, s, _ in real] == ["host", "fused", "layerwise", "overlap"]
     assert ("real", "layerwise", 25.0) in real
+    assert [b for link, s, b in two if s == "layerwise"] == [25, 25]
+    assert not any(s == "fused" for link, s, _ in two if link == "auto")
+    assert not any(s == "overlap-fcx" for _, s, _ in two)
+    # On request: the FC-activation exchange and the bucket sweep (information).
+    more = parse(["--strategies", *STRATEGIES, "--sweep-models", "vgg16"])
+    two = plan(more, 2, "vgg16")
     sweep = [b for link, s, b in two if link == "auto" and s == "layerwise"]
     assert sweep == [1, 4, 25, 100]
-    assert not any(s == "fused" for link, s, _ in two if link == "auto")
     assert ("auto", "overlap-fcx", None) in two
     # ResNet-50: no bucket sweep, no FC-activation exchange (one small fc).
-    resnet = plan(args, 2, "resnet50")
+    resnet = plan(more, 2, "resnet50")
     assert [b for link, s, b in resnet if s == "layerwise"] == [25, 25]
     assert not any(s == "overlap-fcx" for _, s, _ in resnet)
-    four = plan(args, 4, "vgg16")
+    four = plan(more, 4, "vgg16")
     assert [b for link, s, b in four if link == "auto" and s == "layerwise"] == [25]
     assert plan(parse(["--emulated-ranks", "2"]), 4, "vgg16") == [
-        r for r in four if r[0] == "real"
+        r for r in plan(args, 4, "vgg16") if r[0] == "real"
     ]
 
 

@@ -168,12 +168,28 @@ def format_table(main: dict) -> str:
         "minus as many local clean steps, mean over periods, less the placebo's; "
         "overhead = cost / reference time of a period; 90% intervals from a "
         "bootstrap over the rounds (research/checkpoint/overhead.py); blocking, "
-        "committed, persisted: medians over each saver's checkpoints; writer CPU: "
+        f"committed, persisted: medians over each saver's {_counts(main)} "
+        "checkpoints; writer CPU: "
         "median per writing rank and checkpoint, on the writer's own CPU clock "
         "(research/checkpoint/cpuclock.py), per MB of one tier's shard"
     )
     lines += targets(rows, main)
     return "\n".join(lines)
+
+
+def _counts(main: dict) -> str:
+    """How many checkpoints each saver made at the main interval: "28" or "27-28"."""
+    key = str(main["interval"])
+    n = sorted(
+        {
+            d.get("checkpoints", len(d.get("blocking_s") or []))
+            for st in main["savers"].values()
+            if (d := st["by_interval"].get(key))
+        }
+    )
+    if not n:
+        return "?"
+    return f"{n[0]}" if n[0] == n[-1] else f"{n[0]}-{n[-1]}"
 
 
 def target_records(rows: list[dict], main: dict) -> list[dict[str, str]]:

@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 STRATEGIES = ("host", "fused", "layerwise", "overlap", "overlap-fcx")
+#: What the default runs: the fc exchange is information only, on request.
+DEFAULT_STRATEGIES = STRATEGIES[:4]
 #: Strategies that run on an emulated link (fused communicates inside XLA).
 LINKED = ("host", "layerwise", "overlap", "overlap-fcx")
 #: ``overlap`` with the FC-activation exchange (option ``fc_exchange``), run

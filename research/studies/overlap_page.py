@@ -390,7 +390,7 @@ def readme(runs: list[Path], sections: dict[str, list[Path]]) -> str | None:
     """The README's paragraph on the SC18 overlap, from the page's runs."""
     if not runs:
         return None
-    root = runs[-1]
+    root = runs[0]  # the default command's run (others: what it leaves out)
     speeds, recs, n = _speeds(root, "auto")
     text = (
         "**SC18 overlap** (`python -m experiments.overlap`): `host`, `fused`, "

@@ -226,7 +226,16 @@ def format_bench(rows: list[dict[str, Any]], head: str) -> list[str]:
 
 def format_train(results: list[dict[str, Any]], target_acc: float) -> list[str]:
     n = max((len(r.get("seeds", [0])) for r in results), default=1)
+    steps = sorted({r.get("steps") for r in results if r.get("steps")})
+    caption = [
+        f"Each arm: {n} seed{'s' * (n > 1)}, {'/'.join(map(str, steps)) or '?'} "
+        "steps each; ms/step and MB/step: means over a run's steps after the "
+        "first, then over the seeds; to the target: the mean over the seeds that "
+        "reached it",
+        "",
+    ]
     lines = [
+        *caption,
         f"| arm | final acc ({n} seeds: mean +- sd) | to {target_acc:g} | "
         "ms/step | MB/step/rank |",
         "|---|---|---|---|---|",
