@@ -12,12 +12,15 @@ What runs: for each rank count (one mpiexec job each) and model, a few training
 steps with each strategy: ``host`` (blocking allreduce after the backward pass),
 ``fused`` (inside the jitted step), ``layerwise`` (DDP buckets), ``overlap`` (the
 SC18 scheme; ``research.strategies.overlap``) and, for VGG-16, ``overlap-fcx`` (fc
-stages exchange activations instead of gradients), on the real (shared-memory)
-link and an emulated one (``auto``: where host's allreduce takes as long as its
-compute). One table per model (step, compute, communication, hidden fraction,
-speedup over ``host``, efficiency, optimizer memory), PASS/FAIL targets and
-figures. Default (about 6 minutes): full VGG-16 and ResNet-50 on 32x32 inputs,
-ranks 1, 2, 4. On 2 shared cores moving bytes costs the CPU time the computation
+stages exchange activations instead of gradients; on request), on the real
+(shared-memory) link and an emulated one (``auto``: where host's allreduce takes
+as long as its compute). One table per model (step, compute, communication,
+hidden fraction, speedup over ``host``, efficiency, optimizer memory; medians
+over 20 measured steps a run, with 90% intervals), the targets decided on those
+intervals (PASS, FAIL, UNDECIDED) and figures. Default (about 15 minutes on
+the quiet 2-core machine, 30 with another session's tests beside it): full
+VGG-16 and ResNet-50 on 32x32 inputs, ranks 1, 2, 4, host, fused, layerwise
+and overlap. On 2 shared cores moving bytes costs the CPU time the computation
 needs, so on the real link overlap can hide the waiting, not the copying; the
 emulated link is where the claims can be checked.
 
@@ -26,8 +29,8 @@ Commands::
     python -m experiments.overlap                           # the default above
     python -m experiments.overlap --ranks 2 --models resnet50 --steps 3 \\
         --strategies host overlap --links real auto          # a quick look
-    python -m experiments.overlap --ranks 2 4 --models vgg16 --emulated-ranks 4 \\
-        --strategies host overlap overlap-fcx                 # the fc exchange
+    python -m experiments.overlap --ranks 2 4 --models vgg16 \\
+        --strategies host overlap overlap-fcx --sweep-models vgg16   # fc, buckets
     python -m experiments.overlap --ranks 4 --emulated-ranks 4 --sweep-ranks 4 \\
         --bucket-mb 0.5 2 8 32 --models resnet50 --sweep-models resnet50
     # paper scale in a batch job (the launcher's world size; ImageNet-size inputs)
@@ -48,6 +51,7 @@ from typing import Any
 from research.entry.cli import override, parse_config
 from research.entry.launch import relaunch
 from research.studies.overlap import (
+    DEFAULT_STRATEGIES,
     LINKED,
     MODELS,
     STRATEGIES,
@@ -80,7 +84,12 @@ class Config:
         factory=lambda: list(MODELS),
     )
     strategies: list[str] = flag(
-        None, "default %(default)s", RUNS, factory=lambda: list(STRATEGIES)
+        None,
+        "of " + ", ".join(STRATEGIES) + "; default %(default)s (overlap-fcx, "
+        "information only, on request: the default ends within about 15 minutes "
+        "with 20 measured steps a run)",
+        RUNS,
+        factory=lambda: list(DEFAULT_STRATEGIES),
     )
     ranks: list[int] = flag(
         None, "default %(default)s", RUNS, factory=lambda: [1, 2, 4]
@@ -111,11 +120,17 @@ class Config:
     )
     sweep_models: list[str] = flag(
         None,
-        "models that get the layerwise bucket sweep; default %(default)s",
+        "models that get the layerwise bucket sweep (information only; e.g. "
+        "vgg16); default %(default)s",
         RUNS,
-        factory=lambda: ["vgg16"],
+        factory=list,
     )
-    steps: int = flag(4, "steps per run; default %(default)s", RUNS)
+    steps: int = flag(
+        22,
+        "steps per run; default %(default)s: 20 measured after the warm-up, "
+        "enough for an interval over the steps",
+        RUNS,
+    )
     warmup: int = flag(
         2,
         "steps left out (compilation; overlap's first step, which has no "

@@ -88,10 +88,15 @@ class Config:
         None, "default %(default)s", SC19, factory=lambda: [1, 2, 4]
     )
     hosts: str = flag("", HOSTS_HELP, SC19, metavar="HOSTS")
-    steps: int = flag(5, "steps per configuration; default %(default)s", SC19)
+    steps: int = flag(
+        22,
+        "steps per configuration; default %(default)s: 20 measured after the "
+        "warm-up, enough for an interval over the steps",
+        SC19,
+    )
     warmup: int = flag(2, "first steps left out; default %(default)s", SC19)
     long_steps: int = flag(
-        10, "steps in the straggler and checkpoint sweeps; default %(default)s", SC19
+        22, "steps in the straggler and checkpoint sweeps; default %(default)s", SC19
     )
     batch_size: int = flag(
         8, "batch per rank (weak) and global batch (strong); default %(default)s", SC19
@@ -191,7 +196,8 @@ def _sweep_flags(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> str | None:
     from research.comm.process.env import launched_by_mpi
-    from research.studies.scalability_report import cluster_lists, report
+    from research.studies.scalability_page import report
+    from research.studies.scalability_report import cluster_lists
 
     argv = sys.argv[1:] if argv is None else argv
     cfg = parse(argv)

@@ -114,6 +114,13 @@ class Config(ExperimentConfig):
     cb_links: list[str] = flag(
         None, "default %(default)s", COMM, factory=lambda: ["1gbps", "10gbps", "real"]
     )
+    cb_seeds: list[int] = flag(
+        None,
+        "seeds of the comparison, every arm each (the check pairs them); "
+        "default %(default)s",
+        COMM,
+        factory=lambda: [0],
+    )
     cb_steps: int = flag(60, "steps of each run", COMM)
     cb_eval_every: int = flag(10, "evaluate every N steps", COMM)
     cb_target: float | None = flag(

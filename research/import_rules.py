@@ -185,12 +185,14 @@ INSIDE: dict[str, tuple[str, ...]] = {
     ),
     "research.entry": ("launch", "restart", "cli", "run"),
     "research.studies": (
-        *("presets", "network", "checkpoint_bench", "deepfreeze"),
-        *("deepfreeze_plots", "eager_sgd", "eager_sweep", "eager_sgd_plots"),
-        *("overlap", "scalability", "scalability_plots", "scalability_report"),
-        *("sparcml_arms", "sparcml_bench", "sparcml_commbound", "sparcml_plots"),
-        *("sparcml", "adaptive_link", "adaptive_oracle", "adaptive"),
-        *("adaptive_report", "adaptive_plots"),
+        *("intervals", "presets", "network", "network_page", "checkpoint_bench"),
+        *("deepfreeze_page", "deepfreeze", "deepfreeze_plots"),
+        *("eager_sgd_page", "eager_sgd", "eager_sweep", "eager_sgd_plots"),
+        *("overlap_page", "overlap", "scalability", "scalability_plots"),
+        *("scalability_report", "scalability_page"),
+        *("sparcml_arms", "sparcml_bench", "sparcml_commbound", "sparcml_page"),
+        *("sparcml_plots", "sparcml", "adaptive_link", "adaptive_oracle", "adaptive"),
+        *("adaptive_report", "adaptive_page", "adaptive_plots"),
     ),
 }
 #: Imports that break :data:`INSIDE` and that another issue removes, each with

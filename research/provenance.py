@@ -8,9 +8,9 @@ the tree had changes) and the world size; where the ranks span several nodes,
 the nodes' hostnames (``hosts``) and the link between them (``network``, e.g.
 "real network link, 4 nodes at 1gbit per node (local cluster, TCP)"). An
 experiment that runs several MPI jobs into one root (DeepFreeze's 1/2/4-rank
-jobs) gets one record per job. ``python -m scripts.results`` renders
-``docs/results/NAME.md`` from it and the experiment's ``table.md``, so every
-table in the docs says what produced it.
+jobs) gets one record per job. ``python -m scripts.results`` keeps it beside
+``docs/results/NAME.md`` with the run's other small files and renders the
+page from them, so every table in the docs says what produced it.
 """
 
 from __future__ import annotations

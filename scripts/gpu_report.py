@@ -1,10 +1,14 @@
-"""``table.md`` and ``checks.json`` of a ``scripts.gpu_check`` run folder.
+"""The GPU page's part of a ``scripts.gpu_check`` run, from its folder alone.
 
-Every figure is read from what the run wrote (the training runs' folders,
-``models.jsonl``, ``allreduce.json``, ``staging.json``, the eager-SGD
-experiment's own table); each of issue 41's GPU checks is listed as met or
-not, with the number that decides it. ``python -m scripts.results RUN_DIR``
-renders the table into ``docs/results/gpu.md``.
+Every figure is read from what the run wrote into its folder
+(``results.json``: the machine and every training run; ``models.jsonl``,
+``allreduce.json``, ``staging.json``, ``install.log``, the eager-SGD
+experiment's run in ``eager_sgd/``); each of issue 41's GPU checks is listed
+as met or not, with the number that decides it (single medians: the runs keep
+no spread). :func:`write_report` writes ``table.md`` and ``checks.json`` at
+the end of the run; :func:`render` is the same lines for ``python -m
+scripts.results`` (``docs/results/gpu.md``), and :func:`readme` the README's
+paragraph on the page.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from research.provenance import read_jobs
 from research.strategies import registry
 
 #: A deterministic strategy's accuracy on the GPU is the CPU's within this (up
@@ -228,15 +233,27 @@ def _staging(root: Path) -> list[str]:
 
 
 def _eager(root: Path) -> list[str]:
-    table = root / "eager_sgd" / "table.md"
-    if not table.exists():
+    """The eager-SGD run's part: rendered from its data (``eager_sgd/``), or,
+    in a folder kept before its data were (``eager_sgd-table.md``), the table
+    it printed, as it printed it."""
+    head = ["## make run's eager-SGD experiment (one seed)", ""]
+    run = root / "eager_sgd"
+    if (run / "results.json").is_file():
+        from research.studies.eager_sgd_page import render as eager
+
+        return [*head, *(("#" + ln if ln.startswith("#") else ln) for ln in eager(run)),
+                ""]  # fmt: skip
+    table = next((t for t in (run / "table.md", root / "eager_sgd-table.md")
+                  if t.is_file()), None)  # fmt: skip
+    if table is None:
         return []
     body = table.read_text().strip().splitlines()
     body = [("#" + ln if ln.startswith("#") else ln) for ln in body]
-    return ["## make run's eager-SGD experiment (one seed)", "", *body, ""]
+    kept = "Its run's data were not kept: the table as the run printed it."
+    return [*head, kept, "", *body, ""]
 
 
-def _install(log: str | None, checks: list[dict]) -> list[str]:
+def _install(log: str | Path | None, checks: list[dict]) -> list[str]:
     if not log or not Path(log).exists():
         return []
     lines = Path(log).read_text(errors="replace").splitlines()
@@ -252,8 +269,23 @@ def _install(log: str | None, checks: list[dict]) -> list[str]:
     return ["## Install", "", "```", *said[-12:], "```", ""]
 
 
-def write_report(root: Path, results: dict, install_log: str | None) -> list[dict]:
-    """Write ``table.md`` and ``checks.json``; returns the checks."""
+#: What the GPU page keeps of a run folder (``python -m scripts.results``).
+KEEP = (
+    "results.json",
+    "models.jsonl",
+    "allreduce.json",
+    "staging.json",
+    "install.log",
+    "eager_sgd-table.md",
+    "eager_sgd/run.json",
+    "eager_sgd/results.json",
+    "eager_sgd/*/summary.json",
+    "eager_sgd/table.md",
+)
+
+
+def report(root: Path, results: dict, install_log: str | Path | None) -> tuple:
+    """``(lines, checks)`` of a run: the table and issue 41's checks."""
     checks: list[dict] = []
     m = results.get("machine", {})
     head = [
@@ -290,7 +322,91 @@ def write_report(root: Path, results: dict, install_log: str | None) -> list[dic
             "",
             "Ended or not started at the deadline: " + ", ".join(results["cut"]),
         ]
-    text = "\n".join([*head, *lines, "", *body]).rstrip() + "\n"
-    (root / "table.md").write_text(text)
+    text = "\n".join([*head, *lines, "", *body]).rstrip()
+    return text.splitlines(), checks
+
+
+def write_report(root: Path, results: dict, install_log: str | None) -> list[dict]:
+    """Write ``table.md`` and ``checks.json`` (and keep the install log in the
+    folder, where the page reads it); returns the checks."""
+    if install_log and Path(install_log).is_file():
+        kept = root / "install.log"
+        if Path(install_log).resolve() != kept.resolve():
+            kept.write_text(Path(install_log).read_text(errors="replace"))
+    lines, checks = report(root, results, root / "install.log")
+    (root / "table.md").write_text("\n".join(lines) + "\n")
     (root / "checks.json").write_text(json.dumps(checks, indent=1, default=str))
     return checks
+
+
+def render(root: Path) -> list[str]:
+    """The run's part of ``docs/results/gpu.md``, from its folder alone."""
+    results = json.loads((root / "results.json").read_text())
+    return report(root, results, root / "install.log")[0]
+
+
+def readme(runs: list[Path], sections: dict[str, list[Path]]) -> str | None:
+    """The README's paragraph: what the GPU runs showed, from their folders."""
+    said = []
+    device = ""
+    for root in runs:
+        results = json.loads((root / "results.json").read_text())
+        m = results.get("machine", {})
+        device = device or (m.get("devices") or ["?"])[0] + f" (JAX {m.get('jax')})"
+        strategies = [
+            r for r in results.get("strategies") or [] if r["platform"] == "gpu"
+        ]
+        if strategies:
+            ran = [r for r in strategies if r["rc"] == 0]
+            bad = ", ".join(
+                f"{r['strategy']} at {r['ranks']} rank{'s' * (r['ranks'] > 1)}"
+                for r in strategies
+                if r["rc"] != 0
+            )
+            said.append(
+                f"{len(ran)} of {len(strategies)} strategy runs at 1 and 2 ranks "
+                "trained" + (f" ({bad} did not)" if bad else "")
+            )
+        stop = results.get("stop") or []
+        if stop:
+            ok = sum(r["rc"] == 143 and bool(r.get("stopped")) for r in stop)
+            said.append(f"{ok} of {len(stop)} ended on SIGTERM with the stop recorded")
+        models = root / "models.jsonl"
+        if models.is_file():
+            rows = [json.loads(x) for x in models.read_text().splitlines() if x.strip()]
+            by = {(r["model"], r["precision"], r["framework"]): r for r in rows}
+            step = [
+                (prec, by[("resnet50", prec, "jax")], by[("resnet50", prec, "torch")])
+                for prec in ("fp32", "bf16")
+                if ("resnet50", prec, "jax") in by and ("resnet50", prec, "torch") in by
+            ]
+            if step:
+                said.append(
+                    f"a ResNet-50 training step (batch {step[0][1]['batch']}, median "
+                    f"of {step[0][1]['steps']}) took "
+                    + ", ".join(
+                        f"{o['ms'] / t['ms']:.2f}x"
+                        + (" torchvision's time" if i == 0 else "")
+                        + f" in {p}"
+                        for i, (p, o, t) in enumerate(step)
+                    )
+                )
+        path = root / "allreduce.json"
+        if path.is_file():
+            data = json.loads(path.read_text())
+            for run in data.get("runs", [data]):
+                v = run["variants"]
+                if "fused" in v and "host" in v:
+                    said.append(
+                        f"averaging {run['bytes'] / 1e6:.0f} MB of GPU arrays over "
+                        f"{run['ranks']} ranks (median of {run['reps']}): `fused` "
+                        f"{v['fused']['ratio']:.2f}x the time of one MPI_Allreduce "
+                        f"of host memory, `host` {v['host']['ratio']:.2f}x"
+                    )
+    if not said:
+        return None
+    when = sorted(j["started_utc"][:10] for r in runs for j in read_jobs(r))
+    return (
+        f"On one {device}, {when[0]} ([docs/results/gpu.md](docs/results/gpu.md), "
+        "single runs: no spread): " + "; ".join(said) + "."
+    )

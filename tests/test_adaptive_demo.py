@@ -74,6 +74,17 @@ def test_tiny_demo_on_this_machine(tmp_path):
                  "--report-only"], tmp_path)  # fmt: skip
     assert "| host |" in proc.stdout and "| adaptive |" not in proc.stdout
     assert (run / "table.md").read_text() in proc.stdout
+    # The page from the kept files alone (every arm's start-up in its time to
+    # the target), and --check on it.
+    from scripts.results import render
+    from scripts.results_check import check
+
+    page = render([run], tmp_path / "repo").read_text()
+    assert "| arm | start-up |" in page and "### Checks" in page
+    data = tmp_path / "repo/docs/results/adaptive/run1"
+    assert (data / "np2/host-s0/summary.json").is_file()
+    assert not list(data.rglob("metrics.jsonl"))
+    assert check(tmp_path / "repo")[0] == 0
 
 
 def test_tiny_demo_changes_the_link_on_two_nodes(tmp_path):

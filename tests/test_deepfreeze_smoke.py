@@ -55,7 +55,7 @@ def test_default_pipeline_at_toy_size(tmp_path):
 
     for name in list_savers():  # every saver, by default
         assert f"| {name} |" in proc.stdout
-    assert "target: DeepFreeze blocking" in proc.stdout
+    assert "DeepFreeze's blocking against rank0-blocking's" in proc.stdout
     assert "in flight (checkpoint every step, policy skip)" in proc.stdout
     main = json.loads((root / "main-np2.json").read_text())
     assert main["ranks"] == 2 and main["savers"]["deepfreeze"]["restore_s"] > 0
@@ -72,12 +72,19 @@ def test_default_pipeline_at_toy_size(tmp_path):
     # Fast tiers and transfer files are memory: a finished run removes its own.
     assert _shm_entries() - shm_before == set()
     _old_words_give_the_same_table(root, tmp_path / "old")
+    # The page from the kept job files alone, and --check on it.
+    from scripts.results import render
+    from scripts.results_check import check
+
+    page = render([root], tmp_path / "repo").read_text()
+    assert "| deepfreeze |" in page and "DeepFreeze's blocking against" in page
+    assert check(tmp_path / "repo")[0] == 0
 
 
 def _old_words_give_the_same_table(root: Path, old: Path) -> None:
     """The job file as written before 2026-11-25: "strategy", "strategies",
     rank0-sync and orbax-sync."""
-    from research.studies.deepfreeze import format_table, load_results
+    from research.studies.deepfreeze_page import format_table, load_results
 
     old.mkdir()
     text = (root / "main-np2.json").read_text()
@@ -108,3 +115,70 @@ def test_unwritable_fast_tier_is_one_line_before_launch(tmp_path):
         len(errors) == 1 and "--fast-dir '/proc/nope' cannot be written" in (errors[0])
     ), proc.stderr
     assert not (tmp_path / "runs").exists()  # nothing started
+
+
+def _main_job(ci: list[float], raw: float = -0.024) -> dict:
+    """A main job file's fields the targets read: DeepFreeze at ``ci``."""
+
+    def arm(saver, overhead, ci, diff=None):
+        return {
+            "saver": saver,
+            "interval": 10,
+            "overhead": overhead,
+            "overhead_ci90": ci,
+            "diff_ci90": diff,
+            "periods": 10,
+            "raw_overhead": overhead + raw,
+            "raw_ci90": None,
+            "cost_s": 0.02,
+        }
+
+    by = {
+        "blocking_s": [0.001, 0.0011, 0.0009],
+        "writer_cpu_s_per_mb": [7e-4] * 4,
+        "median_blocking_s": 0.001,
+        "bytes_per_rank": [1e7, 1e7],
+    }
+    slow = {
+        "blocking_s": [0.1, 0.11, 0.12],
+        "median_blocking_s": 0.11,
+        "bytes_per_rank": [4e7, 0],
+    }
+    none = arm("none", 0.0, None)
+    none.update(raw_overhead=raw, raw_ci90=[raw - 0.01, raw + 0.01])
+    return {
+        "interval": 10,
+        "model": "m",
+        "ranks": 4,
+        "reference_step_s": 0.28,
+        "window": 10,
+        "settle": 4,
+        "arms": {
+            "none": none,
+            "deepfreeze@10": arm("deepfreeze", sum(ci) / 2, ci),
+            "rank0-blocking@10": arm(
+                "rank0-blocking", 0.07, [0.055, 0.086], [0.033, 0.057]
+            ),
+        },
+        "savers": {
+            "deepfreeze": {"by_interval": {"10": by}, "restore_s": 0.5},
+            "rank0-blocking": {"by_interval": {"10": slow}, "restore_s": 0.4},
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    "ci,word",
+    [([0.021, 0.031], "PASS"), ([0.04, 0.054], "UNDECIDED"), ([0.052, 0.07], "FAIL")],
+)
+def test_the_five_percent_target_reads_the_intervals_upper_end(ci, word):
+    from research.studies.deepfreeze_page import format_table
+
+    text = format_table(_main_job(ci))
+    line = next(x for x in text.splitlines() if "every 10 steps:" in x)
+    assert line.startswith(word), line
+    # The placebo's bias is stated beside the figure it corrects.
+    assert "the placebo's own -2.4% [-3.4%, -1.4%] taken out" in line
+    assert "PASS  DeepFreeze's blocking against rank0-blocking's: 0.9%" in text
+    assert "PASS  DeepFreeze's writer CPU per MB: 0.70 ms" in text
+    assert "PASS  DeepFreeze overhead lowest of all savers" in text

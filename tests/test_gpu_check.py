@@ -38,11 +38,16 @@ def test_the_quick_gpu_check_runs_and_renders_its_page(tmp_path):
     assert "## Staging through host memory" in table and "| ring-staged-self |" in table
     results = json.loads((root / "results.json").read_text())
     assert {r["platforms"][0] for r in results["strategies"]} == {"cpu"}
-    pages = tmp_path / "pages"
-    proc = python(["-m", "scripts.results", str(root), "--out", str(pages)])
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    proc = python(["-m", "scripts.results", str(root), "--root", str(repo)])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    page = (pages / "gpu.md").read_text()
+    page = (repo / "docs/results/gpu.md").read_text()
     assert page.startswith("# GPUs") and "python -m scripts.gpu_check" in page
+    # The page is the run's own table, rendered again from the kept files.
+    assert all(line in page for line in table.splitlines() if line and line[0] == "|")
+    proc = python(["-m", "scripts.results", "--check", "--root", str(repo)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_the_step_benchmark_times_the_projects_step():

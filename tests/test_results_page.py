@@ -1,137 +1,190 @@
-"""``python -m scripts.results``: whole pages and named sections, from run folders
-made here with their ``table.md``, ``run.json`` and figures (no training)."""
+"""``python -m scripts.results``: pages and sections rendered from the data kept
+beside them, the README's paragraphs, and ``--check``, on the repository's own
+committed GPU runs (real run data, no training here)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
-from scripts.results import BEGIN, END, main, render, render_section, sections
+from scripts.results import (
+    BEGIN,
+    END,
+    README_MARK,
+    UNCHECKED,
+    main,
+    parse_page,
+    readme_spans,
+    render,
+)
+from scripts.results_check import check
+from tests.conftest import ROOT, python
 
 NET = "Real network (local cluster)"
+GPU = ROOT / "docs" / "results" / "gpu"
 
 
-def _job(**over) -> dict:
-    job = {
-        "experiment": "overlap",
-        "command": "python -m experiments.overlap --ranks 2",
-        "job": None,
-        "started_utc": "2026-11-26 10:00:00",
-        "ended_utc": "2026-11-26 10:04:00",
-        "host": "vm",
-        "cpu": "AMD EPYC",
-        "cores": 2,
-        "memory_gib": 23.5,
-        "load_average": [1.5, 1.0, 0.5],
-        "load_average_end": [2.5, 1.0, 0.5],
-        "commit": "abc123",
-        "world_size": 2,
-    }
-    return {**job, **over}
-
-
-def _run(tmp: Path, name: str, table: str, jobs: list[dict], pngs=("speedup",)):
+def _run_folder(tmp: Path, name: str, src: str = "run1", **job) -> Path:
+    """A run folder as gpu_check leaves it: a committed run's files, without
+    the data folder's own ``files.json`` and ``note.md``, plus a trace."""
     root = tmp / "runs" / name
-    root.mkdir(parents=True)
-    (root / "table.md").write_text(table)
-    (root / "run.json").write_text(json.dumps({"jobs": jobs}))
-    for png in pngs:
-        (root / f"{png}.png").write_bytes(b"\x89PNG " + name.encode())
+    shutil.copytree(GPU / src, root)
+    (root / "files.json").unlink()
+    (root / "note.md").unlink()
+    (root / "trace.json").write_text("{}")  # never kept
+    (root / "speedup.png").write_bytes(b"\x89PNG " + name.encode())
+    if job:
+        data = json.loads((root / "run.json").read_text())
+        data["jobs"][0].update(job)
+        (root / "run.json").write_text(json.dumps(data))
     return root
 
 
-def _net_jobs() -> list[dict]:
-    link = "real network link, {} nodes at 1gbit per node (local cluster, TCP)"
-    return [
-        _job(
-            host="n1",
-            command="python -m experiments.overlap --hosts n1,n2,n3,n4 --run-dir "
-            "runs/o --run-dir /abs/runs/o --point",  # as the driver's jobs record it
-            world_size=n,
-            hosts=hosts,
-            network=link.format(n),
-        )
-        for n, hosts in ((2, ["n1", "n2"]), (4, ["n1", "n2", "n3", "n4"]))
-    ]
+def _repo(tmp: Path, readme: str = "") -> Path:
+    repo = tmp / "repo"
+    (repo / "docs" / "results").mkdir(parents=True)
+    (repo / "README.md").write_text(readme)
+    return repo
 
 
-def test_a_section_replaces_only_itself(tmp_path):
-    docs = tmp_path / "docs"
-    shm = _run(tmp_path, "overlap-shm", "shared memory table\n", [_job()])
-    (page,) = render([shm], docs, note="nothing else running")
+def test_check_passes_on_the_committed_data():
+    proc = python(["-m", "scripts.results", "--check"], timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ok docs/results/gpu.md: rendered again from its data" in proc.stdout
+    assert "ok README.md:" in proc.stdout
+    # Pages rendered before their data were kept say so, and are listed.
+    for line in proc.stdout.splitlines():
+        if line.startswith("UNCHECKED docs/results/"):
+            page = ROOT / line.split()[1].rstrip(":")
+            assert UNCHECKED in page.read_text()
+    strict = python(["-m", "scripts.results", "--check", "--strict"], timeout=300)
+    assert strict.returncode == (1 if "UNCHECKED" in proc.stdout else 0)
+
+
+def _copy_gpu_page(tmp: Path) -> Path:
+    repo = _repo(tmp)
+    docs = repo / "docs" / "results"
+    shutil.copytree(GPU, docs / "gpu")
+    shutil.copy2(ROOT / "docs" / "results" / "gpu.md", docs / "gpu.md")
+    # The README's paragraph on the GPU page, as the repository has it.
+    text = (ROOT / "README.md").read_text()
+    start, end = readme_spans(text)["gpu"]
+    (repo / "README.md").write_text(f"# R\n\n{text[start:end]}\n\nmore\n")
+    return repo
+
+
+def test_a_changed_figure_fails_naming_the_page_and_its_line(tmp_path):
+    repo = _copy_gpu_page(tmp_path)
+    assert check(repo)[0] == 0
+    models = repo / "docs/results/gpu/run1/models.jsonl"
+    models.write_text(models.read_text().replace('"ms": 38.89', '"ms": 41.89'))
+    code, lines = check(repo)
+    assert code == 1
+    fail = next(x for x in lines if x.startswith("FAIL docs/results/gpu.md:"))
+    line = int(fail.split(":")[1])
+    page = (repo / "docs/results/gpu.md").read_text().splitlines()
+    i = lines.index(fail)
+    # The first line that differs: the check the step decides, 38.89 / 43.68 ms
+    # as the page says, 41.89 / 43.68 as the data now say.
+    assert lines[i + 1] == f"  page: {page[line - 1]}" and "| 0.890 |" in lines[i + 1]
+    assert lines[i + 2].startswith("  data: ") and "| 0.959 |" in lines[i + 2]
+
+
+def test_an_edited_page_a_missing_figure_and_an_edited_readme_fail(tmp_path):
+    repo = _copy_gpu_page(tmp_path)
+    page = repo / "docs/results/gpu.md"
+    text = page.read_text()
+    page.write_text(text.replace("| 0.890 |", "| 0.880 |"))
+    code, lines = check(repo)
+    assert code == 1 and any("0.880" in x for x in lines)
+    page.write_text(text + "\n![gone](gpu/run1/gone.png)\n")
+    code, lines = check(repo)
+    assert any("links gpu/run1/gone.png, which is not there" in x for x in lines)
+    page.write_text(text)
+    readme = repo / "README.md"
+    said = readme.read_text()
+    assert README_MARK.format("gpu") in said
+    assert "took 0.89x" in said
+    readme.write_text(said.replace("took 0.89x", "took 0.79x"))
+    code, lines = check(repo)
+    assert code == 1 and any(x.startswith("FAIL README.md:") for x in lines)
+
+
+def test_a_part_without_data_must_say_so(tmp_path):
+    repo = _repo(tmp_path)
+    page = repo / "docs/results/gpu.md"
+    head = "# GPUs\n\n<!-- Generated by `python -m scripts.results runs/gone`: "
+    page.write_text(head + "regenerate, do not edit. -->\n\ntext\n")
+    code, lines = check(repo)
+    assert code == 1 and any("does not say it cannot be checked" in x for x in lines)
+    page.write_text(head + f"regenerate, do not edit. -->\n\n{UNCHECKED}\n")
+    code, lines = check(repo)
+    assert code == 0
+    assert any(x.startswith("UNCHECKED docs/results/gpu.md") for x in lines)
+    assert check(repo, strict=True)[0] == 1
+
+
+def test_a_run_is_copied_beside_its_page_and_rendered_from_there(tmp_path, monkeypatch):
+    repo = _repo(tmp_path, f"# R\n\n{README_MARK.format('gpu')}\nold text\n\nafter\n")
+    run = _run_folder(tmp_path, "gpu-1")
+    page = render([run], repo, note="nothing else running")
+    data = repo / "docs/results/gpu/run1"
+    assert (data / "results.json").is_file() and (data / "speedup.png").is_file()
+    assert not (data / "trace.json").exists()
+    files = json.loads((data / "files.json").read_text())
+    assert files["run_folder"] == "gpu-1" and files["left_out"] == {"trace.json": 1}
+    text = page.read_text()
+    assert "`python -m scripts.results docs/results/gpu/run1`" in text
+    assert "nothing else running" in text and "![speedup](gpu/run1/speedup.png)" in text
+    assert "Run folder `gpu-1`, its data in `docs/results/gpu/run1`" in text
+    readme = (repo / "README.md").read_text()
+    said = " ".join(readme.split())
+    assert "old text" not in readme and "0.89x torchvision's time" in said
+    assert readme.endswith("\n\nafter\n")
+    assert check(repo)[0] == 0
+    # The page's own command, from the repository's root, renders it again.
+    monkeypatch.chdir(repo)
+    assert main(["docs/results/gpu/run1", "--root", str(repo)]) == 0
+    assert page.read_text() == text
+    assert check(repo)[0] == 0
+
+
+def test_a_section_replaces_only_itself_and_survives_the_page(tmp_path):
+    repo = _repo(tmp_path)
+    page = render([_run_folder(tmp_path, "own")], repo)
     before = page.read_text()
-    assert "shared memory table" in before and "nothing else running" in before
-
-    net = _run(tmp_path, "overlap-net", "network table 1\n", _net_jobs(), ("a", "b"))
-    assert render_section([net], docs, NET, note="load 4") == page
+    link = "real network link, 2 nodes at 1gbit per node"
+    net = _run_folder(tmp_path, "net", "run2", hosts=["n1", "n2"], network=link)
+    render([net], repo, note="load 4", section=NET)
     text = page.read_text()
-    assert text.startswith(before.rstrip("\n"))  # the page's own part as it was
+    assert text.startswith(before.rstrip("\n"))
     assert text.count(BEGIN.format(NET)) == 1 and text.count(END.format(NET)) == 1
-    block = sections(text)[NET]
-    assert f"## {NET}" in block and "- network table 1" in block and "load 4" in block
-    assert f'--section "{NET}"' in block  # how to regenerate it
-    # The nodes and their link, from run.json.
-    assert "2/4 nodes (n1, n2, n3, n4; real network link, 4 nodes at 1gbit" in block
-    assert "each node AMD EPYC, 2 cores" in block
-    assert "`python -m experiments.overlap --hosts n1,n2,n3,n4 --run-dir runs/o` (" in (
-        block
-    )
-    # Figures under the section's own folder; the page's own are untouched.
-    assert "![a](overlap/real-network-local-cluster/a.png)" in block
-    assert (
-        (docs / "overlap/real-network-local-cluster/b.png")
-        .read_bytes()
-        .endswith(b"overlap-net")
-    )
-    assert (docs / "overlap/speedup.png").read_bytes().endswith(b"overlap-shm")
-
-    # Again with other runs: replaced in place, its old figures gone.
-    emu = _run(tmp_path, "overlap-emu", "emulated table\n", [_job()], ("c",))
-    net2 = _run(tmp_path, "overlap-net2", "network table 2\n", _net_jobs(), ())
-    render_section([net2, emu], docs, NET, note=["ten", "one node"])
-    again = page.read_text()
-    assert again.startswith(before.rstrip("\n"))
-    block = sections(again)[NET]
-    assert "network table 1" not in again and "- network table 2" in block
-    assert "### Run 1" in block and "### Run 2" in block
-    assert block.index("ten") < block.index("one node")
-    assert not (docs / "overlap/real-network-local-cluster/a.png").exists()
-    assert (docs / "overlap/real-network-local-cluster/run2/c.png").is_file()
-
-
-def test_sections_survive_each_other_and_a_whole_page_render(tmp_path):
-    docs = tmp_path / "docs"
-    shm = _run(tmp_path, "overlap-shm", "old page\n", [_job()])
-    render([shm], docs)
-    net = _run(tmp_path, "overlap-net", "net\n", _net_jobs(), ("n",))
-    other = _run(tmp_path, "overlap-other", "other\n", [_job()], ("o",))
-    render_section([net], docs, NET)
-    render_section([other], docs, "Another one")
-    render_section([net], docs, NET)  # replacing the first keeps the second
-    text = (docs / "overlap.md").read_text()
-    assert list(sections(text)) == [NET, "Another one"]
-
-    new = _run(tmp_path, "overlap-new", "new page\n", [_job()], ("fresh",))
-    (page,) = render([new], docs)
+    assert f'--section "{NET}"' in text and "load 4" in text
+    assert "2 nodes (n1, n2; real network link, 2 nodes at 1gbit" in text
+    assert "![speedup](gpu/real-network-local-cluster/run1/speedup.png)" in text
+    render([_run_folder(tmp_path, "other")], repo, section="Another one")
+    render([net, _run_folder(tmp_path, "net2", "run2")], repo, section=NET)
+    parts = parse_page(page.read_text(), repo)
+    assert [p.title for p in parts] == [None, NET, "Another one"]
+    assert "### Run 2" in parts[1].text
+    # The page's own runs again: the sections are kept, rendered from their data.
+    render([_run_folder(tmp_path, "new")], repo)
     text = page.read_text()
-    assert "old page" not in text and "- new page" in text
-    assert list(sections(text)) == [NET, "Another one"]
-    assert text.index("new page") < text.index(BEGIN.format(NET))
-    # The page's own old figure is gone, the sections' are kept.
-    assert not (docs / "overlap/speedup.png").exists()
-    assert (docs / "overlap/fresh.png").is_file()
-    assert (docs / "overlap/real-network-local-cluster/n.png").is_file()
-    assert (docs / "overlap/another-one/o.png").is_file()
+    assert "Run folder `new`" in text and "Run folder `own`" not in text
+    assert [p.title for p in parse_page(text, repo)] == [None, NET, "Another one"]
+    assert check(repo)[0] == 0
 
 
 def test_a_section_of_a_page_not_yet_written_gets_the_head(tmp_path):
-    net = _run(tmp_path, "overlap-net", "net\n", _net_jobs())
-    page = render_section([net], tmp_path / "docs", NET)
+    repo = _repo(tmp_path)
+    page = render([_run_folder(tmp_path, "net")], repo, section=NET)
     text = page.read_text()
-    assert text.startswith("# SC18") and "experiments/overlap.py" in text
-    assert list(sections(text)) == [NET]
+    assert text.startswith("# GPUs") and "scripts/gpu_check.py" in text
+    assert [p.title for p in parse_page(text, repo)] == [None, NET]
+    assert check(repo)[0] == 0
 
 
 @pytest.mark.parametrize(
@@ -145,28 +198,33 @@ def test_a_section_of_a_page_not_yet_written_gets_the_head(tmp_path):
     ],
 )
 def test_bad_titles_are_one_line_and_exit_2(tmp_path, capsys, title, message):
-    net = _run(tmp_path, "overlap-net", "net\n", _net_jobs())
-    code = main([str(net), "--out", str(tmp_path / "docs"), "--section", title])
+    repo = _repo(tmp_path)
+    net = _run_folder(tmp_path, "net")
+    code = main([str(net), "--root", str(repo), "--section", title])
     if message is None:
         assert code == 0
         return
     assert code == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
-    assert not (tmp_path / "docs").exists()
+    assert not (repo / "docs/results/gpu.md").exists()
 
 
-def test_a_section_takes_one_experiment_and_notes_match_the_runs(tmp_path, capsys):
-    net = _run(tmp_path, "overlap-net", "net\n", _net_jobs())
-    eager = _run(tmp_path, "eager", "e\n", [_job(experiment="eager_sgd")])
-    docs = str(tmp_path / "docs")
-    assert main([str(net), str(eager), "--out", docs, "--section", NET]) == 2
-    assert "one page" in capsys.readouterr().err
-    notes = ["--note", "a", "--note", "b", "--note", "c"]
-    assert main([str(net), "--out", docs, "--section", NET, *notes]) == 2
-    assert "3 --note lines for 1 run folders" in capsys.readouterr().err
-    assert main([str(net), "--out", docs, "--section", NET, "--note", "x"]) == 0
-    assert capsys.readouterr().out.startswith("wrote ")
+def test_bad_folders_and_notes_are_one_line(tmp_path, capsys):
+    repo = _repo(tmp_path)
+    gpu = _run_folder(tmp_path, "gpu")
+    other = _run_folder(tmp_path, "eager", experiment="eager_sgd")
+    assert main([str(gpu), str(other), "--root", str(repo)]) == 2
+    assert "one experiment's" in capsys.readouterr().err
+    notes = ["--note", "a", "--note", "b"]
+    assert main([str(gpu), "--root", str(repo), *notes]) == 2
+    assert "2 --note lines for 1 run folders" in capsys.readouterr().err
+    assert main([str(tmp_path / "none"), "--root", str(repo)]) == 2
+    assert "no such run folder" in capsys.readouterr().err
+    (tmp_path / "bare").mkdir()
+    assert main([str(tmp_path / "bare"), "--root", str(repo)]) == 2
+    assert "no run.json" in capsys.readouterr().err
+    assert not (repo / "docs/results/gpu.md").exists()
 
 
 def test_run_json_records_the_nodes_when_given(tmp_path):
@@ -184,8 +242,8 @@ def test_run_json_records_the_nodes_when_given(tmp_path):
 def test_a_fenced_log_in_a_table_stays_as_written():
     from scripts.results import _as_markdown
 
-    table = "a note\n```\n[install] ok: jax | mpi4jax\nplain line\n```\nafter"
-    assert _as_markdown(table) == [
+    table = ["a note", "```", "[install] ok: jax | mpi4jax", "plain line", "```"]
+    assert _as_markdown([*table, "after"]) == [
         "- a note",
         "```",
         "[install] ok: jax | mpi4jax",
@@ -207,3 +265,20 @@ def test_run_json_takes_the_commit_it_is_given(tmp_path, monkeypatch):
     mine, given = read_jobs(tmp_path)
     assert given["commit"] == "09a8396+changes"
     assert mine["commit"] != "09a8396+changes"
+
+
+def test_the_regeneration_script_makes_every_cpu_page():
+    """``scripts/regenerate_results.sh`` is what the final runs run: every page
+    but the GPU's (which needs a lent GPU) is one of its parts."""
+    import subprocess
+
+    from scripts.results import PAGES
+
+    script = ROOT / "scripts" / "regenerate_results.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    text = script.read_text()
+    parts = set(text.split("PAGES=(", 1)[1].split(")", 1)[0].split())
+    assert parts == set(PAGES) - {"gpu"}
+    for page in parts:
+        assert f"\n    {page})\n" in text and f"page {page}" in text
+    assert "flock" in text and "--check" in text

@@ -9,12 +9,8 @@ import pytest
 
 from experiments.scalability import _sweep_flags, main, parse
 from research.studies.scalability import Point, jobs, plan
-from research.studies.scalability_report import (
-    cluster_lists,
-    derived,
-    format_table,
-    read_rows,
-)
+from research.studies.scalability_page import check_records, format_table
+from research.studies.scalability_report import cluster_lists, derived, read_rows
 
 
 def row(model="nt3", strategy="host", ranks=1, batch=8, step_s=1.0, tags=(), **kw):
@@ -110,8 +106,8 @@ def test_merge_reads_every_run_folder_and_merges_tags(tmp_path):
     assert sorted(rows) == [1, 2, 4]
     assert rows[2]["step_s"] == 1.5 and rows[2]["tags"] == ["ranks:weak"]
     text = format_table(list(rows.values()))
-    assert "== ranks, weak scaling" in text
-    assert "strong" not in text  # no row of that sweep
+    assert "#### ranks, weak scaling" in text
+    assert "strong scaling" not in text  # no row of that sweep
     line = next(x for x in text.splitlines() if "4x1" in x)
     assert "0.56" in line  # 1.0 / 1.8
 
@@ -131,7 +127,7 @@ def test_merge_command_writes_table_and_figures(tmp_path, capsys):
     text = main(
         ["--merge", str(tmp_path / "a"), str(tmp_path / "b"), "--run-dir", str(out)]
     )
-    assert "== straggler" in text and "absorbed 100" in text  # overlap at 200 ms
+    assert "#### straggler" in text and "absorbed 100," in text  # overlap at 200 ms
     assert (out / "table.md").read_text().strip() == text.strip()
     for name in ("scaling.png", "batch.png", "straggler.png"):
         assert (out / name).stat().st_size > 1000
@@ -169,6 +165,55 @@ def test_table_says_which_rank_counts_ran_over_a_network():
         row(ranks=4, tags=["ranks:weak"]) | {"nodes": 4, "link_label": net.format(4)},
     ]
     lines = format_table(rows).splitlines()
-    assert lines[-2:] == [f"2 ranks: {net.format(2)}", f"4 ranks: {net.format(4)}"]
+    at = lines.index(f"2 ranks: {net.format(2)}")
+    assert lines[at + 1] == f"4 ranks: {net.format(4)}"
     assert not any("real shm" in line for line in lines)
     assert "ranks:" not in format_table([row(ranks=2, tags=["ranks:weak"])])
+
+
+def _sampled(r: dict, step: float, spread: float = 0.01) -> dict:
+    """``r`` with 20 measured steps around ``step``."""
+    steps = [step * (1 + spread * ((i % 5) - 2)) for i in range(20)]
+    return r | {"step_s": step, "samples": {"step_s": steps}}
+
+
+@pytest.mark.parametrize(
+    "step,word",
+    [
+        (1.10, "PASS"),  # 100 of 200 ms absorbed: partly
+        (0.95, "FAIL"),  # more than the whole delay absorbed
+        (1.25, "FAIL"),  # none of it: the step grew by more than the delay
+        (1.00, "UNDECIDED"),  # the interval holds the whole delay
+    ],
+)
+def test_the_straggler_finding_is_decided_on_the_absorbed_delays_interval(step, word):
+    kw = {"link": "1gbps", "tags": ["straggler"]}
+    rows = [
+        _sampled(row("nt3", "overlap", 2, **kw), 1.0),
+        _sampled(row("nt3", "overlap", 2, delay=0.2, **kw), step),
+        _sampled(row("nt3", "host", 2, **kw), 1.0),
+        _sampled(row("nt3", "host", 2, delay=0.2, **kw), 1.2),
+    ]
+    recs = check_records(rows)
+    (partly,) = [c for c in recs if c["claim"] == "partly"]
+    assert partly["word"] == word, partly
+    # Host does not pipeline: its absorbed delay is information only.
+    assert [c["word"] for c in recs if c["strategy"] == "host"] == ["INFO"]
+
+
+def test_the_gap_findings_read_the_timelines_shares():
+    kw = {"tags": ["checkpoint"]}
+    free = row("nt3", "overlap", 2, **kw) | {
+        "free_shares": [0.9 + 0.01 * (i % 5) for i in range(30)]
+    }
+    ck = row("nt3", "overlap", 2, ckpt_every=3, **kw)
+    ck["ckpt_bg_parts"] = [[0.099, 0.1], [0.095, 0.1], [0.1, 0.1], [0.098, 0.1]]
+    little = row("nt3", "host", 2, ckpt_every=3, **kw)
+    little["ckpt_bg_parts"] = [[0.02, 0.1], [0.03, 0.1], [0.01, 0.1]]
+    words = {
+        (c["claim"], c["strategy"]): c["word"]
+        for c in check_records([free, ck, little, row("nt3", "host", 2, **kw)])
+    }
+    assert words[("free", "overlap")] == "PASS"
+    assert words[("gaps", "overlap")] == "PASS"
+    assert words[("gaps", "host")] == "FAIL"

@@ -51,6 +51,18 @@ def test_tiny_sweeps_write_rows_table_and_figures(tmp_path):
     assert 0 <= ck["ckpt_bg_in_gaps"] <= 1
     assert by["nt3-overlap-np2-t1-b4"]["gap_median_s"] > 0
     assert (run / "nt3-overlap-np2-t1-b4" / "analysis.json").exists()
+    # The measured steps and the timeline's shares every check reads.
+    assert len(by["nt3-overlap-np2-t1-b4"]["samples"]["step_s"]) == 3
+    assert all(0 <= f <= 1 for f in by["nt3-overlap-np2-t1-b4"]["free_shares"])
+    assert ck["ckpt_bg_parts"] and all(0 <= a <= b for a, b in ck["ckpt_bg_parts"])
+    assert "a 50 ms straggler, absorbed" in out
+    # The page from the kept rows alone, and --check on it.
+    from scripts.results import render
+    from scripts.results_check import check
+
+    page = render([run], tmp_path / "repo").read_text()
+    assert "#### ranks, weak scaling" in page and "DeepFreeze's background" in page
+    assert check(tmp_path / "repo")[0] == 0
     for name in (
         "table.md",
         "scaling.png",

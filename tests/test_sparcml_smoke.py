@@ -21,11 +21,14 @@ def test_tiny_run_prints_both_tables_and_checks(tmp_path):
     proc = python(["-m", "experiments.sparcml", *args], env=env, timeout=400)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     out = proc.stdout
-    assert "micro-benchmark, dim 50000" in out
+    assert "Micro-benchmark, dim 50000, 1 timed calls per point" in out
     assert "training: cnn_small, 2 ranks" in out
-    assert "measured bytes / model within 1.05x" in out
+    assert "PASS  measured bytes / model within 1.05x" in out
     assert "top-k 1% + error feedback within 0.5 points" in out
-    assert "(2 seeds: mean +- std)" in out and "(2 s.e., 2 seeds)" in out
+    assert "| arm | final acc (2 seeds: mean +- sd) |" in out and "2 seeds" in out
+    # One timed call per point: no interval, so no benchmark check is decided.
+    bench = [ln for ln in out.splitlines() if "auto / best fixed" in ln]
+    assert bench and all(ln.startswith("UNDECIDED") for ln in bench)
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     # 2 densities x (4 algorithms + auto) at P = 2.
     assert len(results["bench"]) == 10
@@ -39,6 +42,16 @@ def test_tiny_run_prints_both_tables_and_checks(tmp_path):
     assert arms["topk_ef"]["bytes_per_step"] < 0.2 * arms["dense"]["bytes_per_step"]
     for name in ("time_vs_density.png", "accuracy.png", "table.md"):
         assert (tmp_path / "run" / name).exists()
+    # auto's own calls on the emulated link, with what it chose for that link.
+    auto = [r for r in results["bench"] if r["algorithm"] == "auto"]
+    assert all(len(r["emulated_reps"]) == 1 and r["chosen_emulated"] for r in auto)
+    # The page from the kept files alone, and --check on it.
+    from scripts.results import render
+    from scripts.results_check import check
+
+    page = render([tmp_path / "run"], tmp_path / "repo").read_text()
+    assert "| dense |" in page and "auto / best fixed" in page
+    assert check(tmp_path / "repo")[0] == 0
 
 
 def test_tiny_communication_bound_comparison(tmp_path):
@@ -61,6 +74,7 @@ def test_tiny_communication_bound_comparison(tmp_path):
     assert "candle_p1b2_tiny, 10gbps: top-k + EF faster to 0.05" in proc.stdout
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     rows = results["comm_bound"]
+    assert all(r["seed"] == 0 for r in rows)
     assert {(r["link"], r["arm"]) for r in rows} == {
         (link, arm)
         for link in ("10gbps", "real")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from research.plots import save_figure
-from research.studies.deepfreeze import load_results
+from research.studies.deepfreeze_page import load_results
 from research.trace import read_trace_events
 
 #: Colours of the savers, in the order ``list_savers()`` names them; a

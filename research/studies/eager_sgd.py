@@ -2,9 +2,10 @@
 
 ``python -m experiments.eager_sgd`` (the paper, the commands and the measured
 table are in its docstring) parses the flags and calls :func:`run_experiment`
-on every rank; rank 0 then reads the run folders (:func:`write_results`) and
-prints :func:`format_table` and :func:`format_checks`, which also work later
-from disk without MPI.
+on every rank; rank 0 then reads the run folders into ``results.json``
+(:func:`write_results`) and prints the page's part of the run
+(:mod:`research.studies.eager_sgd_page`: table and checks), which renders the
+same later from ``results.json`` alone.
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ ARMS = ("allreduce", "solo", "majority", "ps")
 #: delay keeps the paper's ratio (0.32 s sleeps on ~0.3-0.5 s steps) on any machine.
 DEFAULT_IMBALANCE = "random:k=1:seconds=auto:how=spin"
 DEFAULT_TARGET = 0.85
-#: Final accuracy of an eager arm counts as "not lost" within this of allreduce.
-ACC_TOLERANCE = 0.02
 
 
 def check_flags(cfg: Any) -> str | None:
@@ -131,12 +130,10 @@ def run_experiment(
     spec = run_arms(cfg, base_config(cfg), root, world)
     rows: list[dict[str, Any]] = []
     if world.rank == 0:
+        from research.studies.eager_sgd_page import render
+
         rows = write_results(root, cfg.target_acc, spec)
-        print(format_table(rows, cfg.target_acc), flush=True)
-        print(f"r0 | imbalance {spec}", flush=True)
-        checks = format_checks(rows, spec, world.size)
-        if checks:
-            print(checks, flush=True)
+        print("\n".join(render(root)), flush=True)
         if plot is not None:
             for path in plot(root, cfg.target_acc):
                 print(f"r0 | figure {path}", flush=True)
@@ -188,7 +185,10 @@ def load_run(run_dir: str | Path, target_acc: float) -> dict[str, Any]:
     """The numbers of one arm's run folder (summary.json and metrics.jsonl only).
 
     Times are on the training clock without evaluation and without step 1, which
-    compiles (seconds that differ between arms and say nothing about a strategy).
+    compiles (cached across the arms of a job: seconds that differ with the
+    arms' order and say nothing about a strategy). The time to the target adds
+    the arm's own set-up before its first step (``start_s``: its strategy's
+    start-up), the same for every arm.
     """
     from research.rundir import read_metrics
 
@@ -198,8 +198,10 @@ def load_run(run_dir: str | Path, target_acc: float) -> dict[str, Any]:
     steps = [r for r in rows if r.get("kind") != "eval" and "step_time" in r]
     evals = [r for r in rows if r.get("kind") == "eval"]
     first = steps[0]["step_time"] if steps and steps[0].get("step") == 1 else 0.0
+    start = summary.get("start_s") or 0.0
     reached = next(
-        (e["train_time"] - first for e in evals if e["test_acc"] >= target_acc), None
+        (start + e["train_time"] - first for e in evals if e["test_acc"] >= target_acc),
+        None,
     )
     contrib = [r["comm_contributors"] for r in steps if "comm_contributors" in r]
     # Mean lateness (rounds) of the gradients applied: every rank's, from the
@@ -226,46 +228,18 @@ def load_run(run_dir: str | Path, target_acc: float) -> dict[str, Any]:
         ),
         "mean_age": statistics.fmean(age) if age else None,
         "train_time_s": summary["train_time_s"] - first,
+        "start_s": summary.get("start_s"),
         "world_size": summary["world_size"],
     }
-
-
-def _mean_std(values: list[float | None]) -> tuple[float, float] | None:
-    vals = [v for v in values if v is not None]
-    if not vals or len(vals) < len(values):
-        return None  # a seed never got there: no mean
-    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
-
-
-def aggregate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per arm: mean and std over seeds of every column."""
-    order = ["balanced", *ARMS]
-    out = []
-    for arm in sorted({r["arm"] for r in runs}, key=order.index):
-        mine = [r for r in runs if r["arm"] == arm]
-        row: dict[str, Any] = {
-            "arm": arm,
-            "seeds": [r["seed"] for r in mine],
-            "steps": mine[0]["steps"],
-        }
-        for key in (
-            "samples_per_s",
-            "median_step_s",
-            "step_without_delay_s",
-            "time_to_target_s",
-            "final_test_acc",
-            "mean_contributors",
-            "mean_age",
-        ):
-            row[key] = _mean_std([r.get(key) for r in mine])
-        out.append(row)
-    return out
 
 
 def write_results(
     root: Path, target_acc: float, imbalance: str = ""
 ) -> list[dict[str, Any]]:
-    """Read every arm's folder under ``root``; write results.json and table.md."""
+    """Read every arm's folder under ``root``; write ``results.json`` and
+    ``table.md`` (the page's part of the run); returns the rows per arm."""
+    from research.studies.eager_sgd_page import aggregate, render
+
     runs = [
         load_run(d, target_acc)
         for d in sorted(root.iterdir())
@@ -274,140 +248,10 @@ def write_results(
     rows = aggregate(runs)
     (root / "results.json").write_text(
         json.dumps(
-            {
-                "target_acc": target_acc,
-                "imbalance": imbalance,
-                "runs": runs,
-                "arms": rows,
-            },
+            {"target_acc": target_acc, "imbalance": imbalance, "runs": runs},
             indent=2,
         )
         + "\n"
     )
-    note = f"\nimbalance: {imbalance}\n" if imbalance else "\n"
-    checks = format_checks(rows, imbalance, runs[0]["world_size"] if runs else 1)
-    (root / "table.md").write_text(
-        format_table(rows, target_acc) + note + (checks + "\n" if checks else "")
-    )
+    (root / "table.md").write_text("\n".join(render(root)) + "\n")
     return rows
-
-
-def _mean_delay(spec: str, size: int) -> float | None:
-    """Mean seconds a delayed rank is held up per step under ``spec``."""
-    from research.imbalance import DistImbalance, FixedImbalance, RandomImbalance
-
-    try:
-        imb = parse_imbalance(spec, size=size)
-    except ValueError:
-        return None
-    if isinstance(imb, (FixedImbalance, RandomImbalance)):
-        return imb.seconds
-    if isinstance(imb, DistImbalance):
-        return imb.mean()
-    return None
-
-
-def format_checks(rows: list[dict[str, Any]], imbalance: str, size: int) -> str:
-    """The issue's "done when" read off the table (first value: mean over seeds).
-
-    Synchronous SGD waits for the straggler every step, so its median step should
-    grow by about the delay; eager-SGD's ranks should not wait for it, so their
-    steps apart from their own injected delay should stay near the balanced step.
-    """
-    by = {r["arm"]: r for r in rows}
-
-    def val(arm: str, key: str) -> float | None:
-        v = by.get(arm, {}).get(key)
-        return v[0] if v else None
-
-    lines = []
-    # One statistic for every arm: the median over ranks of each rank's median
-    # step without its own delay (allreduce and balanced: its median step).
-    delay = _mean_delay(imbalance, size)
-    base = val("balanced", "step_without_delay_s")
-    sync = val("allreduce", "step_without_delay_s")
-    if delay and base and sync:
-        grow = sync - base
-        lines.append(
-            f"check: allreduce's median step grew by {grow * 1e3:.1f} ms over "
-            f"the no-imbalance step ({base * 1e3:.1f} ms), "
-            f"{grow / delay:.0%} of the {delay * 1e3:.1f} ms injected delay"
-        )
-    for arm in ("solo", "majority"):
-        step = val(arm, "step_without_delay_s")
-        if base and step:
-            lines.append(
-                f"check: {arm}'s median step without its own delay "
-                f"{step * 1e3:.1f} ms, {step / base:.2f}x the no-imbalance step"
-            )
-    ref_t, ref_acc = (
-        val("allreduce", "time_to_target_s"),
-        val("allreduce", "final_test_acc"),
-    )
-    for arm in ("solo", "majority"):
-        t, acc = val(arm, "time_to_target_s"), val(arm, "final_test_acc")
-        if t is not None and ref_t is not None:
-            lines.append(
-                f"check: {arm} reached the target in {t:.1f} s against "
-                f"allreduce's {ref_t:.1f} s ({'sooner' if t < ref_t else 'NOT sooner'})"
-            )
-        if acc is not None and ref_acc is not None:
-            ok = abs(acc - ref_acc) <= ACC_TOLERANCE
-            lines.append(
-                f"check: {arm}'s final accuracy {acc:.4f}, allreduce {ref_acc:.4f}: "
-                f"{'within' if ok else 'NOT within'} {ACC_TOLERANCE}"
-            )
-    return "\n".join(lines)
-
-
-def _fmt(
-    v: tuple[float, float] | None, scale: float = 1.0, digits: int = 1, std: bool = True
-) -> str:
-    if v is None:
-        return "-"
-    mean, sd = v[0] * scale, v[1] * scale
-    return f"{mean:.{digits}f} +- {sd:.{digits}f}" if std else f"{mean:.{digits}f}"
-
-
-def format_table(rows: list[dict[str, Any]], target_acc: float) -> str:
-    """The experiment's table as Markdown (std shown with several seeds)."""
-    multi = any(len(r["seeds"]) > 1 for r in rows)
-    head = [
-        "arm",
-        "steps",
-        "samples/s",
-        "median step ms",
-        "without own delay",
-        f"time to {target_acc:.0%} s",
-        "final test acc",
-        "fresh contributors",
-        "gradient age",
-    ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    ref = next((r for r in rows if r["arm"] == "allreduce"), None)
-    for r in rows:
-        name = r["arm"] + (" (no imbalance)" if r["arm"] == "balanced" else "")
-        cells = [
-            name,
-            str(r["steps"]),
-            _fmt(r["samples_per_s"], std=multi, digits=0),
-            _fmt(r["median_step_s"], 1e3, std=multi),
-            _fmt(r.get("step_without_delay_s"), 1e3, std=multi),
-            _fmt(r["time_to_target_s"], std=multi),
-            "-"
-            if r["arm"] == "balanced"
-            else _fmt(r["final_test_acc"], digits=4, std=multi),
-            _fmt(r["mean_contributors"], digits=2, std=multi),
-            _fmt(r["mean_age"], digits=2, std=multi),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    if ref and ref["samples_per_s"]:
-        base = ref["samples_per_s"][0]
-        speed = ", ".join(
-            f"{r['arm']} {r['samples_per_s'][0] / base:.2f}x"
-            for r in rows
-            if r["arm"] in ("solo", "majority", "ps") and r["samples_per_s"]
-        )
-        if speed:
-            lines.append(f"\nthroughput relative to allreduce: {speed}")
-    return "\n".join(lines)

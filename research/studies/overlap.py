@@ -2,9 +2,11 @@
 
 ``run_point`` (under MPI, one world size) trains each model a few steps with
 each strategy, on the real link and on an emulated one, and rank 0 appends one
-row per run to ``results.jsonl``; ``report`` reads every row and prints one table
-per model and the issue's benchmark targets as checks. ``experiments.overlap``
-is the entry point (its docstring: paper, claims, commands, measured table).
+row per run to ``results.jsonl``, its measured steps with it; ``report`` prints
+one table per model and the issue's benchmark targets as checks, decided on
+intervals over those steps (:mod:`research.studies.overlap_page`).
+``experiments.overlap`` is the entry point (its docstring: paper, claims,
+commands, measured table).
 ``plan`` says which runs a world size gets (one rank: the serial baseline and
 overlap; emulated links and layerwise's bucket sweep only where asked);
 ``load_rows`` re-reads a folder (a rerun counts once; timings can be re-derived
@@ -31,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 STRATEGIES = ("host", "fused", "layerwise", "overlap", "overlap-fcx")
+#: What the default runs: the fc exchange is information only, on request.
+DEFAULT_STRATEGIES = STRATEGIES[:4]
 #: Strategies that run on an emulated link (fused communicates inside XLA).
 LINKED = ("host", "layerwise", "overlap", "overlap-fcx")
 #: ``overlap`` with the FC-activation exchange (option ``fc_exchange``), run
@@ -106,13 +110,35 @@ def _config(
     )
 
 
+#: The per-step keys a row keeps (``samples``): metrics.jsonl's, as named here.
+SAMPLES = {
+    "step_s": "step_time",
+    "compute_s": "compute_s",
+    "comm_s": "comm_busy_s",
+    "exposed_s": "comm_exposed_s",
+}
+
+
+def step_samples(run_dir: Path, warmup: int) -> dict[str, list[float | None]]:
+    """Rank 0's steps after ``warmup`` of a run's ``metrics.jsonl``, per key:
+    what the page's medians and their intervals are computed from."""
+    from research.rundir import read_metrics
+
+    rows = [r for r in read_metrics(run_dir) if not r.get("kind")]
+    rows = [r for r in rows if r["step"] > warmup] or rows
+    return {k: [r.get(m) for r in rows] for k, m in SAMPLES.items()}
+
+
 def _timing(run_dir: Path, warmup: int) -> dict[str, Any]:
-    """Medians over the steps after ``warmup`` of a run's ``metrics.jsonl``."""
+    """Medians over the steps after ``warmup`` of a run's ``metrics.jsonl``,
+    and those steps (``samples``)."""
     from research.rundir import step_medians
 
     m = step_medians(run_dir, warmup)
     comm, exposed = m["comm_s"], m["exposed_s"]
     m["hidden"] = None if not comm else max(0.0, 1.0 - (exposed or 0.0) / comm)
+    m["samples"] = step_samples(run_dir, warmup)
+    m["warmup"] = warmup
     return m
 
 
@@ -230,179 +256,6 @@ def run_point(cfg: Any, root: Path, world: Any) -> None:
             world.barrier()
 
 
-def read_results(root: Path) -> list[dict[str, Any]]:
-    path = Path(root) / "results.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line]
-
-
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{1e3 * v:.1f}"
-
-
-def _name(row: dict[str, Any]) -> str:
-    return row.get("label", row["strategy"])
-
-
-def format_table(rows: list[dict[str, Any]], model: str) -> str:
-    rows = [r for r in rows if r["model"] == model]
-    by = {(_name(r), r["ranks"], r["link_kind"]): r for r in rows}
-    head = (
-        f"{model}\nstrategy   ranks link    step ms  compute  comm ms  hidden  "
-        "exposed  vs host  eff(1)  opt MB/rank"
-        "\n(eff(1): host's step on 1 rank / this step, batch per rank fixed)"
-    )
-    lines = [head]
-    order = {s: i for i, s in enumerate(STRATEGIES)}
-    for r in sorted(
-        rows,
-        key=lambda r: (
-            r["link_kind"] != "real",
-            r["link_kind"],
-            r["ranks"],
-            order.get(r["strategy"], 9),
-            r.get("bucket_mb") or 0,
-        ),
-    ):
-        host = by.get(("host", r["ranks"], r["link_kind"]))
-        one = by.get(("host", 1, "real"))
-        speed = host["step_s"] / r["step_s"] if host else None
-        eff = one["step_s"] / r["step_s"] if one else None
-        hidden = "-" if r["hidden"] is None else f"{100 * r['hidden']:.0f}%"
-        lines.append(
-            f"{_name(r):<10} {r['ranks']:>5} {r['link_kind']:<6} "
-            f"{_ms(r['step_s']):>8} {_ms(r['compute_s']):>8} {_ms(r['comm_s']):>8} "
-            f"{hidden:>7} {_ms(r['exposed_s']):>8} "
-            f"{'-' if speed is None else f'{speed:.2f}x':>8} "
-            f"{'-' if eff is None else f'{eff:.2f}':>7} "
-            f"{r['opt_bytes'] / 2**20:>11.1f}"
-        )
-    links = sorted({r["link"] for r in rows if r["link_kind"] != "real"})
-    if links:
-        lines.append(f"emulated link(s): {', '.join(links)}")
-    real = sorted(
-        {
-            (r["ranks"], r["link_label"])
-            for r in rows
-            if r["link_kind"] == "real" and r.get("link_label") and r["ranks"] > 1
-        }
-    )
-    for p, text in real:
-        lines.append(f"real link at {p} ranks: {text}")
-    return "\n".join(lines)
-
-
-def _network(row: dict[str, Any]) -> bool:
-    """Whether a real-link row's ranks spanned several nodes (bytes crossed a
-    network, not shared memory); rows written before nodes were recorded: no."""
-    return row["link_kind"] == "real" and (row.get("nodes") or 1) > 1
-
-
-def _where(kind: str, row: dict[str, Any]) -> str:
-    """How a check names the link of ``row``: ``emulated`` (``auto``), the
-    emulated link's spec, or the real network and its nodes."""
-    if kind == "auto":
-        return "emulated"
-    if kind == "real":
-        return f"real network, {row['nodes']} nodes"
-    return f"emulated {kind}"
-
-
-def _claims(by: dict, p: int, kind: str, top: int, out: list[str]) -> None:
-    """The issue's targets for ``p`` ranks on link ``kind`` (``top``: the most
-    ranks on that link, where the speed-up target applies)."""
-    ov = by.get(("overlap", p, kind))
-    host = by.get(("host", p, kind))
-    lw = by.get(("layerwise", p, kind))
-    if ov is None or ov["comm_s"] is None:
-        return
-    where = _where(kind, ov)
-
-    def check(ok: bool, text: str) -> None:
-        out.append(f"  [{'PASS' if ok else 'FAIL'}] {p} ranks, {where}: {text}")
-
-    check(
-        (ov["hidden"] or 0) >= 0.8,
-        f"overlap hides >= 80% of communication ({100 * (ov['hidden'] or 0):.0f}%)",
-    )
-    bound = (
-        1.1 * max(ov["compute_s"], ov["comm_s"])
-        + ov["comm_s"] * (ov["biggest_stage_share"])
-    )
-    check(
-        ov["step_s"] <= bound,
-        f"overlap step {_ms(ov['step_s'])} ms <= 1.1 x max(compute, comm) + one "
-        f"stage's comm = {_ms(bound)} ms",
-    )
-    if host and p == top:
-        speed = host["step_s"] / ov["step_s"]
-        check(speed >= 1.3, f"overlap {speed:.2f}x host")
-    if lw:
-        check(
-            ov["step_s"] <= 1.05 * lw["step_s"],
-            f"overlap ({_ms(ov['step_s'])} ms) at or ahead of layerwise "
-            f"({_ms(lw['step_s'])} ms), within 5%",
-        )
-    sweep = [
-        r
-        for (name, q, k), r in by.items()
-        if r["strategy"] == "layerwise" and q == p and k == kind
-    ]
-    if len(sweep) > 1:
-        best = min(sweep, key=lambda r: r["step_s"])
-        out.append(
-            f"  [info] {p} ranks, {where}: best layerwise bucket "
-            f"{best['bucket_mb']:g} MiB ({_ms(best['step_s'])} ms; overlap "
-            f"{_ms(ov['step_s'])} ms)"
-        )
-
-
-def format_checks(rows: list[dict[str, Any]], model: str) -> str:
-    """The issue's benchmark targets, measured in this run (not asserted): on
-    every emulated link, and on the real link where it is a network (ranks on
-    several nodes); on shared memory, overlap against host as information."""
-    rows = [r for r in rows if r["model"] == model]
-    by = {(_name(r), r["ranks"], r["link_kind"]): r for r in rows}
-    out: list[str] = []
-    kinds = sorted({r["link_kind"] for r in rows if r["link_kind"] != "real"})
-    if any(_network(r) for r in rows):
-        kinds.append("real")
-    for kind in kinds:
-        sizes = sorted(
-            {
-                r["ranks"]
-                for r in rows
-                if r["link_kind"] == kind and (kind != "real" or _network(r))
-            }
-        )
-        for p in sizes:
-            _claims(by, p, kind, max(sizes), out)
-    for p in sorted({r["ranks"] for r in rows if r["link_kind"] == "real"}):
-        ov, host = by.get(("overlap", p, "real")), by.get(("host", p, "real"))
-        if ov and host and p > 1 and not _network(ov):
-            speed = host["step_s"] / ov["step_s"]
-            out.append(
-                f"  [info] {p} ranks, real link: overlap {speed:.2f}x "
-                f"host, hides {100 * (ov['hidden'] or 0):.0f}% (shared memory: moving "
-                "bytes takes the CPU the computation needs)"
-            )
-    for (name, p, kind), fcx in sorted(by.items()):
-        ov = by.get(("overlap", p, kind))
-        if name != "overlap-fcx" or not ov:
-            continue
-        mb = [(r.get("sent_bytes") or 0) / 2**20 for r in (fcx, ov)]
-        where = "real link" if kind == "real" and not _network(ov) else None
-        out.append(
-            f"  [info] {p} ranks, {where or _where(kind, ov)}: "
-            f"FC-activation exchange {_ms(fcx['step_s'])} ms vs overlap "
-            f"{_ms(ov['step_s'])} ms ({ov['step_s'] / fcx['step_s']:.2f}x); "
-            f"handed to MPI per step {mb[0]:.1f} vs {mb[1]:.1f} MB; optimizer "
-            f"{fcx['opt_bytes'] / 2**20:.1f} vs {ov['opt_bytes'] / 2**20:.1f} MB/rank"
-        )
-    return "\n".join([f"checks, {model}:", *out]) if out else ""
-
-
 def load_rows(root: Path, warmup: int | None = None) -> list[dict[str, Any]]:
     """The rows of ``root/results.jsonl``, each run once.
 
@@ -410,12 +263,9 @@ def load_rows(root: Path, warmup: int | None = None) -> list[dict[str, Any]]:
     later row. With ``warmup``, timings are re-derived from each run's
     ``metrics.jsonl`` leaving out that many steps.
     """
-    rows = list(
-        {
-            (r["model"], _name(r), r["ranks"], r["link_kind"]): r
-            for r in read_results(root)
-        }.values()
-    )
+    from research.studies.overlap_page import read_results, unique
+
+    rows = unique(read_results(root))
     if warmup is not None:
         rows = [
             {**r, **_timing(Path(root) / r["run"], warmup)} if r.get("run") else r
@@ -425,16 +275,18 @@ def load_rows(root: Path, warmup: int | None = None) -> list[dict[str, Any]]:
 
 
 def report(root: Path, models: list[str], warmup: int | None = None) -> str:
-    """Tables and checks from ``root/results.jsonl``; written to ``table.md``."""
-    rows = load_rows(root, warmup)
-    parts = []
-    for model in models:
-        parts.append(format_table(rows, model))
-        checks = format_checks(rows, model)
-        if checks:
-            parts.append(checks)
-    text = "\n\n".join(parts)
-    (Path(root) / "table.md").write_text(text + "\n")
+    """Tables and checks from ``root/results.jsonl`` (the page's part of the
+    run, :mod:`research.studies.overlap_page`), also written to ``table.md``.
+    With ``warmup``, the rows are derived again leaving out that many steps
+    and ``results.jsonl`` rewritten with them."""
+    from research.studies.overlap_page import render
+
+    root = Path(root)
+    if warmup is not None:
+        rows = load_rows(root, warmup)
+        (root / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = "\n".join(render(root))
+    (root / "table.md").write_text(text + "\n")
     return text
 
 

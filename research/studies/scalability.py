@@ -205,6 +205,13 @@ def train_config(p: Point, cfg: Any, run_dir: Path, steps: int | None = None):
     )
 
 
+def step_samples(run_dir: Path, warmup: int) -> dict[str, list[float | None]]:
+    """Rank 0's measured steps after ``warmup`` (``research.studies.overlap``'s)."""
+    from research.studies.overlap import step_samples as samples
+
+    return samples(run_dir, warmup)
+
+
 def _timings(run_dir: Path, warmup: int) -> dict[str, Any]:
     """Rank 0's median step, compute, communication and exposed times."""
     from research.rundir import step_medians
@@ -247,11 +254,15 @@ def measure_trace(run_dir: Path, warmup: int) -> dict[str, Any]:
     spans, _ = parse_spans(load_events(run_dir))
     bg = in_gaps = block = 0.0
     saves = 0
+    parts: list[list[float]] = []  # per background span: [in the gaps, its length]
     for ss in spans.values():
         ups = _union([(s.start, s.end) for s in ss if s.track == "update"])
         work = _union([(s.start, s.end) for s in ss if s.track == "checkpoint-bg"])
         bg += total(work)
         in_gaps += total(work) - total(intersect(work, ups))
+        for piece in work:
+            length = piece[1] - piece[0]
+            parts.append([length - total(intersect([piece], ups)), length])
         mine = [s for s in ss if s.track == "checkpoint" and s.name == "checkpoint"]
         block += sum(s.end - s.start for s in mine)
         saves += len(mine)
@@ -260,7 +271,28 @@ def measure_trace(run_dir: Path, warmup: int) -> dict[str, Any]:
         ckpt_bg_s=bg / saves if saves else None,
         ckpt_bg_in_gaps=(in_gaps / bg) if bg > 0 else None,
         ckpt_block_s=block / saves if saves else None,
+        ckpt_bg_parts=parts,
+        free_shares=free_shares(spans, warmup),
     )
+    return out
+
+
+def free_shares(spans: dict[int, list], warmup: int) -> list[float]:
+    """Every stage's update-to-update intervals on every rank after ``warmup``
+    steps: the share of each in which none of the stage's updates ran
+    (``research.trace_analysis.metrics``' free share, each one kept)."""
+    by: dict[tuple[int, str], list] = {}
+    for r, ss in spans.items():
+        for s in ss:
+            step = s.args.get("step")  # 0-based on the timeline: 0..warmup-1 out
+            if s.track == "update" and (step is None or step >= warmup):
+                by.setdefault((r, str(s.args.get("stage", "model"))), []).append(s)
+    out = []
+    for ups in by.values():
+        ups.sort(key=lambda s: s.start)
+        for a, b in zip(ups, ups[1:]):
+            if b.end > a.end:
+                out.append((b.start - a.end) / (b.end - a.end))
     return out
 
 
@@ -296,6 +328,7 @@ def run_point(p: Point, tags: list[str], cfg: Any, root: Path, world: Any) -> di
         row["nodes"] = world.nodes
         row["link_label"] = link_label(p.link, world)
         row.update(_timings(run_dir, cfg.warmup))
+        row["samples"] = step_samples(run_dir, cfg.warmup)
         row.update(measure_trace(run_dir, cfg.warmup))
         with open(root / "results.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")

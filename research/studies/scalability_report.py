@@ -2,8 +2,9 @@
 
 ``read_rows(dirs)`` gathers every ``results.jsonl`` under the given folders (a
 laptop run writes one; a cluster array writes one per task folder), one row per
-point id (the last wins, tags merged). ``format_table`` prints one section per
-sweep; ``derived`` adds throughput, parallel efficiency and the delay absorbed.
+point id (the last wins, tags merged); ``derived`` adds throughput, parallel
+efficiency and the delay absorbed; the tables and the findings' checks are
+:mod:`research.studies.scalability_page`'s.
 Definitions (per model and strategy; T = median step time):
 
 * throughput = ranks x batch per rank / T (samples/s);
@@ -15,8 +16,6 @@ Definitions (per model and strategy; T = median step time):
 * delay absorbed = injected delay - (T(delay) - T(0)) at the same strategy and
   link: the part of a straggler's delay that did not reach the step time.
 
-Rows record their nodes; where ranks spanned several (``--hosts``), the table
-ends with the link each rank count ran on (the real link was a network).
 
 ``cluster_lists`` writes one flag file per (ranks, threads) job group for
 ``scripts/slurm_array.sbatch`` / ``scripts/pbs_array.pbs`` and the commands that
@@ -96,99 +95,6 @@ def derived(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         )
         out.append(r)
     return out
-
-
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{1e3 * v:.0f}"
-
-
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{100 * v:.0f}%"
-
-
-def _row_line(r: dict[str, Any], tag: str) -> str:
-    hidden = None
-    if r.get("comm_s"):
-        hidden = max(0.0, 1 - (r.get("exposed_s") or 0.0) / r["comm_s"])
-    eff = r["eff_strong"] if tag == "ranks:strong" else r["eff_weak"]
-    extra = ""
-    if tag == "straggler":
-        extra = (
-            f" delay {_ms(r['delay'])} absorbed {_ms(r['absorbed_s'])} "
-            f"late {_ms(r.get('late_median_s'))}"
-        )
-    elif tag == "checkpoint" and r["ckpt_every"]:
-        extra = (
-            f" every {r['ckpt_every']}: overhead {_pct(r['ckpt_overhead'])} "
-            f"block {_ms(r.get('ckpt_block_s'))}/save "
-            f"bg {_ms(r.get('ckpt_bg_s'))}/save "
-            f"bg in gaps {_pct(r.get('ckpt_bg_in_gaps'))}"
-        )
-    elif tag == "checkpoint":
-        extra = (
-            f" no checkpoint: update gap {_ms(r.get('gap_median_s'))} "
-            f"free {_pct(r.get('free_share_median'))}"
-        )
-    samples = r.get("samples_s")
-    return (
-        f"{r['model']:<9}{r['strategy']:<10}{r['ranks']:>3}x{r['threads']:<2}"
-        f"{r['batch']:>4}{r['link'] if r['link'] != 'real' else '':>9}"
-        f"{_ms(r.get('step_s')):>7}{'-' if not samples else f'{samples:.1f}':>8}"
-        f"{'-' if eff is None else f'{eff:.2f}':>6}{_ms(r.get('compute_s')):>7}"
-        f"{_ms(r.get('comm_s')):>6}{_ms(r.get('exposed_s')):>6}{_pct(hidden):>6}"
-        + extra
-    )
-
-
-HEAD = (
-    "model    strategy  PxT batch     link step ms  smp/s   eff  comp  comm "
-    " expo hidden"
-)
-
-
-def format_table(rows: list[dict[str, Any]]) -> str:
-    """One section per sweep; ms unless stated; see the module docstring."""
-    rows = derived(rows)
-    parts = []
-    for tag, title in SECTIONS:
-        mine = [r for r in rows if tag in r.get("tags", [])]
-        if not mine:
-            continue
-        mine.sort(
-            key=lambda r: (
-                r["model"],
-                r["strategy"],
-                r["ranks"],
-                r["threads"],
-                r["batch"],
-                r["delay"],
-                r["ckpt_every"],
-            )
-        )
-        parts.append(
-            "\n".join([f"== {title}", HEAD, *(_row_line(r, tag) for r in mine)])
-        )
-    # Where ranks spanned nodes, the real link was a network: say which.
-    nets = sorted(
-        {(r["ranks"], r["link_label"]) for r in rows if (r.get("nodes") or 1) > 1}
-    )
-    if nets:
-        parts.append("\n".join(f"{p} ranks: {label}" for p, label in nets))
-    return "\n\n".join(parts)
-
-
-def report(dirs: list[str | Path], out: str | Path, plots: bool = True) -> str:
-    """Table (``out/table.md``) and figures (``out/*.png``) from ``dirs``' rows."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    rows = read_rows(dirs)
-    text = format_table(rows)
-    (out / "table.md").write_text(text + "\n")
-    if plots and rows:
-        from research.studies.scalability_plots import plot_all
-
-        plot_all(derived(rows), [Path(d) for d in dirs], out)
-    return text
 
 
 def cluster_lists(

@@ -30,20 +30,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import statistics
 from pathlib import Path
 from typing import Any
 
 from research.comm.link import Link
 from research.studies.sparcml_arms import arm_config, load_arm, run_arm
-from research.studies.sparcml_bench import (  # noqa: F401 - re-exported
-    SPARSE,
-    bench_checks,
-    bench_one,
-    format_bench,
-    run_bench,
-)
+from research.studies.sparcml_bench import SPARSE, bench_one, run_bench  # noqa: F401
 
 RESNET50_DIM = 25_557_032
 DENSITIES = (0.001, 0.01, 0.1, 0.5)
@@ -76,93 +69,16 @@ def combine_seeds(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def format_train(results: list[dict[str, Any]], target_acc: float) -> str:
-    n = max((len(r.get("seeds", [0])) for r in results), default=1)
-    lines = [
-        f"{'arm':>10} {'final acc':>15} {'to ' + format(target_acc, 'g'):>10} "
-        f"{'ms/step':>8} {'MB/step/rank':>12}   ({n} seed{'s' * (n > 1)}: mean"
-        f"{' +- std' * (n > 1)})"
-    ]
-    for r in results:
-        t, b = r["time_to_target_s"], r["bytes_per_step"]
-        reached = r.get("reached", 1)
-        to = "-" if t is None else f"{t:.1f} s" + (f" ({reached}/{n})" * (reached < n))
-        acc = f"{r['final_test_acc']:.4f}" + (
-            f" +- {r.get('final_acc_std', 0.0):.4f}" if n > 1 else ""
-        )
-        lines.append(
-            f"{r['arm']:>10} {acc:>15} {to:>10} "
-            f"{1e3 * (r['mean_step_s'] or float('nan')):8.1f} "
-            f"{('-' if b is None else f'{b / 1e6:.4f}'):>12}"
-        )
-    return "\n".join(lines)
+def write_results(root: Path, data: dict[str, Any]) -> str:
+    """``results.json`` (everything the page renders from) and ``table.md``
+    (the page's part of the run, :mod:`research.studies.sparcml_page`)."""
+    from research.studies.sparcml_page import render
 
-
-def gap_interval(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, float]:
-    """Mean accuracy gap ``a - b`` in points and its ~95% half-width (2 standard
-    errors over the seeds, Welch; 0 when either arm has one seed)."""
-    gap = 100 * (a["final_test_acc"] - b["final_test_acc"])
-    na, nb = len(a.get("final_accs", [0])), len(b.get("final_accs", [0]))
-    if na < 2 or nb < 2:
-        return gap, 0.0
-    se = math.sqrt(
-        (100 * a["final_acc_std"]) ** 2 / na + (100 * b["final_acc_std"]) ** 2 / nb
-    )
-    return gap, 2 * se
-
-
-def verdict(lo: float, hi: float, limit: float, above: bool = False) -> str:
-    """PASS/FAIL when the whole interval is on one side of ``limit``, else
-    UNDECIDED. ``above``: the target is ``>= limit`` (else ``<= limit``)."""
-    if above:
-        lo, hi, limit = -hi, -lo, -limit
-    if hi <= limit:
-        return "PASS"
-    if lo > limit:
-        return "FAIL"
-    return "UNDECIDED"
-
-
-def train_checks(results: list[dict[str, Any]]) -> list[str]:
-    """The accuracy targets as intervals over seeds: PASS or FAIL only when the
-    whole ~95% interval of the gap is on one side of the target."""
-    by = {r["arm"]: r for r in results}
-    out = []
-
-    def line(text: str, gap: float, half: float, limit: float, above=False) -> str:
-        n = len(by["dense"].get("seeds", [0])) if "dense" in by else 1
-        word = verdict(gap - half, gap + half, limit, above)
-        how = f"gap {gap:.2f} +- {half:.2f} points (2 s.e., {n} seeds)"
-        if half == 0:
-            word, how = "UNDECIDED", f"gap {gap:.2f} points (one seed: noise unknown)"
-        return f"{word}  {text}: {how}"
-
-    if "dense" in by and "topk_ef" in by:
-        gap, half = gap_interval(by["dense"], by["topk_ef"])
-        out.append(
-            line("top-k 1% + error feedback within 0.5 points of dense", gap, half, 0.5)
-        )
-    if "topk_ef" in by and "topk_noef" in by:
-        gap, half = gap_interval(by["topk_ef"], by["topk_noef"])
-        out.append(
-            line(
-                "without error feedback visibly worse (>= 1 point)",
-                gap,
-                half,
-                1.0,
-                True,
-            )
-        )
-    return out
-
-
-def write_results(
-    root: Path, bench, results, checks: list[str], text: str, comm=()
-) -> None:
     root.mkdir(parents=True, exist_ok=True)
-    data = {"bench": bench, "train": results, "comm_bound": list(comm)}
-    (root / "results.json").write_text(json.dumps({**data, "checks": checks}, indent=1))
+    (root / "results.json").write_text(json.dumps(data, indent=1))
+    text = "\n".join(render(root))
     (root / "table.md").write_text(text + "\n")
+    return text
 
 
 def _calibrate_missing(world, sizes: list[int]) -> None:
@@ -197,15 +113,13 @@ def run_experiment(cfg, root: Path, world) -> dict[str, Any]:
         label = f"link: {link_label('real', world)} (emul ms: the same times)"
     _calibrate_missing(world, sorted({2, world.size}))
     bench: list[dict[str, Any]] = []
-    text = []
+    heads: dict[str, str] = {}
     if not cfg.skip_bench:
         sizes = sorted({p for p in (2, world.size) if 2 <= p <= world.size})
         bench = run_bench(world, cfg.dim, sizes, tuple(cfg.densities), cfg.reps, link)
         for r in bench:
             r["dim"] = cfg.dim
-        if world.rank == 0:
-            text.append(f"micro-benchmark, dim {cfg.dim}, {cfg.reps} reps")
-            text.append(format_bench(bench, link, label))
+        heads["bench_head"] = label or f"emulated link: {link.describe()}"
     results: list[dict[str, Any]] = []
     if cfg.arms:
         opts = {"scope": cfg.scope, "warmup_steps": cfg.sparse_warmup}
@@ -226,37 +140,40 @@ def run_experiment(cfg, root: Path, world) -> dict[str, Any]:
                     runs[arm].append(load_arm(Path(run.run_dir), cfg.target_acc))
         if world.rank == 0:
             results = [combine_seeds(runs[arm]) for arm in cfg.arms]
-            text.append(
+            heads["train_head"] = (
                 f"training: {base.model}, {world.size} ranks, top-k density "
                 f"{cfg.train_density:g} ({cfg.scope}), link {base.link}"
             )
-            text.append(format_train(results, cfg.target_acc))
     comm: list[dict[str, Any]] = []
     if cfg.comm_bound:
-        from research.studies.sparcml_commbound import (
-            comm_bound_checks,
-            format_comm_bound,
-            run_comm_bound,
-        )
+        from research.studies.sparcml_commbound import run_comm_bound
 
         comm = run_comm_bound(cfg, root, world)
-        if world.rank == 0:
-            text.append(
-                f"communication-bound training, {world.size} ranks, top-k density "
-                f"{cfg.train_density:g}, {cfg.bits}-bit arm, {cfg.cb_steps} steps, "
-                f"seed {cfg.seeds[0]}"
-            )
-            text.append(format_comm_bound(comm))
-    checks = bench_checks(bench, link, where) + train_checks(results)
-    if comm:
-        checks += comm_bound_checks(comm)
+        seeds = ", ".join(map(str, cfg.cb_seeds))
+        heads["comm_head"] = (
+            f"communication-bound training, {world.size} ranks, top-k density "
+            f"{cfg.train_density:g}, {cfg.bits}-bit arm, {cfg.cb_steps} steps, "
+            f"seed{'s' * (len(cfg.cb_seeds) > 1)} {seeds}"
+        )
+    data = {
+        "where": where,
+        "link": str(link),
+        "target_acc": cfg.target_acc,
+        **heads,
+        "bench": bench,
+        "train": results,
+        "comm_bound": comm,
+    }
     if world.rank == 0:
-        report = "\n\n".join(text) + "\n\nchecks:\n" + "\n".join(checks)
-        print(report, flush=True)
-        write_results(root, bench, results, checks, report, comm)
+        from research.studies.sparcml_page import all_checks
+
+        print(write_results(root, data), flush=True)
+        checks = [f"{c['word']}  {c['text']}" for c in all_checks(data)]
         if cfg.plots:
             from research.studies.sparcml_plots import plot
 
             for path in plot(root, bench, results, link):
                 print(f"wrote {path}", flush=True)
+    else:
+        checks = []
     return {"bench": bench, "train": results, "checks": checks}

@@ -18,9 +18,16 @@ uniformly random indices (``density * dim`` of them, seeded by rank) and calls
   the slowest rank's: what the ``sparse`` strategy's sleep yields on that link
   (``research.comm.sparse.mean``), computed rather than slept so the
   benchmark does not take the emulated seconds. ``auto`` on the emulated link
-  is the algorithm ``cost.choose`` picks from the calibrated model with the
-  link's latency and bandwidth put in (alpha + L, beta = 8 / B, the dense
-  allreduce's bandwidth term a ring's 2 (P-1)/P x 8 / B), timed as measured.
+  is measured as itself, every call: the counts allgathered, the algorithm
+  ``cost.choose`` picks from the calibrated model with the link's latency
+  and bandwidth put in (alpha + L, beta = 8 / B, the dense allreduce's
+  bandwidth term a ring's 2 (P-1)/P x 8 / B), that algorithm run; its time
+  on the link is its own plus the link's for what it sent, as every other
+  algorithm's. The checks compare those measured times, never the choice.
+
+Every point keeps its timed calls (``real_reps``, ``emulated_reps``), from
+which the page's medians and their intervals come
+(:mod:`research.studies.sparcml_page`).
 
 Bytes: each algorithm's mean bytes sent per rank (``SparseStats.bytes_sent``)
 against ``cost.predicted_bytes`` for the allgathered counts (``auto``'s row:
@@ -89,13 +96,29 @@ def bench_one(
                 "chosen": chosen,
                 "real_s": float(np.median(real)),
                 "emulated_s": float(np.median(emu)),
+                "real_reps": real,
+                "emulated_reps": emu,
                 "bytes": statistics.fmean(g[1] for g in got),
                 "model_bytes": float(predicted_bytes(chosen, counts, dim, P)),
             }
-        # auto on the emulated link: the link model's choice, as measured.
-        pick = choose(emu_model, counts, dim, vec.index_bytes, 4)
+        # auto on the emulated link, measured as itself: the counts gathered,
+        # the link model's choice made and that algorithm run, every call.
+        emu, pick = [], None
+        for rep in range(reps + 1):  # the first is a warm-up
+            comm.Barrier()
+            t0 = time.perf_counter()
+            nnz = comm.allgather(vec.nnz)
+            pick = choose(emu_model, nnz, dim, vec.index_bytes, 4)
+            _, stats = sparse_allreduce(comm, vec, pick, return_stats=True)
+            dt = time.perf_counter() - t0
+            # The counts' allgather: P - 1 messages of 8 bytes from each rank.
+            sent, messages = stats.bytes_sent + 8 * (P - 1), stats.messages + P - 1
+            got = comm.allgather((dt, sent, messages))
+            if rep:
+                emu.append(max(_emulated(*g, link) for g in got))
         timed["auto"]["chosen_emulated"] = pick
-        timed["auto"]["emulated_s"] = timed[pick]["emulated_s"]
+        timed["auto"]["emulated_s"] = float(np.median(emu))
+        timed["auto"]["emulated_reps"] = emu
         for r in timed.values():
             log(
                 f"P={P} density={density:g} {r['algorithm']:>8}: real "
@@ -134,60 +157,6 @@ def run_bench(
         _sleeping_barrier(world.comm)
     gathered = world.comm.gather(rows, root=0)
     return [r for part in gathered for r in part] if world.rank == 0 else []
-
-
-def bench_checks(
-    rows: list[dict[str, Any]], link: Link, where: str | None = None
-) -> list[str]:
-    """The issue's micro-benchmark targets, PASS/FAIL with numbers, on ``link``
-    (named ``where`` in the lines, default its spec)."""
-    where = where or str(link)
-    out: list[str] = []
-    if not rows:
-        return out
-    P = 4 if any(r["P"] == 4 for r in rows) else max(r["P"] for r in rows)
-    at = {(r["P"], r["density"], r["algorithm"]): r for r in rows}
-
-    def check(ok: bool, text: str) -> None:
-        out.append(f"{'PASS' if ok else 'FAIL'}  {text}")
-
-    for density, limit in ((0.001, 0.1), (0.01, 0.3)):
-        if (P, density, "dense") in at:
-            ratio = (
-                at[P, density, "auto"]["emulated_s"]
-                / at[P, density, "dense"]["emulated_s"]
-            )
-            check(
-                ratio <= limit,
-                f"{where}, P={P}, density {density:g}: sparse (auto) / dense time "
-                f"{ratio:.3f} <= {limit}",
-            )
-    for r in (r for r in rows if r["algorithm"] == "auto"):
-        key = (r["P"], r["density"])
-        best = min(at[(*key, a)]["emulated_s"] for a in (*SPARSE, "dense"))
-        ratio = r["emulated_s"] / best
-        check(
-            ratio <= 1.10,
-            f"{where}, P={key[0]}, density {key[1]:g}: auto / best fixed "
-            f"{ratio:.2f} <= 1.10 (auto took {r['chosen_emulated']})",
-        )
-        if key[1] >= 0.1:
-            dense = r["emulated_s"] / at[(*key, "dense")]["emulated_s"]
-            check(dense <= 1.05, f"  and auto / dense {dense:.2f} <= 1.05")
-
-    def bytes_ratio(r: dict[str, Any]) -> float:
-        if r["model_bytes"] == 0:
-            return 1.0 if r["bytes"] == 0 else float("inf")
-        return r["bytes"] / r["model_bytes"]
-
-    worst = max(rows, key=lambda r: abs(np.log(max(bytes_ratio(r), 1e-12))))
-    ratio = bytes_ratio(worst)
-    check(
-        1 / 1.05 <= ratio <= 1.05,
-        f"measured bytes / model within 1.05x at every point (worst {ratio:.3f}: "
-        f"P={worst['P']} density {worst['density']:g} {worst['algorithm']})",
-    )
-    return out
 
 
 def format_bench(

@@ -35,6 +35,7 @@ class Run(Protocol):
     total_steps: int
     train_time: float  # seconds in training steps, evaluation excluded
     t_start: float  # when the first step began (perf_counter)
+    start_s: float  # from the constructor's start to the first step (seconds)
     logged: tuple[int, float]  # (step, train_time) of the last metrics row
     step_times: list[float]
     delays: list[float]  # injected into each step (imbalance)

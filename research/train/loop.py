@@ -70,6 +70,9 @@ class Trainer:
         callbacks: tuple[Callback, ...] | list[Callback] = (),
         run_dir: str | Path | None = None,
     ) -> None:
+        # When this run began: its time before the first step (the strategy's
+        # start-up, adaptive's candidates) is part of what a comparison counts.
+        self.t_made = time.perf_counter()
         self.config, self.world = config, world
         # Absolute once: Orbax and other libraries refuse relative paths.
         self.run_dir = Path(run_dir or config.run_dir).absolute()
@@ -102,6 +105,7 @@ class Trainer:
         self.evals: list[dict[str, Any]] = []
         self.train_time = 0.0  # wall time in training steps, evaluation excluded
         self.t_start = 0.0  # when the first step began (perf_counter)
+        self.start_s = 0.0  # from the constructor's start to the first step
 
     def _records(self, profile_window: Any) -> None:
         """The timeline, metrics, TensorBoard's scalars (rank 0 writes;
@@ -209,6 +213,7 @@ class Trainer:
         self.logged = (self.step, self.train_time)
         world.barrier()
         self.t_start = time.perf_counter()
+        self.start_s = self.t_start - self.t_made
         while self.step < self.total_steps:
             with self.profiler.step(self.step + 1):
                 t0 = time.perf_counter()

@@ -139,6 +139,9 @@ def summary_record(t: Run) -> dict[str, Any]:
         # median over ranks of each rank's median (step - own injected delay)
         "median_step_without_delay_s": statistics.median(busy_per_rank),
         "train_time_s": t.train_time,
+        # Seconds from the run's start to its first step, on rank 0: set-up,
+        # the strategy's start-up (adaptive compiles every candidate there).
+        "start_s": t.start_s,
         "samples_per_s": global_batch * len(times) / max(sum(times), 1e-9),
         "final_test_acc": last.get("test_acc"),
         "final_test_loss": last.get("test_loss"),
