@@ -401,12 +401,15 @@ def auto_lines(result: dict) -> list[str]:
 
 #: Issue 12: the fused path within 1.10x of one raw in-place Allreduce.
 TARGET_RATIO = 1.10
+#: The variants that time the two dense strategies' paths: the allreduce inside
+#: the jitted step, and the one on the host after it.
+IN_JIT, ON_HOST = "fused", "host"
 
 
 def targets(result: dict) -> list[str]:
     """The target lines with their checks (judged at 2 ranks, shown at any)."""
     out = []
-    for name in ("fused", "host"):
+    for name in (IN_JIT, ON_HOST):
         row = result["variants"].get(name)
         if row is None:
             continue

@@ -2,7 +2,7 @@
 
 Every figure is read from what the run wrote into its folder
 (``results.json``: the machine and every training run; ``models.jsonl``,
-``allreduce.json``, ``staging.json``, ``install.log``, the eager-SGD
+``allreduce.json``, ``staging.json``, ``stall.json``, ``install.log``, the eager-SGD
 experiment's run in ``eager_sgd/``); each of issue 41's GPU checks is listed
 as met or not, with the number that decides it (single medians: the runs keep
 no spread). :func:`write_report` writes ``table.md`` and ``checks.json`` at
@@ -20,6 +20,7 @@ from typing import Any
 
 from research.provenance import read_jobs
 from research.strategies import registry
+from scripts.bench_allreduce import IN_JIT, ON_HOST
 
 #: A deterministic strategy's accuracy on the GPU is the CPU's within this (up
 #: to the platforms' rounding: TF32 on the GPU); the others depend on timing
@@ -192,6 +193,39 @@ def _stop(results: dict, checks: list[dict]) -> list[str]:
     return [*out, ""]
 
 
+def _stall(root: Path, checks: list[dict]) -> list[str]:
+    """``scripts.gpu_stall``'s rows: a stopped rank on each allreduce path."""
+    path = root / "stall.json"
+    if not path.exists():
+        return []
+    rows = json.loads(path.read_text())
+    out = [
+        "## A stalled rank (SIGSTOP of rank 1 of 2, mid-run)",
+        "",
+        "| path | platform | exit | seconds to the end | --comm-timeout | "
+        "the watchdog's line | left |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        line = (r.get("watchdog_line") or r.get("problem") or "-").replace("|", "/")
+        left = len(r.get("left") or []) + len(r.get("gpu_pids_left") or [])
+        out.append(
+            f"| {r['path']} | {r.get('platform')} | {r.get('rc')} | "
+            f"{_f(r.get('end_s'))} | {_f(r.get('comm_timeout_s'), '.0f')} | "
+            f"{line[:160]} | {left} |"
+        )
+    checks.append(
+        {
+            "check": f"{', '.join(r['path'] for r in rows)}: a stalled rank ends "
+            "the job (exit 124 within --comm-timeout + 15 s, the collective "
+            "named, nothing left)",
+            "met": all(r.get("passed") for r in rows),
+            "value": f"{sum(bool(r.get('passed')) for r in rows)}/{len(rows)}",
+        }
+    )
+    return [*out, ""]
+
+
 def _allreduce(root: Path) -> list[str]:
     path = root / "allreduce.json"
     if not path.exists():
@@ -275,6 +309,7 @@ KEEP = (
     "models.jsonl",
     "allreduce.json",
     "staging.json",
+    "stall.json",
     "install.log",
     "eager_sgd-table.md",
     "eager_sgd/run.json",
@@ -303,6 +338,7 @@ def report(root: Path, results: dict, install_log: str | Path | None) -> tuple:
         *_models(root, checks),
         *_strategies(results, checks),
         *_stop(results, checks),
+        *_stall(root, checks),
         *_allreduce(root),
         *_staging(root),
         *_eager(root),
@@ -396,12 +432,12 @@ def readme(runs: list[Path], sections: dict[str, list[Path]]) -> str | None:
             data = json.loads(path.read_text())
             for run in data.get("runs", [data]):
                 v = run["variants"]
-                if "fused" in v and "host" in v:
+                if IN_JIT in v and ON_HOST in v:
                     said.append(
                         f"averaging {run['bytes'] / 1e6:.0f} MB of GPU arrays over "
-                        f"{run['ranks']} ranks (median of {run['reps']}): `fused` "
-                        f"{v['fused']['ratio']:.2f}x the time of one MPI_Allreduce "
-                        f"of host memory, `host` {v['host']['ratio']:.2f}x"
+                        f"{run['ranks']} ranks (median of {run['reps']}): `{IN_JIT}` "
+                        f"{v[IN_JIT]['ratio']:.2f}x the time of one MPI_Allreduce "
+                        f"of host memory, `{ON_HOST}` {v[ON_HOST]['ratio']:.2f}x"
                     )
     if not said:
         return None

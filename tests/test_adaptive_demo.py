@@ -77,7 +77,7 @@ def test_tiny_demo_on_this_machine(tmp_path):
     # The page from the kept files alone (every arm's start-up in its time to
     # the target), and --check on it.
     from scripts.results import render
-    from scripts.results_check import check
+    from scripts.results.check import check
 
     page = render([run], tmp_path / "repo").read_text()
     assert "| arm | start-up |" in page and "### Checks" in page

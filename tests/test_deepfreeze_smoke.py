@@ -74,7 +74,7 @@ def test_default_pipeline_at_toy_size(tmp_path):
     _old_words_give_the_same_table(root, tmp_path / "old")
     # The page from the kept job files alone, and --check on it.
     from scripts.results import render
-    from scripts.results_check import check
+    from scripts.results.check import check
 
     page = render([root], tmp_path / "repo").read_text()
     assert "| deepfreeze |" in page and "DeepFreeze's blocking against" in page

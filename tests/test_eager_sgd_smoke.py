@@ -92,7 +92,7 @@ def test_tiny_run_writes_folders_table_and_figures(tmp_path):
     # Provenance, and the docs page rendered from the run's kept files alone.
     from research.provenance import read_jobs
     from scripts.results import render
-    from scripts.results_check import check
+    from scripts.results.check import check
 
     (job,) = read_jobs(out)
     assert job["experiment"] == "eager_sgd" and job["world_size"] == 2
@@ -115,7 +115,7 @@ def test_tiny_run_writes_folders_table_and_figures(tmp_path):
 
 
 def test_results_refuses_a_folder_without_a_run_record(tmp_path):
-    from scripts.results import main
+    from scripts.results.cli import main
 
     assert main([str(tmp_path), "--root", str(tmp_path / "repo")]) == 2
     assert not (tmp_path / "repo" / "docs").exists()

@@ -15,13 +15,13 @@ from scripts.results import (
     END,
     README_MARK,
     UNCHECKED,
-    main,
     parse_page,
     readme_spans,
     render,
 )
-from scripts.results_check import check
-from tests.conftest import ROOT, python
+from scripts.results.check import check
+from scripts.results.cli import main
+from tests.harness import ROOT, python
 
 NET = "Real network (local cluster)"
 GPU = ROOT / "docs" / "results" / "gpu"

@@ -58,7 +58,7 @@ def test_tiny_sweeps_write_rows_table_and_figures(tmp_path):
     assert "a 50 ms straggler, absorbed" in out
     # The page from the kept rows alone, and --check on it.
     from scripts.results import render
-    from scripts.results_check import check
+    from scripts.results.check import check
 
     page = render([run], tmp_path / "repo").read_text()
     assert "#### ranks, weak scaling" in page and "DeepFreeze's background" in page

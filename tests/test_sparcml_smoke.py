@@ -47,7 +47,7 @@ def test_tiny_run_prints_both_tables_and_checks(tmp_path):
     assert all(len(r["emulated_reps"]) == 1 and r["chosen_emulated"] for r in auto)
     # The page from the kept files alone, and --check on it.
     from scripts.results import render
-    from scripts.results_check import check
+    from scripts.results.check import check
 
     page = render([tmp_path / "run"], tmp_path / "repo").read_text()
     assert "| dense |" in page and "auto / best fixed" in page

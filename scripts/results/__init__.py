@@ -35,12 +35,10 @@ with ``--strict``; a part without data that does not say so fails.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import re
 import shlex
-import sys
 import textwrap
 from pathlib import Path
 from types import ModuleType
@@ -48,7 +46,7 @@ from types import ModuleType
 from research.provenance import read_jobs
 from scripts.results_data import place
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: Page titles: the paper each experiment reproduces.
 TITLES = {
     "eager_sgd": "eager-SGD: partial collectives under load imbalance (PPoPP'20)",
@@ -61,16 +59,17 @@ TITLES = {
     "gpu": "GPUs: every strategy, the allreduce paths and the models on a GPU",
 }
 #: The module that renders each page (``KEEP``, ``render``, ``readme``).
-PAGES = {
-    "eager_sgd": "research.studies.eager_sgd_page",
-    "deepfreeze": "research.studies.deepfreeze_page",
-    "overlap": "research.studies.overlap_page",
-    "sparcml": "research.studies.sparcml_page",
-    "scalability": "research.studies.scalability_page",
-    "adaptive": "research.studies.adaptive_page",
-    "network": "research.studies.network_page",
-    "gpu": "scripts.gpu_report",
-}
+#: The experiments with a page (each rendered by its page's module).
+PAGES = (
+    "eager_sgd",
+    "deepfreeze",
+    "overlap",
+    "sparcml",
+    "scalability",
+    "adaptive",
+    "network",
+    "gpu",
+)
 #: The program that writes each experiment's run folder, where not
 #: ``experiments.<name>``.
 PROGRAMS = {"network": "scripts.bench_link", "gpu": "scripts.gpu_check"}
@@ -93,13 +92,28 @@ class ResultsError(Exception):
 
 def page_module(experiment: str) -> ModuleType:
     """The module that renders ``experiment``'s page."""
-    import importlib
-
     if experiment not in PAGES:
         raise ResultsError(
             f"no results page for {experiment!r} runs (pages: {', '.join(PAGES)})"
         )
-    return importlib.import_module(PAGES[experiment])
+    # Imported here, each by its name: rendering one page loads no other.
+    if experiment == "eager_sgd":
+        from research.studies import eager_sgd_page as module
+    elif experiment == "deepfreeze":
+        from research.studies import deepfreeze_page as module
+    elif experiment == "overlap":
+        from research.studies import overlap_page as module
+    elif experiment == "sparcml":
+        from research.studies import sparcml_page as module
+    elif experiment == "scalability":
+        from research.studies import scalability_page as module
+    elif experiment == "adaptive":
+        from research.studies import adaptive_page as module
+    elif experiment == "network":
+        from research.studies import network_page as module
+    else:
+        from scripts import gpu_report as module
+    return module
 
 
 def docs_of(root: Path) -> Path:
@@ -437,62 +451,3 @@ def _notes(note: str | list[str] | None, runs: int) -> list[str | None]:
             "run, or one per run in the order of the folders"
         )
     return list(note)
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m scripts.results",
-        description=__doc__.split("\n\n")[0],
-        epilog="Example: python -m scripts.results runs/eager_sgd-20261124-161000",
-    )
-    p.add_argument("roots", nargs="*", type=Path, help="run folders (run roots)")
-    p.add_argument(
-        "--root",
-        type=Path,
-        default=ROOT,
-        help="the repository whose docs/results/ and README.md these are "
-        "(default: this one)",
-    )
-    p.add_argument(
-        "--note",
-        action="append",
-        help="a line under each run's provenance, e.g. what else was running; "
-        "given once per run folder, one for each, in order",
-    )
-    p.add_argument(
-        "--section",
-        metavar="TITLE",
-        help="render into the section TITLE of the experiment's page, replacing "
-        "only that section (e.g. 'Real network (local cluster)')",
-    )
-    p.add_argument(
-        "--check",
-        action="store_true",
-        help="render every page and the README's paragraphs again from the "
-        "committed data and compare (exit 1 at the first difference)",
-    )
-    p.add_argument(
-        "--strict",
-        action="store_true",
-        help="with --check: a part whose data are not in the repository fails",
-    )
-    args = p.parse_args(argv)
-    if args.check:
-        from scripts.results_check import check
-
-        code, lines = check(args.root, strict=args.strict)
-        print("\n".join(lines), file=sys.stderr if code else sys.stdout)
-        return code
-    try:
-        if not args.roots:
-            raise ResultsError("give the run folders to render (or --check)")
-        page = render(args.roots, args.root, args.note, args.section)
-    except ResultsError as e:
-        print(f"python -m scripts.results: error: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {rel(page, args.root)}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
