@@ -25,6 +25,10 @@ Stages, in this order, each writing into the run folder (default
 * ``staging``: ``scripts.bench_staging``: what staging GPU buffers through
   host memory costs each way (JAX's transfers, the staged ring's host
   callback, mpi4jax's), one process, 1 to 102 MB.
+* ``stall``: ``scripts.gpu_stall``: rank 1 of a 2-rank training job stopped
+  (SIGSTOP) on each allreduce path (fused with mpi4jax, fused with the staged
+  ring, host); each job must end with exit 124 within ``--comm-timeout`` plus
+  the bound, naming the collective, nothing of it left on the GPU.
 
 Then ``table.md`` and ``checks.json`` (each of issue 41's GPU checks, met or
 not), which ``python -m scripts.results DIR`` renders into
@@ -62,6 +66,7 @@ STAGES = (
     "eager_sgd",
     "vgg",
     "staging",
+    "stall",
 )
 #: Every registered strategy (``research.strategies``: options only, no MPI).
 STRATEGIES = tuple(registry.names())
@@ -437,6 +442,17 @@ def stage_staging(c: Check) -> None:
     c.say(f"staging: rc {rc} in {secs:.0f} s")
 
 
+def stage_stall(c: Check) -> None:
+    out = c.root / "stall.json"
+    paths = "fused-mpi" if c.args.quick else "fused-mpi,fused-ring,host"
+    cmd = _python("-m", "scripts.gpu_stall", "--paths", paths, "--json", str(out))
+    cmd += ["--out", str(c.root / "stall"), "--comm-timeout", "15"]
+    env = {} if _on_gpu(c) else {"JAX_PLATFORMS": "cpu"}
+    rc, secs = c.run("stall", cmd, timeout=100 * len(paths.split(",")), **env)
+    c.results["stall_rc"] = rc
+    c.say(f"stall: rc {rc} in {secs:.0f} s")
+
+
 def stage_eager_sgd(c: Check) -> None:
     run_dir = c.root / "eager_sgd"
     cmd = _python("-m", "experiments.eager_sgd", "--seeds", "0", "--no-progress")
@@ -464,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         "eager_sgd": stage_eager_sgd,
         "vgg": stage_vgg,
         "staging": stage_staging,
+        "stall": stage_stall,
     }
     if "machine" not in args.stages:
         args.stages.insert(0, "machine")  # every other stage reads it

@@ -19,16 +19,24 @@ from tests.harness import python
 def test_the_quick_gpu_check_runs_and_renders_its_page(tmp_path):
     root = tmp_path / "gpu"
     proc = python(
-        ["-m", "scripts.gpu_check", "--quick", "--stages", "strategies,stop,staging"]
+        [
+            "-m",
+            "scripts.gpu_check",
+            "--quick",
+            "--stages",
+            "strategies,stop,staging,stall",
+        ]
         + ["--jobs", "2", "--out", str(root)],
         timeout=420,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     checks = json.loads((root / "checks.json").read_text())
-    assert [c["met"] for c in checks] == [True, True], checks
+    assert [c["met"] for c in checks] == [True, True, True], checks
     table = (root / "table.md").read_text()
     assert "| fused | 1 |" in table and "| solo | 2 |" in table
     assert "| fused | 143 |" in table  # SIGTERM: exit 143
+    # A stopped rank: the watchdog ends the job (exit 124), naming the collective.
+    assert "## A stalled rank" in table and "| fused-mpi | cpu | 124 |" in table
     # What staging through host costs, each way (here host and device are one).
     staging = json.loads((root / "staging.json").read_text())
     assert staging["platform"] == "cpu" and len(staging["sizes"]) == 1

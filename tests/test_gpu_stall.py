@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from tests.conftest import python, run_env
+from tests.harness import python, run_env
 
 
 @pytest.mark.launches

@@ -28,6 +28,7 @@ does not start the runtime for them (``SaverOptions.beside_xla_runtime``).
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -44,6 +45,12 @@ AXIS = "ranks"
 INIT_TIMEOUT_S = 60
 #: Seconds a finishing process waits for the others at JAX's shutdown barrier.
 SHUTDOWN_TIMEOUT_S = 30
+#: Seconds past the communication watchdog's timeout after which NCCL itself
+#: ends a collective that waits (``--xla_gpu_nccl_termination_timeout_seconds``,
+#: off in XLA by default): the watchdog names the collective first; NCCL's end
+#: is the backstop for a wait inside the GPU program that no host thread sees.
+NCCL_MARGIN_S = 30
+_NCCL_FLAG = "--xla_gpu_nccl_termination_timeout_seconds"
 _state: dict[str, Any] = {}  # what start() did, for config.json
 _mesh: list[jax.sharding.Mesh] = []
 
@@ -100,6 +107,8 @@ def start(world: Any) -> bool:
     address = world.bcast(_coordinator(world) if world.rank == 0 else None)
     if platform == "cpu":
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    else:
+        _bound_nccl()
     jax.distributed.initialize(
         coordinator_address=address,
         num_processes=world.size,
@@ -115,6 +124,33 @@ def start(world: Any) -> bool:
         start_s=round(time.perf_counter() - t0, 3),
     )
     return True
+
+
+def nccl_timeout_flag(setting: float | str | None) -> str | None:
+    """The XLA flag that bounds NCCL's wait, from the watchdog's ``setting``
+    (seconds, ``"auto"``, None: off): None where the watchdog is off."""
+    if setting is None:
+        return None
+    from research.comm.faults.watchdog import DEFAULT_TIMEOUT_S
+
+    base = DEFAULT_TIMEOUT_S if setting == "auto" else float(setting)
+    return f"{_NCCL_FLAG}={int(base + NCCL_MARGIN_S)}"
+
+
+def _bound_nccl() -> None:
+    """Put :func:`nccl_timeout_flag` into ``XLA_FLAGS`` (read when JAX's GPU
+    backend starts, which :func:`start` precedes), unless the user set it."""
+    from research.comm.faults import watchdog
+
+    dog = watchdog.get()
+    setting = (
+        dog.setting if dog else watchdog.parse_timeout(os.environ.get(watchdog.ENV))
+    )
+    flag = nccl_timeout_flag(setting)
+    flags = os.environ.get("XLA_FLAGS", "")
+    if flag and _NCCL_FLAG not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {flag}".strip()
+        _state["nccl_timeout_flag"] = flag
 
 
 def _coordinator(world: Any) -> str:
