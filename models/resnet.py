@@ -23,6 +23,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from models.conv import conv_general_dilated
+from models.inputs import prepare
 from models.pool import max_pool
 from models.staging import TappedDense, run_stages
 
@@ -154,7 +155,7 @@ class ResNet(nn.Module):
             raise ValueError(f"stem must be 'imagenet' or 'cifar', got {self.stem!r}")
 
         def stem(x):
-            x = jnp.asarray(x, self.dtype)
+            x = prepare(x, self.dtype)  # uint8 images: normalised here
             if self.stem == "imagenet":
                 x = conv(
                     self.width, (7, 7), (2, 2), padding=[(3, 3), (3, 3)], name="Conv_0"

@@ -26,6 +26,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from models.conv import conv_general_dilated
+from models.inputs import prepare
 from models.pool import max_pool
 from models.staging import TappedDense, run_stages
 
@@ -119,8 +120,8 @@ class VGG(nn.Module):
 
         def conv_stage(first, widths, cast):
             def run(x):
-                if cast:
-                    x = jnp.asarray(x, self.dtype)
+                if cast:  # uint8 images: normalised here (models.inputs)
+                    x = prepare(x, self.dtype)
                 for k, filters in enumerate(widths, first):
                     x = nn.Conv(
                         filters,

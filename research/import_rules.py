@@ -162,8 +162,11 @@ INSIDE: dict[str, tuple[str, ...]] = {
         *("savers", "config", "offline", "overhead"),
     ),
     "research.data": (
-        *("base", "csv_table", "candle", "cifar10", "digits", "sharding"),
-        "synthetic",
+        *("protocol", "sharding", "base", "csv_table", "candle", "cifar10"),
+        *("digits", "synthetic", "imagenet"),
+    ),
+    "research.data.imagenet": (
+        *("decode", "transforms", "layout", "records", "pipeline", "dataset"),
     ),
     "research.localnet": ("cluster", "hosts", "__main__"),
     "research.trace_analysis": ("events", "intervals", "metrics", "report"),
@@ -181,7 +184,7 @@ INSIDE: dict[str, tuple[str, ...]] = {
     "research.train": (
         *("optim", "profiling", "config", "callback", "checkpointing"),
         *("restart_record", "preemption", "evaluate", "tensorboard", "report"),
-        *("setup", "loop", "process"),
+        *("setup", "prefetch", "loop", "process"),
     ),
     "research.entry": ("launch", "restart", "cli", "run"),
     "research.studies": (

@@ -8,7 +8,13 @@
 * ``cifar10``: the python pickle batches (cifar10.py);
 * ``candle_nt3``, ``candle_p1b2``: the CANDLE CSV files (candle.py);
 * ``digits``: the UCI handwritten digits inside scikit-learn's wheel, an optional
-  dependency (digits.py).
+  dependency (digits.py);
+* ``imagenet``: ImageNet's folder layout or ArrayRecord shards, streamed by a
+  Grain pipeline, uint8 crops (imagenet/).
+
+Every dataset gives the trainer the same few things (``protocol.py``: an
+example batch, this rank's evaluation batches, a resumable loader), whether it
+is held in memory or streamed.
 
 Missing or malformed files raise :class:`DataError` (a ``ValueError``) naming the
 file and line. ``ShardedLoader`` feeds one MPI rank its disjoint shard of each
@@ -20,11 +26,13 @@ from research.data import (  # noqa: F401  (registration)
     candle,
     cifar10,
     digits,
+    imagenet,
     synthetic,
 )
 from research.data.base import (
     DataError,
     Dataset,
+    check_dataset,
     dataset_options,
     get_dataset,
     list_datasets,
@@ -36,6 +44,7 @@ __all__ = [
     "DataError",
     "Dataset",
     "ShardedLoader",
+    "check_dataset",
     "dataset_options",
     "eval_batches",
     "eval_slice",

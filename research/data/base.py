@@ -1,19 +1,24 @@
 """The dataset container, the data error type and the registry of dataset loaders.
 
-Every loader is a function ``loader(*, path, seed, **options) -> Dataset`` registered
-under a name with :func:`register`. :func:`get_dataset` checks the name and the
-options before calling it, so a typo in a command line fails with the list of what
-is valid instead of a ``TypeError`` deep inside a loader.
+Every loader is a function ``loader(*, path, seed, **options) -> Dataset`` (or
+another :class:`research.data.protocol.Data`) registered under a name with
+:func:`register`. :func:`get_dataset` checks the name and the options before
+calling it, so a typo in a command line fails with the list of what is valid
+instead of a ``TypeError`` deep inside a loader. A loader of on-disk data may
+register a cheap ``check(path, **options)`` too, which the launcher runs before
+any rank starts (:func:`check_dataset`, ``research/entry/cli.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
+
+from research.data.sharding import ShardedLoader, eval_batches
 
 
 class DataError(ValueError):
@@ -85,6 +90,38 @@ class Dataset:
         """Number of test examples."""
         return int(self.test_x.shape[0])
 
+    # -- research.data.protocol.Data ------------------------------------------------
+    def example_batch(self) -> np.ndarray:
+        """The first training input, ``(1, *input_shape)`` float32 (for init)."""
+        return self.train_x[:1]
+
+    def eval_batches(
+        self, batch_size: int, rank: int, size: int
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Batches of this rank's slice of the test split (``eval_batches``)."""
+        return eval_batches(self.test_x, self.test_y, batch_size, rank, size)
+
+    def loader(
+        self, *, batch_size: int, rank: int, size: int, seed: int, workers: int = 1
+    ) -> ShardedLoader:
+        """This rank's :class:`ShardedLoader` (in memory: ``workers`` unused)."""
+        del workers
+        return ShardedLoader(
+            self.train_x, self.train_y, batch_size=batch_size, rank=rank,
+            size=size, seed=seed,
+        )  # fmt: skip
+
+    def record(self) -> dict[str, Any]:
+        """What ``config.json`` records: name, counts, shape (not ``meta``,
+        which may hold a feature scaling per input)."""
+        return {
+            "name": self.name,
+            "train_examples": self.n_train,
+            "test_examples": self.n_test,
+            "num_classes": self.num_classes,
+            "input_shape": list(self.input_shape),
+        }
+
     def describe(self) -> str:
         """One line saying what this dataset is, for logs and ``--help`` output."""
         mib = (self.train_x.nbytes + self.test_x.nbytes) / 2**20
@@ -97,25 +134,45 @@ class Dataset:
         )
 
 
-Loader = Callable[..., Dataset]
+Loader = Callable[..., Any]
+Check = Callable[..., None]
 _REGISTRY: dict[str, Loader] = {}
+_CHECKS: dict[str, Check] = {}
 
 
 def _canonical(name: str) -> str:
     return name.strip().lower().replace("-", "_")
 
 
-def register(name: str) -> Callable[[Loader], Loader]:
-    """Decorator registering ``loader(*, path, seed, **options)`` under ``name``."""
+def register(name: str, check: Check | None = None) -> Callable[[Loader], Loader]:
+    """Decorator registering ``loader(*, path, seed, **options)`` under ``name``;
+    ``check(path, **options)``, where given, raises :class:`DataError` for bad
+    data cheaply (no decoding: it runs before any rank starts)."""
 
     def wrap(fn: Loader) -> Loader:
         key = _canonical(name)
         if key in _REGISTRY:
             raise ValueError(f"dataset {name!r} registered twice")
         _REGISTRY[key] = fn
+        if check is not None:
+            _CHECKS[key] = check
         return fn
 
     return wrap
+
+
+def check_dataset(name: str, path: str | None, options: dict[str, Any]) -> str | None:
+    """The first problem with a dataset's name, options or data as one line
+    (its check hook's :class:`DataError`), or None."""
+    try:
+        _lookup(name)
+        _check_options(name, options)
+        check = _CHECKS.get(_canonical(name))
+        if check is not None:
+            check(path=path, **options)
+    except ValueError as e:  # DataError is one
+        return str(e)
+    return None
 
 
 def list_datasets() -> list[str]:
@@ -151,7 +208,7 @@ def _lookup(name: str) -> Loader:
 
 def get_dataset(
     name: str, *, path: str | None = None, seed: int = 0, **options: Any
-) -> Dataset:
+) -> Any:
     """Builds or loads a dataset by name.
 
     Args:
@@ -161,13 +218,19 @@ def get_dataset(
       **options: dataset-specific options, see :func:`dataset_options`.
 
     Returns:
-      The :class:`Dataset`.
+      The :class:`Dataset` (in memory), or another :class:`~research.data.protocol.Data`
+      (``imagenet``: streamed from disk).
 
     Raises:
       ValueError: unknown name or option.
       DataError: a file is missing or malformed.
     """
     fn = _lookup(name)
+    _check_options(name, options)
+    return fn(path=path, seed=seed, **options)
+
+
+def _check_options(name: str, options: dict[str, Any]) -> None:
     valid = dataset_options(name)
     unknown = sorted(set(options) - set(valid))
     if unknown:
@@ -175,4 +238,3 @@ def get_dataset(
             f"dataset {name!r} has no option(s) {', '.join(unknown)}; "
             f"valid options: {', '.join(f'{k}={v!r}' for k, v in valid.items())}"
         )
-    return fn(path=path, seed=seed, **options)

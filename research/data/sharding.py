@@ -144,6 +144,13 @@ class ShardedLoader:
         while True:
             yield self.next_batch()
 
+    def close(self) -> None:
+        """Nothing reads ahead: nothing to stop (``research.data.protocol``)."""
+
+    def summary(self) -> dict[str, Any]:
+        """Nothing to report beyond the run's own figures."""
+        return {}
+
 
 def eval_slice(n: int, rank: int, size: int) -> slice:
     """This rank's contiguous part of ``n`` examples; parts differ by at most one."""

@@ -348,6 +348,16 @@ def validate(cfg: TrainConfig) -> str | None:
         return f"--lr must be positive, got {cfg.lr}"
     if cfg.data_dir is not None and not os.path.isdir(cfg.data_dir):
         return f"--data-dir {cfg.data_dir!r} is not a folder"
+    if cfg.data_workers < 0:
+        return (
+            "--data-workers must be >= 0 (0: in the feeder thread), got "
+            f"{cfg.data_workers}"
+        )
+    from research.data import check_dataset
+
+    problem = check_dataset(cfg.dataset, cfg.data_dir, cfg.data_options)
+    if problem:  # before any rank starts: one line naming the file
+        return problem
     from research.comm.faults.watchdog import parse_timeout
 
     try:

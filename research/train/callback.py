@@ -21,7 +21,7 @@ class Run(Protocol):
     world: Any  # research.comm.world.World
     state: TrainState
     dataset: Any
-    loader: Any
+    loader: Any  # research.train.prefetch.DeviceFeed around the data's loader
     model: Any
     strategy: Any  # research.strategies.base.Strategy
     imbalance: Any  # research.imbalance.Imbalance
@@ -39,6 +39,7 @@ class Run(Protocol):
     logged: tuple[int, float]  # (step, train_time) of the last metrics row
     step_times: list[float]
     delays: list[float]  # injected into each step (imbalance)
+    data_waits: list[float]  # each step's input wait (research.train.prefetch)
     contributors: list[int]
     evals: list[dict[str, Any]]
 

@@ -85,14 +85,24 @@ class TrainConfig:
         "synthetic_images", "dataset name (see --list); default %(default)s", MODEL
     )
     data_dir: str | None = flag(
-        None, "folder of an on-disk dataset (cifar10, candle_nt3, candle_p1b2)", MODEL
+        None,
+        "folder of an on-disk dataset (cifar10, candle_nt3, candle_p1b2, imagenet)",
+        MODEL,
     )
     data_options: dict[str, Any] = flag(
         None,
-        "dataset option, repeatable (e.g. n_train=4096, features=512)",
+        "dataset option, repeatable (e.g. n_train=4096, features=512; "
+        "imagenet: image_size=112, eval_examples=10000)",
         MODEL,
         name="--data-opt",
         factory=dict,
+    )
+    data_workers: int = flag(
+        1,
+        "decoding threads per rank for a streamed dataset (imagenet; 0: in the "
+        "feeder thread); a GPU node wants several per GPU; default %(default)s",
+        MODEL,
+        metavar="N",
     )
     batch_size: int = flag(32, "examples per rank per step; default %(default)s", OPTIM)
     steps: int = flag(
@@ -236,18 +246,16 @@ def load_data(config: TrainConfig, world: Any) -> tuple[Any, Any, int]:
     import math
 
     from research.data import get_dataset
-    from research.data.sharding import ShardedLoader
 
     dataset = get_dataset(
         config.dataset, path=config.data_dir, seed=config.seed, **config.data_options
     )
-    loader = ShardedLoader(
-        dataset.train_x,
-        dataset.train_y,
+    loader = dataset.loader(  # research.data.protocol: in memory or streamed
         batch_size=config.batch_size,
         rank=world.rank,
         size=world.size,
         seed=config.seed,
+        workers=config.data_workers,
     )
     steps = config.steps
     if steps <= 0:

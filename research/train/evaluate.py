@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import jax
@@ -11,7 +12,6 @@ import numpy as np
 from research.comm.dense import HostAllreduce
 from research.comm.faults import watchdog
 from research.comm.world import World
-from research.data.sharding import eval_batches
 from research.steps import jitted as steps
 from research.steps.state import TrainState
 
@@ -31,11 +31,13 @@ def average_batch_stats(state: TrainState, mean: HostAllreduce) -> TrainState:
 
 
 def evaluate(
-    state: TrainState, test_x: Any, test_y: Any, batch_size: int, world: World
+    state: TrainState, batches: Iterable[Any], world: World
 ) -> dict[str, float]:
-    """Test loss and accuracy of ``state``, summed over every rank's share."""
+    """Test loss and accuracy of ``state`` over ``batches``, this rank's share
+    of the test split (``research.data.protocol.Data.eval_batches``), summed
+    over every rank's."""
     totals = np.zeros(3)
-    for x, y in eval_batches(test_x, test_y, batch_size, world.rank, world.size):
+    for x, y in batches:
         loss_sum, correct = steps.eval_step(state, x, y)
         totals += (float(loss_sum), float(correct), len(y))
     with watchdog.watch("evaluate: sum of test totals"):

@@ -38,6 +38,7 @@ from research.train.callback import Callback  # re-exported: callbacks subclass 
 from research.train.config import TrainConfig
 from research.train.evaluate import average_batch_stats, evaluate
 from research.train.preemption import StopAgreement, Stopped, lag_for, save_at_stop
+from research.train.prefetch import DeviceFeed
 from research.train.profiling import StepProfiler
 from research.train.report import (
     config_record,
@@ -79,7 +80,8 @@ class Trainer:
         self.imbalance = imbalance or Imbalance()
         options = start_process(config, world, self.run_dir)  # before JAX computes
         setup = agreed_setup(config, world)  # the same outcome on every rank
-        self.dataset, self.loader = setup.dataset, setup.loader
+        # The next batch on the device before the step starts (research.train.prefetch).
+        self.dataset, self.loader = setup.dataset, DeviceFeed(setup.loader)
         self.total_steps, self.schedule = setup.total_steps, setup.schedule
         self.model, self.state = setup.model, setup.state
         self.callbacks = [*callbacks, *implied_callbacks(config)]
@@ -101,6 +103,7 @@ class Trainer:
         self.step, self.logged = 0, (0, 0.0)  # the last metrics row: step, time
         self.step_times: list[float] = []
         self.delays: list[float] = []  # injected into each step (imbalance)
+        self.data_waits: list[float] = []  # each step's input wait
         self.contributors: list[int] = []
         self.evals: list[dict[str, Any]] = []
         self.train_time = 0.0  # wall time in training steps, evaluation excluded
@@ -138,15 +141,16 @@ class Trainer:
     # -- one step -----------------------------------------------------------------
     def _train_step(self) -> tuple[dict, CommInfo | None, dict[str, float]]:
         step = self.step
-        t0 = time.perf_counter()
+        # The input wait: what the training thread waits for a batch that the
+        # feeder thread did not have on the device yet (research.train.prefetch).
         with self.tracer.span("load batch", "data", step=step):
             x, y = self.loader.next_batch()
-        data_s = time.perf_counter() - t0
         delay = self.imbalance.delay(step, self.world.rank)
         self.state, m, info, phases = self.strategy.step(
             self.state, x, y, step=step, hold=lambda: self._hold(delay, step)
         )
-        return m, info, {"data_s": data_s, "delay_s": delay, **phases}
+        wait = self.loader.wait_s
+        return m, info, {"data_wait_s": wait, "delay_s": delay, **phases}
 
     def _hold(self, delay: float, step: int) -> None:
         """The injected imbalance: part of the compute phase (a slower rank)."""
@@ -179,9 +183,11 @@ class Trainer:
             summary = self._run()
         except BaseException:
             self.stop.restore_handlers()
+            self.loader.close()  # the feeder and decoding threads; no collective
             self._close_records(collective=False)  # rank 0 writes what it has
             set_tracer(prev_tracer)
             raise
+        self.loader.close()
         self._close_records(collective=True)
         set_tracer(prev_tracer)
         with watchdog.watch("strategy close"):
@@ -225,6 +231,7 @@ class Trainer:
             self.step += 1
             self.step_times.append(dt)
             self.delays.append(phases.get("delay_s", 0.0))
+            self.data_waits.append(phases["data_wait_s"])
             if info is not None:
                 self.contributors.append(info.contributors)
             self._after_step(m, info, phases, dt, bar)
@@ -275,13 +282,10 @@ class Trainer:
         self.drain()
         with self.tracer.span("evaluate", "eval", step=self.step):
             self.state = average_batch_stats(self.state, self._stats_mean)
-            return evaluate(
-                self.state,
-                self.dataset.test_x,
-                self.dataset.test_y,
-                self.config.eval_batch_size,
-                self.world,
+            batches = self.dataset.eval_batches(
+                self.config.eval_batch_size, self.world.rank, self.world.size
             )
+            return evaluate(self.state, batches, self.world)
 
     def _eval_and_log(self) -> None:
         t0 = time.perf_counter()

@@ -99,6 +99,8 @@ def config_record(t: Run) -> dict[str, Any]:
         "model_params": param_count(t.state.params),
         "param_bytes": tree_bytes(t.state.params),
         "dataset": t.dataset.describe(),
+        # The class index (imagenet: sorted wnids), counts, source.
+        "data": t.dataset.record(),
         "total_steps": t.total_steps,
         "steps_per_epoch": t.loader.steps_per_epoch,
         # What sized XLA:CPU's compute pool (research.threads.thread_env), and
@@ -151,12 +153,39 @@ def summary_record(t: Run) -> dict[str, Any]:
     if t.contributors:
         summary["mean_contributors"] = float(np.mean(t.contributors))
     summary.update(t.strategy.summary())  # the strategy's own record
+    summary["data"] = data_record(t)
     summary["comm_watchdog"] = watchdog_record(t.world)
     for cb in t.callbacks:
         summary.update(cb.summary())
     if t.stop.stopped is not None:  # told to stop (research.train.preemption)
         summary["stopped"] = t.stop.stopped
     return summary
+
+
+def data_record(t: Run) -> dict[str, Any]:
+    """The input of every rank (collective): its median wait per step
+    (``data_wait_s``, the first step left out), the images it skipped as
+    undecodable (``research/data/imagenet/pipeline.py``) and its loader's
+    own figures."""
+    waits = t.data_waits[1:] or t.data_waits
+    mine = {"median_data_wait_s": statistics.median(waits) if waits else None}
+    mine.update(t.loader.summary())
+    per_rank = t.world.allgather(mine)
+    files = sorted({f for r in per_rank for f in r.get("skipped_files", ())})
+    return {
+        "median_data_wait_s": statistics.median(
+            [
+                r["median_data_wait_s"]
+                for r in per_rank
+                if r["median_data_wait_s"] is not None
+            ]
+            or [float("nan")]
+        ),
+        "skipped": sum(r.get("skipped", 0) for r in per_rank),
+        "skipped_files": files,
+        "eval_skipped": sum(r.get("eval_skipped", 0) for r in per_rank),
+        "per_rank": per_rank,
+    }
 
 
 def watchdog_record(world: Any) -> dict[str, Any] | None:

@@ -55,7 +55,7 @@ def local_setup(config: TrainConfig, world: Any) -> Setup:
     model = models.get_model(
         config.model, num_classes=dataset.num_classes, **model_options(config)
     )
-    state = create_train_state(model, dataset.train_x[:1], tx, config.seed)
+    state = create_train_state(model, dataset.example_batch(), tx, config.seed)
     window = ProfileWindow.parse(config.profile, config.profile_ranks)
     if window is not None:
         problem = window.problem(total_steps, world.size)

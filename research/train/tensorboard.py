@@ -18,7 +18,7 @@ tag                         from
                             training time since the previous row), ``step_time``
 ``step/<key>``              its timings: the schema's ``compute_s``,
                             ``comm_exposed_s``, ``comm_busy_s``, ``update_s``
-                            (``research.strategies.base.PHASES``), ``data_s``,
+                            (``research.strategies.base.PHASES``), ``data_wait_s``,
                             ``delay_s``, a strategy's own (``select_s``) and
                             any other number a strategy adds
 ``comm/<key>``              its communication record ``comm_<key>``: ``bytes``,
