@@ -41,12 +41,13 @@ def test_registry_lists_all_datasets():
         "candle_nt3",
         "candle_p1b2",
         "digits",
+        "imagenet",
     }
 
 
 def test_unknown_name_lists_valid_names():
     with pytest.raises(ValueError, match="synthetic_images") as e:
-        get_dataset("imagenet")
+        get_dataset("imagenet_21k")
     assert not isinstance(e.value, DataError)
 
 

@@ -372,7 +372,7 @@ def test_the_device_feed_raises_the_loaders_error_in_the_training_thread(clean):
     loader = _data(clean).loader(batch_size=4, rank=0, size=1, seed=0)
     loader.split = None  # what a vanished file system does to reads: they raise
     feed = DeviceFeed(loader)
-    with pytest.raises(TypeError):  # None is not subscriptable: raised here
+    with pytest.raises(AttributeError):  # None has no example(): raised here
         feed.next_batch()
     feed.close()
 

@@ -162,14 +162,15 @@ def register(name: str, check: Check | None = None) -> Callable[[Loader], Loader
 
 
 def check_dataset(name: str, path: str | None, options: dict[str, Any]) -> str | None:
-    """The first problem with a dataset's name, options or data as one line
-    (its check hook's :class:`DataError`), or None."""
+    """The first problem with an on-disk dataset's options or data as one line
+    (its check hook's :class:`DataError`), or None; a dataset without a hook
+    is checked where it is loaded."""
+    check = _CHECKS.get(_canonical(name))
+    if check is None:  # in memory or generated: checked where it is made
+        return None
     try:
-        _lookup(name)
         _check_options(name, options)
-        check = _CHECKS.get(_canonical(name))
-        if check is not None:
-            check(path=path, **options)
+        check(path=path, **options)
     except ValueError as e:  # DataError is one
         return str(e)
     return None
