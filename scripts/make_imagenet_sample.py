@@ -181,7 +181,7 @@ def odd_file(kind: str, img: np.ndarray, rng: np.random.Generator) -> bytes:
 
 
 def make_sample(
-    root: Path,
+    root: str | Path,
     classes: int,
     per_class: int,
     *,
@@ -196,6 +196,7 @@ def make_sample(
     what ``sample.json`` holds."""
     if classes < 1 or per_class < 1:
         raise ValueError("--classes and --per-class must be >= 1")
+    root = Path(root)
     val_n = max(1, per_class // 5) if val_per_class is None else val_per_class
     lo, hi = sizes
     rng = np.random.default_rng([seed, 50])

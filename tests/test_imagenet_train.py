@@ -29,6 +29,10 @@ def _args(data: Path, steps: int, np_: int = 3) -> list[str]:
         *("--batch-size", "4", "--steps", str(steps), "--schedule", "constant"),
         *("--warmup-steps", "0", "--eval-every", "0", "--no-progress"),
         *("--checkpoint", "deepfreeze", "--checkpoint-every", "3"),
+        # One allreduce path for both runs: at 3 ranks the ring and MPI's own
+        # allreduce add in different orders, and "auto" times them afresh in
+        # each run (a resumed run adopts the interrupted one's choice).
+        *("--strategy-opt", "allreduce=ring"),
     ]
 
 
