@@ -25,6 +25,9 @@ Stages, in this order, each writing into the run folder (default
 * ``staging``: ``scripts.bench_staging``: what staging GPU buffers through
   host memory costs each way (JAX's transfers, the staged ring's host
   callback, mpi4jax's), one process, 1 to 102 MB.
+* ``input``: ``scripts.bench_input``: the ImageNet pipeline per core and per
+  worker count against torchvision's path, and ResNet-50 reading its files
+  against the same run on synthetic data (can the host's cores feed the GPU?).
 * ``stall``: ``scripts.gpu_stall``: rank 1 of a 2-rank training job stopped
   (SIGSTOP) on each allreduce path (fused with mpi4jax, fused with the staged
   ring, host); each job must end with exit 124 within ``--comm-timeout`` plus
@@ -67,6 +70,7 @@ STAGES = (
     "vgg",
     "staging",
     "stall",
+    "input",
 )
 #: Every registered strategy (``research.strategies``: options only, no MPI).
 STRATEGIES = tuple(registry.names())
@@ -453,6 +457,23 @@ def stage_stall(c: Check) -> None:
     c.say(f"stall: rc {rc} in {secs:.0f} s")
 
 
+def stage_input(c: Check) -> None:
+    """``scripts.bench_input``: the ImageNet pipeline per core and per worker
+    count against torchvision's, and ResNet-50 reading it against synthetic
+    data (on the GPU: can the host's cores feed it?)."""
+    cmd = _python("-m", "scripts.bench_input", "--json", str(c.root / "input.json"))
+    if _on_gpu(c):
+        cmd += ["--images", "800", "--workers", "1", "4", "8", "15"]
+        cmd += ["--loader-images", "2048", "--train-batch", "128", "--steps", "30"]
+    else:
+        cmd += ["--images", "40", "--files", "20", "--rounds", "1", "--size", "64"]
+        cmd += ["--workers", "1", "--loader-images", "64", "--batch", "8"]
+        cmd += ["--model", "cnn_small", "--steps", "3"]
+    rc, secs = c.run("input", cmd, timeout=360)
+    c.results["input_rc"] = rc
+    c.say(f"input: rc {rc} in {secs:.0f} s")
+
+
 def stage_eager_sgd(c: Check) -> None:
     run_dir = c.root / "eager_sgd"
     cmd = _python("-m", "experiments.eager_sgd", "--seeds", "0", "--no-progress")
@@ -481,6 +502,7 @@ def main(argv: list[str] | None = None) -> int:
         "vgg": stage_vgg,
         "staging": stage_staging,
         "stall": stage_stall,
+        "input": stage_input,
     }
     if "machine" not in args.stages:
         args.stages.insert(0, "machine")  # every other stage reads it

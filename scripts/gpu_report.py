@@ -226,6 +226,18 @@ def _stall(root: Path, checks: list[dict]) -> list[str]:
     return [*out, ""]
 
 
+def _input(root: Path) -> list[str]:
+    """``scripts.bench_input``'s figures (the input stage), when it ran."""
+    path = root / "input.json"
+    if not path.exists():
+        return []
+    from scripts.bench_input import markdown
+
+    res = json.loads(path.read_text())
+    return ["## ImageNet input (this pipeline against torchvision's)", "",
+            *markdown(res), ""]  # fmt: skip
+
+
 def _allreduce(root: Path) -> list[str]:
     path = root / "allreduce.json"
     if not path.exists():
@@ -339,6 +351,7 @@ def report(root: Path, results: dict, install_log: str | Path | None) -> tuple:
         *_strategies(results, checks),
         *_stop(results, checks),
         *_stall(root, checks),
+        *_input(root),
         *_allreduce(root),
         *_staging(root),
         *_eager(root),

@@ -1,9 +1,9 @@
 """``experiments.train --dataset imagenet`` on 3 MPI ranks: it trains, records its
-input wait and class index, and resumes from a DeepFreeze checkpoint bit for bit.
+input wait and class index, and resumes from a checkpoint bit for bit.
 
 A real ImageNet-format folder of real JPEGs (``scripts.make_imagenet_sample``),
-real ranks under mpiexec, real DeepFreeze checkpoints. The stopped run is the
-uninterrupted one's first 6 steps (a constant rate: the schedule does not
+real ranks under mpiexec, real DeepFreeze and Orbax checkpoints. The stopped
+run is the uninterrupted one's first 6 steps (a constant rate: the schedule does not
 depend on the run's length); the resumed run restores the pipeline's
 position from the checkpoint and must end with the same parameters.
 """
@@ -21,14 +21,14 @@ from tests.harness import python
 pytestmark = pytest.mark.launches  # MPI jobs: not in make test-fast
 
 
-def _args(data: Path, steps: int, np_: int = 3) -> list[str]:
+def _args(data: Path, steps: int, np_: int = 3, saver: str = "deepfreeze") -> list[str]:
     return [
         *("-m", "experiments.train", "--np", str(np_), "--model", "cnn_small"),
         *("--dataset", "imagenet", "--data-dir", str(data)),
         *("--data-opt", "image_size=16", "--data-workers", "2"),
         *("--batch-size", "4", "--steps", str(steps), "--schedule", "constant"),
         *("--warmup-steps", "0", "--eval-every", "0", "--no-progress"),
-        *("--checkpoint", "deepfreeze", "--checkpoint-every", "3"),
+        *("--checkpoint", saver, "--checkpoint-every", "3"),
         # One allreduce path for both runs: at 3 ranks the ring and MPI's own
         # allreduce add in different orders, and "auto" times them afresh in
         # each run (a resumed run adopts the interrupted one's choice).
@@ -42,10 +42,13 @@ def _train(cwd: Path, run: str, args: list[str]) -> dict:
     return json.loads((cwd / run / "summary.json").read_text())
 
 
-def test_three_ranks_train_on_imagenet_and_resume_bit_for_bit(tmp_path):
+# DeepFreeze keeps each rank's position in its shard; orbax-async-rank0 keeps
+# rank 0's, which every rank restores (the positions are the same dict).
+@pytest.mark.parametrize("saver", ["deepfreeze", "orbax-async-rank0"])
+def test_three_ranks_train_on_imagenet_and_resume_bit_for_bit(tmp_path, saver):
     data = tmp_path / "imagenet"
     make_sample(data, 3, 9, val_per_class=2, sizes=(40, 80))
-    ref = _train(tmp_path, "ref", _args(data, 12))
+    ref = _train(tmp_path, "ref", _args(data, 12, saver=saver))
     assert ref["steps"] == 12 and ref["world_size"] == 3
     assert ref["data"]["skipped"] >= 2 and ref["data"]["median_data_wait_s"] >= 0
     config = json.loads((tmp_path / "ref" / "config.json").read_text())
@@ -53,9 +56,9 @@ def test_three_ranks_train_on_imagenet_and_resume_bit_for_bit(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "ref" / "metrics.jsonl").open()]
     assert all("data_wait_s" in r for r in rows if "loss" in r)
 
-    first = _train(tmp_path, "run", _args(data, 6))
+    first = _train(tmp_path, "run", _args(data, 6, saver=saver))
     assert first["steps"] == 6 and first["resumed_from"] is None
-    resumed = _train(tmp_path, "run", _args(data, 12))
+    resumed = _train(tmp_path, "run", _args(data, 12, saver=saver))
     assert resumed["resumed_from"] == 6 and resumed["steps"] == 12
     assert resumed["params_sha256"] == ref["params_sha256"]
 

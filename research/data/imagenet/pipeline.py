@@ -33,7 +33,11 @@ out of its totals.
 Workers. ``workers`` threads per rank decode and transform samples ahead of
 the step (Grain's ``ReadOptions``; ``prefetch_batches`` batches ahead): decode
 and resize release the GIL. Threads, not processes: a rank forks nothing
-after MPI started. Their scaling is not measured yet (issue 50's benchmark).
+after MPI started. OpenCV is held to one thread of its own (process-wide, set
+when a pipeline starts): the parallelism is across samples, one per worker,
+and OpenCV's own pool on top of the workers would only fight them and the
+rank's computation for the cores. Throughput per core and per worker count,
+against torchvision's path: ``python -m scripts.bench_input``.
 """
 
 from __future__ import annotations
@@ -57,6 +61,13 @@ STREAM = "imagenet-global-stream-v1"
 #: Undecodable examples in a row before a sample gives up (a folder of them).
 MAX_REPLACEMENTS = 64
 _ORDER_TAG = 0x1A6F
+
+
+def one_opencv_thread() -> None:
+    """OpenCV's resize on the calling worker's thread alone (module docstring)."""
+    import cv2
+
+    cv2.setNumThreads(1)
 
 
 def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
@@ -200,6 +211,7 @@ class StreamLoader:
     def _build(self) -> Any:
         import grain
 
+        one_opencv_thread()
         ds = grain.MapDataset.range(sys.maxsize).map(self._sample)
         options = grain.ReadOptions(
             num_threads=self.workers,
@@ -344,6 +356,7 @@ def eval_batches(
     lock, reasons = threading.Lock(), {}
     if hi <= lo:
         return
+    one_opencv_thread()
     ds = grain.MapDataset.range(lo, hi).map(sample)
     options = grain.ReadOptions(
         num_threads=workers, prefetch_buffer_size=2 * batch_size if workers else 0
