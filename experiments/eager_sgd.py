@@ -43,8 +43,10 @@ Commands::
 
 With ``--dataset imagenet`` (research/data/imagenet) every arm reads its own
 pass over the same shards; the classes (1000) are the folder's, the crops
-``--data-opt image_size=S`` (224 at paper scale), and ``--data-workers`` sets
-each rank's decoding threads (a GPU wants several).
+``--data-opt image_size=S`` (224 at paper scale), ``--data-opt
+eval_examples=10000`` evaluates on part of val (every ``--eval-every`` steps
+of every arm), and ``--data-workers`` sets each rank's decoding threads (a GPU
+wants several).
 
 Results: ``docs/results/eager_sgd.md``; earlier runs: ``docs/journal.md``.
 """
