@@ -34,6 +34,18 @@ Commands::
         --model resnet50 --paper-scale --run-dir runs/df --fast-dir "$TMPDIR/df"
     sbatch -N 4 --ntasks-per-node=4 scripts/slurm.sbatch experiments.deepfreeze \\
         --model resnet50 --paper-scale --run-dir runs/df --job ranks
+    # on ImageNet: ArrayRecord shards once (random access without a file per
+    # image on the parallel file system), then the same jobs reading them
+    python -m scripts.imagenet_to_arrayrecord /data/imagenet /scratch/imagenet-ar
+    sbatch -N 16 --ntasks-per-node=4 --cpus-per-task=16 scripts/slurm.sbatch \\
+        experiments.deepfreeze --model resnet50 --paper-scale \\
+        --dataset imagenet --data-dir /scratch/imagenet-ar --data-workers 8 \\
+        --run-dir runs/df-in --fast-dir "$TMPDIR/df"
+
+With ``--dataset imagenet`` (research/data/imagenet) the model is the
+paper's (default ResNet-50, also without ``--paper-scale``), its classes the
+folder's, its crops ``--data-opt image_size=S`` (224 at paper scale), and
+every checkpoint holds the input pipeline's position with the parameters.
 
 Results: ``docs/results/deepfreeze.md``; earlier runs: ``docs/journal.md``.
 """
@@ -54,7 +66,12 @@ from research.studies.deepfreeze import (
     report,
     run_job,
 )
-from research.studies.presets import ExperimentConfig, start_job, with_model
+from research.studies.presets import (
+    ExperimentConfig,
+    start_job,
+    with_dataset,
+    with_model,
+)
 from research.train.config import CKPT, OUTPUT, TrainConfig, flag
 from research.usage import UsageError, fail_usage
 
@@ -208,7 +225,11 @@ class Config(ExperimentConfig):
     )
     job: str = flag("all", argparse.SUPPRESS, CKPT, choices=("all", "main", "ranks"))
     paper_scale: bool = flag(
-        False, "the paper's model sizes at 224x224 (for clusters)", CKPT
+        False,
+        "the paper's model sizes at 224x224 (for clusters): synthetic images "
+        "of 1000 classes, or with --dataset imagenet --data-dir DIR ImageNet's "
+        "224x224 crops and classes",
+        CKPT,
     )
     plots: bool = flag(True, "skip the figures", OUTPUT, name="--no-plots")
 
@@ -217,18 +238,39 @@ class Config(ExperimentConfig):
         return check_flags(self)
 
 
-def get_config(model: str | None = None, paper_scale: bool = False) -> Config:
+def select(given: dict[str, Any]) -> dict[str, Any]:
+    """The preset the flags given choose: model, paper scale, dataset."""
+    return {
+        "model": given.get("train.model"),
+        "paper_scale": bool(given.get("paper_scale", False)),
+        "dataset": given.get("train.dataset"),
+    }
+
+
+def get_config(
+    model: str | None = None, paper_scale: bool = False, dataset: str | None = None
+) -> Config:
     """The experiment's config for a preset (explicit flags are applied over it).
 
     At paper scale ``--model`` names the full-size model, not a laptop preset
-    (default ResNet-50: the paper's options are an image model's).
+    (default ResNet-50: the paper's options are an image model's). On
+    ImageNet the default model is ResNet-50 at any scale (the laptop default,
+    CANDLE P1B2, reads tables); ``dataset`` keeps the data options it takes
+    (:func:`~research.studies.presets.with_dataset`).
     """
     cfg = Config()
+    if dataset == "imagenet":
+        model = model or "resnet50"
     if paper_scale:
         cfg = override(cfg, **PAPER_SCALE, paper_scale=True)
         name = model or "resnet50"
-        return override(cfg, model=MODEL_PRESETS.get(name, {}).get("model", name))
-    return with_model(cfg, model, MODEL_PRESETS)
+        name = MODEL_PRESETS.get(name, {}).get("model", name)
+        options = cfg.train.model_options
+        if not name.startswith("resnet"):  # the stem is a ResNet's; VGG has none
+            options = {k: v for k, v in options.items() if k != "stem"}
+        cfg = override(cfg, model=name, model_options=options)
+        return with_dataset(cfg, dataset)
+    return with_dataset(with_model(cfg, model, MODEL_PRESETS), dataset)
 
 
 def parse(argv: list[str]) -> Config:
@@ -239,6 +281,7 @@ def parse(argv: list[str]) -> Config:
         doc=__doc__,
         # Of the checkpointing fields only the fast tier applies here.
         hide=("checkpoint", "checkpoint_every", "resume"),
+        select=select,
     )
 
 

@@ -34,6 +34,19 @@ Commands::
     python -m scripts.plot_eager_sgd runs/eager_sgd-<time>   # figures again
     sbatch -N 16 --ntasks-per-node=4 scripts/slurm.sbatch experiments.eager_sgd \\
         --paper-scale        # ResNet-50, 64 ranks, the paper's imbalance
+    # the same on ImageNet: ArrayRecord shards once (random access without a
+    # file per image on the parallel file system), then 224x224 crops of them
+    python -m scripts.imagenet_to_arrayrecord /data/imagenet /scratch/imagenet-ar
+    sbatch -N 16 --ntasks-per-node=4 --cpus-per-task=16 scripts/slurm.sbatch \\
+        experiments.eager_sgd --paper-scale --dataset imagenet \\
+        --data-dir /scratch/imagenet-ar --data-workers 8 --run-dir runs/eager-in
+
+With ``--dataset imagenet`` (research/data/imagenet) every arm reads its own
+pass over the same shards; the classes (1000) are the folder's, the crops
+``--data-opt image_size=S`` (224 at paper scale), ``--data-opt
+eval_examples=10000`` evaluates on part of val (every ``--eval-every`` steps
+of every arm), and ``--data-workers`` sets each rank's decoding threads (a GPU
+wants several).
 
 Results: ``docs/results/eager_sgd.md``; earlier runs: ``docs/journal.md``.
 """
@@ -63,7 +76,12 @@ from research.studies.eager_sweep import (
     run_sweep_job,
     write_sweep,
 )
-from research.studies.presets import ExperimentConfig, start_job, with_model
+from research.studies.presets import (
+    ExperimentConfig,
+    start_job,
+    with_dataset,
+    with_model,
+)
 from research.train.config import CKPT, OUTPUT, TrainConfig, flag
 from research.usage import UsageError, fail_usage
 
@@ -110,8 +128,9 @@ DIGITS_CNN_OPTIONS = {"image_size": 8, "channels": 1, "pooled_size": 2}
 #: The model, rank count, imbalance and staleness bound are the paper's; the data
 #: are the synthetic task at 224x224 and 1000 classes (the full model, so the
 #: same 102 MB per allreduce), cycled for a fixed number of steps, because 1.28M
-#: generated images would not fit in memory. Pass --dataset/--data-dir for real
-#: data; accuracy on this synthetic set is not ImageNet accuracy.
+#: generated images would not fit in memory; accuracy on it is not ImageNet
+#: accuracy. With --dataset imagenet (with_dataset) only image_size stays: the
+#: classes and examples are the dataset's.
 PAPER_SCALE: dict[str, Any] = {
     "model": "resnet50",
     "momentum": 0.9,
@@ -207,7 +226,11 @@ class Config(ExperimentConfig):
         EAGER,
     )
     paper_scale: bool = flag(
-        False, "the paper's ResNet-50 setting for batch jobs (see above)", EAGER
+        False,
+        "the paper's ResNet-50 setting for batch jobs (see above): synthetic "
+        "224x224 images of 1000 classes, or with --dataset imagenet --data-dir "
+        "DIR ImageNet's 224x224 crops and classes",
+        EAGER,
     )
     plots: bool = flag(True, "skip the figures", OUTPUT, name="--no-plots")
     sweep: bool = flag(
@@ -259,7 +282,8 @@ def get_config(
 
     ``sweep``: the parameter-server sweep's defaults; ``dataset="digits"``: the
     real-data defaults; ``paper_scale``: the paper's ResNet-50 setting; then the
-    ``--model`` preset (:data:`MODEL_PRESETS`).
+    ``--model`` preset (:data:`MODEL_PRESETS`) and ``--dataset``
+    (:func:`~research.studies.presets.with_dataset`).
     """
     cfg = Config()
     if sweep:
@@ -270,7 +294,11 @@ def get_config(
         cfg = override(cfg, **DIGITS_DEFAULTS)
     if paper_scale:
         cfg = override(cfg, **PAPER_SCALE, paper_scale=True)
-    cfg = with_model(cfg, model, MODEL_PRESETS)
+    cfg = with_dataset(with_model(cfg, model, MODEL_PRESETS), dataset)
+    if paper_scale and not cfg.train.model.startswith("resnet"):
+        # The paper's stem is a ResNet's option; VGG and the others have none.
+        options = {k: v for k, v in cfg.train.model_options.items() if k != "stem"}
+        cfg = override(cfg, model_options=options)
     if dataset == "digits" and cfg.train.model == "cnn_small":
         options = {**DIGITS_CNN_OPTIONS, **cfg.train.model_options}
         cfg = override(cfg, model_options=options)

@@ -36,6 +36,20 @@ Commands::
     # paper scale in a batch job (the launcher's world size; ImageNet-size inputs)
     sbatch -N 64 --ntasks-per-node=4 scripts/slurm.sbatch experiments.overlap \\
         --paper-scale
+    # the steps on ImageNet's images: ArrayRecord shards once (every run opens
+    # the data again: a manifest, not a scan of 1.28M files), then
+    python -m scripts.imagenet_to_arrayrecord /data/imagenet /scratch/imagenet-ar
+    sbatch -N 64 --ntasks-per-node=4 --cpus-per-task=16 scripts/slurm.sbatch \\
+        experiments.overlap --paper-scale --dataset imagenet \\
+        --data-dir /scratch/imagenet-ar --data-workers 8
+
+The inputs: by default random images of ``--image-size`` (the data change
+neither a step's compute nor its communication, which is what is timed).
+``--dataset imagenet --data-dir DIR`` reads ImageNet instead (crops of
+``--image-size``, its 1000 classes the folder's): the input pipeline's wait
+then joins each step (``data_wait_s`` in the rows) and its decoding threads
+share the host's cores, as in a real run; a hidden fraction measured so is
+what a training job gets.
 
 Results: ``docs/results/overlap.md``; earlier runs: ``docs/journal.md``.
 """
@@ -60,11 +74,13 @@ from research.studies.overlap import (
     run_point,
 )
 from research.studies.presets import HOSTS_HELP
-from research.train.config import OUTPUT, flag
+from research.train.config import OUTPUT, TrainConfig, flag, flag_of
 from research.usage import UsageError
 
 PROG = "python -m experiments.overlap"
-RUNS, OUT = "runs", "output"
+RUNS, OUT, DATA = "runs", "output", "data"
+#: The inputs a step can time: random images, or ImageNet's crops.
+DATASETS = ("synthetic_images", "imagenet")
 
 #: --paper-scale: ImageNet-size inputs, the paper's batch (flags still win).
 PAPER: dict[str, Any] = dict(
@@ -141,7 +157,36 @@ class Config:
     image_size: int = flag(32, "default %(default)s", RUNS)
     num_classes: int = flag(10, "default %(default)s", RUNS)
     threads: int = flag(1, "compute threads per rank; default %(default)s", RUNS)
-    paper_scale: bool = flag(False, "ImageNet-size inputs (for clusters)", RUNS)
+    paper_scale: bool = flag(
+        False,
+        "ImageNet-size inputs (for clusters): 224x224, 1000 classes, random or, "
+        "with --dataset imagenet --data-dir DIR, ImageNet's crops and classes",
+        RUNS,
+    )
+    # The data flags are experiments.train's (one definition, TrainConfig's).
+    dataset: str = flag_of(
+        TrainConfig,
+        "dataset",
+        help="the steps' inputs (see above): random images of --image-size and "
+        "--num-classes, or imagenet (--data-dir; crops of --image-size, its "
+        "classes); default %(default)s",
+        group=DATA,
+        choices=DATASETS,
+    )
+    data_dir: str | None = flag_of(
+        TrainConfig,
+        "data_dir",
+        help="imagenet's folder: its layout or ArrayRecord shards",
+        group=DATA,
+    )
+    data_options: dict[str, Any] = flag_of(
+        TrainConfig,
+        "data_options",
+        help="imagenet option, repeatable (e.g. prefetch_batches=4; the size "
+        "is --image-size)",
+        group=DATA,
+    )
+    data_workers: int = flag_of(TrainConfig, "data_workers", group=DATA)
     plots: bool = flag(True, "skip the figures", OUTPUT, name="--no-plots")
     trace: bool = flag(
         True,
@@ -173,7 +218,20 @@ class Config:
             return "--steps must exceed --warmup"
         if self.report_only and not self.run_dir:
             return "--report-only needs --run-dir"
+        if "image_size" in self.data_options:
+            return "--data-opt image_size: the steps' size is --image-size"
+        if self.dataset != "synthetic_images" or self.data_dir:
+            return dataset_problem(self)
         return None
+
+
+def dataset_problem(cfg: Config) -> str | None:
+    """The launcher's check (``research.entry.cli.validate``: the folder, its
+    layout or shards, the options) of the data a run of ``cfg`` reads."""
+    from research.entry.cli import validate
+    from research.studies.overlap import run_config
+
+    return validate(run_config(cfg, cfg.models[0], "host", "real", None))
 
 
 def get_config(model: str | None = None, paper_scale: bool = False) -> Config:

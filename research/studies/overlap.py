@@ -66,14 +66,15 @@ def label(strategy: str, bucket_mb: float | None) -> str:
     return f"lw {bucket_mb:g}MB"
 
 
-def _config(
+def run_config(
     cfg: Any,
     model: str,
     strategy: str,
     link: str,
-    run_dir: Path,
+    run_dir: Path | None,
     bucket_mb: float | None = None,
 ):
+    """The TrainConfig of one run (``run_dir`` None: none, for the checks)."""
     from research.train.config import TrainConfig
 
     options = (PAPER_MODELS if cfg.paper_scale else MODELS).get(model, {})
@@ -84,16 +85,21 @@ def _config(
     if strategy == "layerwise":
         mb = DEFAULT_BUCKET_MB if bucket_mb is None else bucket_mb
         strategy_options["bucket_bytes"] = int(mb * 2**20)
+    data = {  # random images; their classes and count are ours to set
+        "image_size": cfg.image_size,
+        "num_classes": cfg.num_classes,
+        "n_train": max(64, cfg.batch_size * 8),
+        "n_test": cfg.batch_size,
+    }
+    if cfg.dataset != "synthetic_images":  # on disk: the files fix the classes
+        data = {**cfg.data_options, "image_size": cfg.image_size}
     return TrainConfig(
         model=model,
         model_options=options,
-        dataset="synthetic_images",
-        data_options={
-            "image_size": cfg.image_size,
-            "num_classes": cfg.num_classes,
-            "n_train": max(64, cfg.batch_size * 8),
-            "n_test": cfg.batch_size,
-        },
+        dataset=cfg.dataset,
+        data_dir=cfg.data_dir,
+        data_options=data,
+        data_workers=cfg.data_workers,
         batch_size=cfg.batch_size,
         steps=cfg.steps,
         eval_every=0,
@@ -106,7 +112,7 @@ def _config(
         warmup_steps=0,
         progress=False,
         trace=cfg.trace,
-        run_dir=str(run_dir),
+        run_dir="" if run_dir is None else str(run_dir),
     )
 
 
@@ -152,8 +158,13 @@ def _measure(trainer: Any, warmup: int) -> dict[str, Any]:
     biggest = max(
         (tree_bytes(s.params(trainer.state.params)) for s in stages), default=grad
     )
+    import statistics
+
+    waits = trainer.data_waits[warmup:] or trainer.data_waits
     return {
         **_timing(trainer.run_dir, warmup),
+        # Rank 0's input wait (in the step time): ~0 on random images.
+        "data_wait_s": statistics.median(waits) if waits else None,
         "opt_bytes": int(opt),
         "grad_bytes": int(grad),
         "biggest_stage_share": biggest / grad,
@@ -226,7 +237,7 @@ def run_point(cfg: Any, root: Path, world: Any) -> None:
                 # is appended to, so old steps would mix in).
                 shutil.rmtree(run_dir)
             world.barrier()
-            run = _config(cfg, model, strategy, link, run_dir, bucket_mb)
+            run = run_config(cfg, model, strategy, link, run_dir, bucket_mb)
             trainer = Trainer(run, world)
             trainer.run()
             row = {

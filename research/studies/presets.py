@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from research.entry.cli import nested
+from research.entry.cli import nested, override
 from research.train.config import PARALLEL, TrainConfig, flag
 
 NP_HELP = (
@@ -60,6 +60,27 @@ def with_model(cfg: Any, model: str | None, presets: Mapping[str, Mapping]) -> A
         data_options={**preset.get("data_options", {}), **train.data_options},
     )
     return dataclasses.replace(cfg, train=train)
+
+
+def with_dataset(cfg: Any, dataset: str | None) -> Any:
+    """``cfg`` with ``--dataset dataset`` applied (None: keep ``cfg``'s).
+
+    A preset's data options describe the task it chose (``n_train``,
+    ``num_classes`` of a synthetic one); on another dataset only the options
+    that dataset takes stay (``image_size``: the paper's 224 on ImageNet), and
+    what its files fix (the classes, the examples) comes from them. The user's
+    ``--data-opt`` pairs are applied over these and checked with the rest.
+    """
+    if dataset is None or dataset == cfg.train.dataset:
+        return cfg
+    from research.data import dataset_options
+
+    try:
+        takes = dataset_options(dataset)
+    except ValueError:  # an unknown name: the launcher's check says so
+        return cfg
+    options = {k: v for k, v in cfg.train.data_options.items() if k in takes}
+    return override(cfg, dataset=dataset, data_options=options)
 
 
 def run_root(run_dir: str | None, world, experiment: str) -> Path:

@@ -47,6 +47,18 @@ def flag(
     return dataclasses.field(default=default, metadata=meta)
 
 
+def flag_of(cls: type, name: str, **changes: Any) -> Any:
+    """A field with the flag of ``cls``'s field ``name`` (its default, help,
+    group and name), ``changes`` (:func:`flag`'s metadata: ``help``, ``group``,
+    ``choices``, ...) over it: one definition of a flag for a config that
+    does not nest ``cls`` (``experiments/overlap.py`` takes the data flags)."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    meta = {**f.metadata, **changes}
+    if f.default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=f.default_factory, metadata=meta)
+    return dataclasses.field(default=f.default, metadata=meta)
+
+
 MODEL, OPTIM, PARALLEL, OUTPUT, CKPT = (
     "model and data",
     "optimisation",
