@@ -113,6 +113,7 @@ UNITS: dict[str, tuple[str, ...]] = {
     "research.studies": (
         "research.checkpoint",
         "research.comm",
+        "research.data",  # a preset's data options on another dataset
         "research.entry",
         "research.imbalance",
         "research.localnet",

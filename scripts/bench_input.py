@@ -20,11 +20,13 @@ Four measurements on the same JPEG files, in one process, one after another:
    :class:`~research.data.imagenet.pipeline.StreamLoader` (``N`` Grain threads,
    the folder on disk, as training reads it) against torchvision's
    ``ImageFolder`` in a ``DataLoader`` of ``N`` worker processes, batches of
-   ``--batch``, the first batch (start-up) left out.
+   ``--batch``, the first batch (start-up) left out; ``N = 0``: both in the
+   calling thread (training's device feed is that thread: it decodes beside
+   the step either way).
 
 3. **training** (``--train``): ``python -m experiments.train --np 1`` of
    ``--model`` (ResNet-50 by default) at the files' image size, once reading
-   the folder (``--data-workers`` the largest of ``--workers``), once on
+   the folder (``--data-workers`` of ``--train-workers``), once on
    ``synthetic_images`` held in memory, the same steps and batch: the median
    step of each and the real run's median input wait (``data_wait_s``). On a
    CPU the decoding threads share the cores with XLA's computation, so the real
@@ -38,7 +40,7 @@ their rows are left out, and said to be.
 
 Run it under ``flock /work/bench.lock`` on a shared machine, e.g.::
 
-    flock /work/bench.lock python -m scripts.bench_input --images 400 --workers 1 2
+    flock /work/bench.lock python -m scripts.bench_input --images 400
     python -m scripts.bench_input --data-dir /data/imagenet --workers 1 4 8 16
 
 ``--json PATH`` writes every figure. The figures of this machine are in
@@ -98,8 +100,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--workers",
         type=int,
         nargs="+",
-        default=[1, 2],
-        help="loader worker counts (default 1 2)",
+        default=[0, 1, 2],
+        help="loader worker counts (0: in the calling thread; default 0 1 2)",
     )
     p.add_argument("--batch", type=int, default=32, help="loader batch (32)")
     p.add_argument(
@@ -115,6 +117,12 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="time training on the files against synthetic data",
     )
     p.add_argument("--model", default="resnet50", help="the training model")
+    p.add_argument(
+        "--train-workers",
+        type=int,
+        default=None,
+        help="--data-workers of the training run (default: experiments.train's)",
+    )
     p.add_argument("--train-batch", type=int, default=8, help="per step (8)")
     p.add_argument("--steps", type=int, default=8, help="training steps (8)")
     p.add_argument("--json", help="write every figure to this file")
@@ -122,8 +130,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for name in ("images", "files", "size", "rounds", "batch", "loader_images"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
-    if min(args.workers) < 1:
-        p.error("--workers must be >= 1 each")
+    if min(args.workers) < 0 or (args.train_workers or 0) < 0:
+        p.error("--workers (each) and --train-workers must be >= 0")
     if args.steps < 3 or args.train_batch < 1:
         p.error("--steps must be >= 3 (the first is compilation), --train-batch >= 1")
     return args
@@ -285,7 +293,7 @@ def torch_loader(root: Path, workers: int, batch: int, images: int, size: int):
     sampler = torch.utils.data.RandomSampler(ds, replacement=True, num_samples=10**9)
     dl = torch.utils.data.DataLoader(
         ds, batch_size=batch, sampler=sampler, num_workers=workers,
-        prefetch_factor=2, persistent_workers=False,
+        **({"prefetch_factor": 2} if workers else {}),
     )  # fmt: skip
     it = iter(dl)
     try:
@@ -337,7 +345,11 @@ def training(root: Path, args: argparse.Namespace, classes: int) -> dict[str, An
         "--data-opt",
         f"image_size={args.size}",
     ]
-    workers = max(args.workers)
+    workers = args.train_workers
+    if workers is None:
+        from research.train.config import TrainConfig
+
+        workers = TrainConfig().data_workers
     with tempfile.TemporaryDirectory(prefix="bench-input-runs-") as tmp:
         real = train_run(
             Path(tmp) / "real",

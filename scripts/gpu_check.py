@@ -463,11 +463,12 @@ def stage_input(c: Check) -> None:
     data (on the GPU: can the host's cores feed it?)."""
     cmd = _python("-m", "scripts.bench_input", "--json", str(c.root / "input.json"))
     if _on_gpu(c):
-        cmd += ["--images", "800", "--workers", "1", "4", "8", "15"]
+        cmd += ["--images", "800", "--workers", "0", "1", "4", "8", "15"]
+        cmd += ["--train-workers", "8"]
         cmd += ["--loader-images", "2048", "--train-batch", "128", "--steps", "30"]
     else:
         cmd += ["--images", "40", "--files", "20", "--rounds", "1", "--size", "64"]
-        cmd += ["--workers", "1", "--loader-images", "64", "--batch", "8"]
+        cmd += ["--workers", "0", "1", "--loader-images", "64", "--batch", "8"]
         cmd += ["--model", "cnn_small", "--steps", "3"]
     rc, secs = c.run("input", cmd, timeout=360)
     c.results["input_rc"] = rc

@@ -110,9 +110,11 @@ class TrainConfig:
         factory=dict,
     )
     data_workers: int = flag(
-        1,
-        "decoding threads per rank for a streamed dataset (imagenet; 0: in the "
-        "feeder thread); a GPU node wants several per GPU; default %(default)s",
+        0,
+        "decoding threads per rank for a streamed dataset (imagenet), beside "
+        "the feeder thread that decodes when 0 (on one core 0 was the fastest: "
+        "python -m scripts.bench_input); a GPU node wants several per GPU; "
+        "default %(default)s",
         MODEL,
         metavar="N",
     )
