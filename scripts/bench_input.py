@@ -291,9 +291,11 @@ def torch_loader(root: Path, workers: int, batch: int, images: int, size: int):
     )
     ds = datasets.ImageFolder(str(root / "train"), tf)  # fmt: skip
     sampler = torch.utils.data.RandomSampler(ds, replacement=True, num_samples=10**9)
+    # Workers spawned, not forked: Grain's threads run in this process.
+    more = {"prefetch_factor": 2, "multiprocessing_context": "spawn"}
     dl = torch.utils.data.DataLoader(
         ds, batch_size=batch, sampler=sampler, num_workers=workers,
-        **({"prefetch_factor": 2} if workers else {}),
+        **(more if workers else {}),
     )  # fmt: skip
     it = iter(dl)
     try:
