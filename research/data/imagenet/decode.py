@@ -14,11 +14,12 @@ OpenCV, else Pillow. What none of them can read raises :class:`Undecodable`,
 which the pipeline counts and replaces (``research/data/imagenet/pipeline.py``).
 
 Why these: ``python -m scripts.bench_input`` (one core, 400 generated JPEGs of
-333-640 px, 53 KB on average; the medians of three runs on this project's
-2-core machine): full decode alone ran at 588-671 images/s with simplejpeg and
-364-417 with Pillow; this module plus ``transforms.py`` (crop, scaled decode,
-resize, flip) at 321-399 against torchvision's Pillow path at 161-207 (float
-normalised) and 194-231 (uint8), 1.8-2.1x the float path in every run. At
+333-640 px, 53 KB on average; the medians of four runs on this project's
+2-core machine, whose speed varied 2x from run to run): full decode alone ran
+at 588-1021 images/s with simplejpeg and 364-673 with Pillow; this module plus
+``transforms.py`` (crop, scaled decode, resize, flip) at 321-693 against
+torchvision's Pillow path at 161-323 (float normalised) and 194-397 (uint8),
+1.8-2.2x the float path within every run. At
 224 px from ImageNet's sizes most crops need the full scale; the scaled decode
 pays off on larger photos and smaller outputs.
 """
