@@ -66,16 +66,14 @@ from typing import Any
 
 import numpy as np
 
+from research.entry.cli import doc_parser
+
 #: The ImageNet sizes the generated files take (a side, in pixels).
 SIZES = (333, 640)
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m scripts.bench_input",
-        description=__doc__.split("\n\n")[0],
-        epilog="Details: the module's docstring (scripts/bench_input.py).",
-    )
+    p = doc_parser("python -m scripts.bench_input", __doc__)
     p.add_argument("--data-dir", help="an ImageNet folder (default: generate one)")
     p.add_argument(
         "--images",
