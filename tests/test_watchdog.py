@@ -235,11 +235,12 @@ def test_a_frozen_rank_ends_the_job_within_the_bound(tmp_path):
 @pytest.mark.launches
 def test_a_slow_rank_does_not_trip_it(tmp_path):
     """The last rank runs 2% of the time (stopped 0.5 s, running 0.01 s) through
-    a 64 MB ring allreduce that takes longer than the 2 s timeout: bytes keep
-    moving (the ring's counter, inside jit), so the job finishes. (It took
-    3.1-3.6 s here alone and 2.7 s beside the rest of the suite, where the
-    throttling child wakes late and the rank runs longer: a 3 s timeout was
-    not always shorter than the allreduce, and the test then proved nothing.)
+    a 128 MB ring allreduce that takes longer than the 2 s timeout: bytes keep
+    moving (the ring's counter, inside jit), so the job finishes. (64 MB took
+    3.1-3.6 s here alone, 2.7 s beside the rest of the suite, where the
+    throttling child wakes late and the rank runs longer, and 1.2 s in a fresh
+    clone on a fast day: then shorter than the timeout, and the test proved
+    nothing. Hence 128 MB.)
     With MPICH's default yield: the suite's heavy yield (tests/conftest.py)
     sleeps at every lock hand-over, and the slowed rank's 16 KiB pieces then
     took 22.5 s instead of 2.6."""

@@ -15,7 +15,7 @@ healthy rounds of the case's collective. Then the last rank stops taking part:
   0); the others then end the run (``finish``): the server waits for the
   frozen worker's "done", the other workers for the server's final broadcast;
 * ``slow-fused``: it is slowed, not stopped: a child process stops and
-  continues it in turns (0.5 s stopped, 0.01 s running) through a 64 MB fused
+  continues it in turns (0.5 s stopped, 0.01 s running) through a 128 MB fused
   ring allreduce in 16 KiB pieces that takes longer than the timeout; it must
   finish (exit 0).
 
@@ -75,7 +75,8 @@ def main() -> None:
     world = get_world(comm_timeout=timeout)
     failures.set_dir(run_dir)
     last = world.rank == world.size - 1
-    n = (64 << 20) // 4 if case.startswith("slow") else 1 << 16
+    # 128 MB: 64 MB took 1.2 s on a fast day here, under the 2 s timeout.
+    n = (128 << 20) // 4 if case.startswith("slow") else 1 << 16
     x = np.full(n, float(world.rank + 1), np.float32)
     want = world.size * (world.size + 1) / 2
     stall = None  # what the others call while the last rank is stopped
