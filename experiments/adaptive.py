@@ -51,7 +51,7 @@ from typing import Any
 from research.entry.cli import nested, override, parse_config, without
 from research.studies.adaptive import ARMS, JUDGED_SEEDS, SCENARIOS, TUNED_SEEDS
 from research.studies.presets import ExperimentConfig
-from research.train.config import CKPT, OUTPUT, TrainConfig, flag
+from research.train.config import CKPT, OUTPUT, DataConfig, TrainConfig, flag
 from research.usage import UsageError, fail_usage
 
 PROG = "python -m experiments.adaptive"
@@ -63,8 +63,10 @@ def _train() -> TrainConfig:
     return TrainConfig(
         model="candle_p1b2",
         model_options={"features": FEATURES},
-        dataset="synthetic_tabular",
-        data_options={"features": FEATURES, "n_train": 4096, "n_test": 1024},
+        data=DataConfig(
+            name="synthetic_tabular",
+            options={"features": FEATURES, "n_train": 4096, "n_test": 1024},
+        ),
         batch_size=32,
         steps=320,
         lr=0.01,

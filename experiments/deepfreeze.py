@@ -103,7 +103,7 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
 
 #: --paper-scale: the paper's model sizes (224x224, 1000 classes), for clusters.
 PAPER_SCALE: dict[str, Any] = {
-    "data_options": {
+    "data.options": {
         "image_size": 224,
         "num_classes": 1000,
         "n_train": 2048,
@@ -243,7 +243,7 @@ def select(given: dict[str, Any]) -> dict[str, Any]:
     return {
         "model": given.get("train.model"),
         "paper_scale": bool(given.get("paper_scale", False)),
-        "dataset": given.get("train.dataset"),
+        "dataset": given.get("train.data.name"),
     }
 
 

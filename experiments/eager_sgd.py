@@ -143,7 +143,7 @@ PAPER_SCALE: dict[str, Any] = {
     "imbalance": "random:k=1-2:seconds=0.32",
     "full_every": 32,
     "np": 64,
-    "data_options": {
+    "data.options": {
         "image_size": 224,
         "num_classes": 1000,
         "n_train": 4096,
@@ -267,7 +267,7 @@ def select(given: dict[str, Any]) -> dict[str, Any]:
     return {
         "model": given.get("train.model"),
         "paper_scale": bool(given.get("paper_scale", False)),
-        "dataset": given.get("train.dataset"),
+        "dataset": given.get("train.data.name"),
         "sweep": sweep,
     }
 

@@ -74,7 +74,7 @@ from research.studies.overlap import (
     run_point,
 )
 from research.studies.presets import HOSTS_HELP
-from research.train.config import OUTPUT, TrainConfig, flag, flag_of
+from research.train.config import OUTPUT, DataConfig, flag, flag_of
 from research.usage import UsageError
 
 PROG = "python -m experiments.overlap"
@@ -163,10 +163,10 @@ class Config:
         "with --dataset imagenet --data-dir DIR, ImageNet's crops and classes",
         RUNS,
     )
-    # The data flags are experiments.train's (one definition, TrainConfig's).
+    # The data flags are experiments.train's (one definition, DataConfig's).
     dataset: str = flag_of(
-        TrainConfig,
-        "dataset",
+        DataConfig,
+        "name",
         help="the steps' inputs (see above): random images of --image-size and "
         "--num-classes, or imagenet (--data-dir; crops of --image-size, its "
         "classes); default %(default)s",
@@ -174,19 +174,19 @@ class Config:
         choices=DATASETS,
     )
     data_dir: str | None = flag_of(
-        TrainConfig,
-        "data_dir",
+        DataConfig,
+        "dir",
         help="imagenet's folder: its layout or ArrayRecord shards",
         group=DATA,
     )
     data_options: dict[str, Any] = flag_of(
-        TrainConfig,
-        "data_options",
+        DataConfig,
+        "options",
         help="imagenet option, repeatable (e.g. prefetch_batches=4; the size "
         "is --image-size)",
         group=DATA,
     )
-    data_workers: int = flag_of(TrainConfig, "data_workers", group=DATA)
+    data_workers: int = flag_of(DataConfig, "workers", group=DATA)
     plots: bool = flag(True, "skip the figures", OUTPUT, name="--no-plots")
     trace: bool = flag(
         True,

@@ -349,7 +349,7 @@ def training(root: Path, args: argparse.Namespace, classes: int) -> dict[str, An
     if workers is None:
         from research.train.config import TrainConfig
 
-        workers = TrainConfig().data_workers
+        workers = TrainConfig().data.workers
     with tempfile.TemporaryDirectory(prefix="bench-input-runs-") as tmp:
         real = train_run(
             Path(tmp) / "real",

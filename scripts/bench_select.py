@@ -162,7 +162,7 @@ def bench_step(world, args) -> dict:
     """Part 2: ResNet-50 steps, host and sparse alternating (collective)."""
     import tempfile
 
-    from research.train.config import TrainConfig
+    from research.train.config import DataConfig, TrainConfig
     from research.train.loop import Trainer
 
     tmp = world.bcast(
@@ -177,13 +177,15 @@ def bench_step(world, args) -> dict:
             opts = {"density": args.density} if strategy == "sparse" else {}
             cfg = TrainConfig(
                 model="resnet50",
-                dataset="synthetic_images",
-                data_options={
-                    "num_classes": 1000,
-                    "image_size": args.image_size,
-                    "n_train": 64 * args.batch,
-                    "n_test": 8,
-                },
+                data=DataConfig(
+                    name="synthetic_images",
+                    options={
+                        "num_classes": 1000,
+                        "image_size": args.image_size,
+                        "n_train": 64 * args.batch,
+                        "n_test": 8,
+                    },
+                ),
                 batch_size=args.batch,
                 steps=args.steps,
                 eval_every=0,

@@ -42,9 +42,9 @@ def test_explicit_flags_win_over_presets():
     # user's own --model-opt.
     candle = parse(["--model", "candle", "--model-opt", "features=64"])
     assert candle.train.model == "candle_p1b2"
-    assert candle.train.dataset == "synthetic_tabular"
+    assert candle.train.data.name == "synthetic_tabular"
     assert candle.train.model_options == {"features": 64}
-    assert candle.train.data_options == {"features": 512}
+    assert candle.train.data.options == {"features": 512}
 
 
 def test_a_preset_chosen_by_a_flag_keeps_the_flag_names():

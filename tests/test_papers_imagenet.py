@@ -37,10 +37,10 @@ def _reaches_training_on_imagenet(train, sample: Path) -> None:
     the folder's (3), not the preset's 1000."""
     from research.data import get_dataset
 
-    assert (train.dataset, train.data_dir) == ("imagenet", str(sample))
-    assert train.data_options == {"image_size": 224}
+    assert (train.data.name, train.data.dir) == ("imagenet", str(sample))
+    assert train.data.options == {"image_size": 224}
     assert train.model_options["image_size"] == 224
-    data = get_dataset(train.dataset, path=train.data_dir, **train.data_options)
+    data = get_dataset(train.data.name, path=train.data.dir, **train.data.options)
     assert data.num_classes == 3 and data.input_shape == (224, 224, 3)
     assert data.record()["classes"] == WNIDS
 
@@ -57,11 +57,11 @@ def test_eager_sgd_at_paper_scale_trains_every_arm_on_imagenet(sample):
             full_every=cfg.full_every, reference_steps=cfg.reference_steps,
         )  # fmt: skip
         _reaches_training_on_imagenet(run, sample)
-        assert run.data_workers == 8
+        assert run.data.workers == 8
     # The synthetic task of the preset is unchanged without --dataset.
     synthetic = parse(["--paper-scale"]).train
-    assert synthetic.dataset == "synthetic_images"
-    assert synthetic.data_options["num_classes"] == 1000
+    assert synthetic.data.name == "synthetic_images"
+    assert synthetic.data.options["num_classes"] == 1000
 
 
 def test_deepfreeze_at_paper_scale_checkpoints_a_run_on_imagenet(sample):
@@ -78,7 +78,7 @@ def test_deepfreeze_at_paper_scale_checkpoints_a_run_on_imagenet(sample):
     models.get_model("vgg16", num_classes=3, **vgg.model_options)
     # On ImageNet the default model is an image model at laptop scale too.
     small = parse(["--dataset", "imagenet", "--data-dir", str(sample)]).train
-    assert small.model == "resnet50" and small.data_options == {"image_size": 32}
+    assert small.model == "resnet50" and small.data.options == {"image_size": 32}
 
 
 def test_overlap_at_paper_scale_times_steps_on_imagenet(sample):
@@ -89,10 +89,10 @@ def test_overlap_at_paper_scale_times_steps_on_imagenet(sample):
     for model in ("vgg16", "resnet50"):
         run = run_config(cfg, model, "overlap", "real", Path("runs") / model)
         _reaches_training_on_imagenet(run, sample)
-        assert run.data_workers == 4 and run.eval_every == 0
+        assert run.data.workers == 4 and run.eval_every == 0
     default = run_config(parse(["--paper-scale"]), "vgg16", "host", "real", None)
-    assert default.dataset == "synthetic_images"
-    assert default.data_options["num_classes"] == 1000
+    assert default.data.name == "synthetic_images"
+    assert default.data.options["num_classes"] == 1000
 
 
 def test_overlap_refuses_a_bad_folder_and_its_own_size_in_one_line(

@@ -29,18 +29,18 @@ PLAIN_SGD: dict[str, Any] = {
 def tiny_config(run_dir: str, **fields: Any):
     """The tiny run's ``TrainConfig`` into ``run_dir`` (batch 4, no evaluation,
     no progress bar), ``fields`` set over it; ``data_options`` are merged."""
-    from research.train.config import TrainConfig
+    from research.train.config import DataConfig, TrainConfig
 
     data = {"features": 256, "n_train": 256, "n_test": 32}
     data.update(fields.pop("data_options", {}))
     base: dict[str, Any] = dict(
         model="candle_p1b2_tiny",
-        dataset="synthetic_tabular",
         batch_size=4,
         eval_every=0,
         progress=False,
     )
-    return TrainConfig(**{**base, **fields}, data_options=data, run_dir=run_dir)
+    data_config = DataConfig(name="synthetic_tabular", options=data)
+    return TrainConfig(**{**base, **fields}, data=data_config, run_dir=run_dir)
 
 
 def tiny_flags(n_train: int = 256, n_test: int = 32, batch: int = 4) -> list[str]:

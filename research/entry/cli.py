@@ -266,18 +266,25 @@ def hosts_problem(cfg: Any) -> str | None:
 def override(cfg: Any, **values: Any) -> Any:
     """``cfg`` with ``values`` set, each on ``cfg`` or, where ``cfg`` has no such
     field, on the nested config that has it (``lr`` on ``cfg.train``): how
-    presets say what they change. An unknown name is a ``TypeError``."""
+    presets say what they change. A dotted name sets a field of a nested
+    config (``**{"data.options": {...}}``: ``cfg.train.data.options``). An
+    unknown name is a ``TypeError``."""
+    head = lambda k: k.partition(".")[0]  # noqa: E731
     mine = {f.name for f in dataclasses.fields(cfg)}
     top = {k: v for k, v in values.items() if k in mine}
-    rest = {k: v for k, v in values.items() if k not in mine}
+    for k, v in values.items():
+        if "." in k and head(k) in mine:
+            inner = top.get(head(k), getattr(cfg, head(k)))
+            top[head(k)] = override(inner, **{k.partition(".")[2]: v})
+    rest = {k: v for k, v in values.items() if head(k) not in mine}
     for f in dataclasses.fields(cfg):
         if rest and f.metadata.get("nested"):
             inner = top.get(f.name, getattr(cfg, f.name))
             names = {g.name for g in dataclasses.fields(inner)}
-            here = {k: v for k, v in rest.items() if k in names}
+            here = {k: v for k, v in rest.items() if head(k) in names}
             if here:
                 top[f.name] = override(inner, **here)
-                rest = {k: v for k, v in rest.items() if k not in names}
+                rest = {k: v for k, v in rest.items() if head(k) not in names}
     if rest:
         raise TypeError(f"{type(cfg).__name__} has no field {sorted(rest)[0]!r}")
     return dataclasses.replace(cfg, **top)
@@ -318,17 +325,11 @@ def check_writable_dir(path: str | os.PathLike, flag: str) -> str | None:
 def validate(cfg: TrainConfig) -> str | None:
     """The first problem with ``cfg`` as one line, or None."""
     import models
-    from research.data import list_datasets
     from research.strategies import registry
 
     if cfg.model not in models.list_models():
         names = ", ".join(models.list_models())
         return f"unknown model {cfg.model!r}; choose one of {names}"
-    if cfg.dataset not in list_datasets():
-        return (
-            f"unknown dataset {cfg.dataset!r}; choose one of "
-            f"{', '.join(list_datasets())}"
-        )
     if cfg.strategy not in registry.names():
         return (
             f"unknown strategy {cfg.strategy!r}; choose one of "
@@ -346,16 +347,7 @@ def validate(cfg: TrainConfig) -> str | None:
         return "--steps must be >= 0 and --epochs > 0"
     if cfg.lr <= 0:
         return f"--lr must be positive, got {cfg.lr}"
-    if cfg.data_dir is not None and not os.path.isdir(cfg.data_dir):
-        return f"--data-dir {cfg.data_dir!r} is not a folder"
-    if cfg.data_workers < 0:
-        return (
-            "--data-workers must be >= 0 (0: in the feeder thread), got "
-            f"{cfg.data_workers}"
-        )
-    from research.data import check_dataset
-
-    problem = check_dataset(cfg.dataset, cfg.data_dir, cfg.data_options)
+    problem = cfg.data.problem()
     if problem:  # before any rank starts: one line naming the file
         return problem
     from research.comm.faults.watchdog import parse_timeout

@@ -48,7 +48,7 @@ PAPER_FEATURES = 28204
 #: small beside the messages, as on an accelerator, where the crossover matters.
 SWEEP_DEFAULTS: dict[str, Any] = {
     "model": "candle_p1b2",
-    "dataset": "synthetic_tabular",
+    "data.name": "synthetic_tabular",
     "batch_size": 16,
     "steps": 16,
     "lr": 0.5,
@@ -88,7 +88,10 @@ def size_config(base: TrainConfig, features: int) -> TrainConfig:
     return dataclasses.replace(
         base,
         model_options={**base.model_options, "features": features},
-        data_options={**SWEEP_DATA, **base.data_options, "features": features},
+        data=dataclasses.replace(
+            base.data,
+            options={**SWEEP_DATA, **base.data.options, "features": features},
+        ),
     )
 
 

@@ -75,7 +75,7 @@ def run_config(
     bucket_mb: float | None = None,
 ):
     """The TrainConfig of one run (``run_dir`` None: none, for the checks)."""
-    from research.train.config import TrainConfig
+    from research.train.config import DataConfig, TrainConfig
 
     options = (PAPER_MODELS if cfg.paper_scale else MODELS).get(model, {})
     options = {**options, "image_size": cfg.image_size}
@@ -93,13 +93,11 @@ def run_config(
     }
     if cfg.dataset != "synthetic_images":  # on disk: the files fix the classes
         data = {**cfg.data_options, "image_size": cfg.image_size}
+    on = DataConfig(cfg.dataset, cfg.data_dir, data, cfg.data_workers)
     return TrainConfig(
         model=model,
         model_options=options,
-        dataset=cfg.dataset,
-        data_dir=cfg.data_dir,
-        data_options=data,
-        data_workers=cfg.data_workers,
+        data=on,
         batch_size=cfg.batch_size,
         steps=cfg.steps,
         eval_every=0,

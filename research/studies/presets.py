@@ -49,15 +49,19 @@ def with_model(cfg: Any, model: str | None, presets: Mapping[str, Mapping]) -> A
     name = model or cfg.train.model
     preset = presets.get(name, {})
     train = cfg.train
-    dataset = train.dataset
+    dataset = train.data.name
     if "dataset" in preset and dataset == "synthetic_images":
         dataset = preset["dataset"]
+    data = dataclasses.replace(
+        train.data,
+        name=dataset,
+        options={**preset.get("data_options", {}), **train.data.options},
+    )
     train = dataclasses.replace(
         train,
         model=preset.get("model", name),
-        dataset=dataset,
         model_options={**preset.get("model_options", {}), **train.model_options},
-        data_options={**preset.get("data_options", {}), **train.data_options},
+        data=data,
     )
     return dataclasses.replace(cfg, train=train)
 
@@ -71,7 +75,7 @@ def with_dataset(cfg: Any, dataset: str | None) -> Any:
     what its files fix (the classes, the examples) comes from them. The user's
     ``--data-opt`` pairs are applied over these and checked with the rest.
     """
-    if dataset is None or dataset == cfg.train.dataset:
+    if dataset is None or dataset == cfg.train.data.name:
         return cfg
     from research.data import dataset_options
 
@@ -79,8 +83,9 @@ def with_dataset(cfg: Any, dataset: str | None) -> Any:
         takes = dataset_options(dataset)
     except ValueError:  # an unknown name: the launcher's check says so
         return cfg
-    options = {k: v for k, v in cfg.train.data_options.items() if k in takes}
-    return override(cfg, dataset=dataset, data_options=options)
+    options = {k: v for k, v in cfg.train.data.options.items() if k in takes}
+    data = dataclasses.replace(cfg.train.data, name=dataset, options=options)
+    return override(cfg, data=data)
 
 
 def run_root(run_dir: str | None, world, experiment: str) -> Path:

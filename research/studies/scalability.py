@@ -173,7 +173,7 @@ def steps_of(tags: list[str], cfg: Any) -> int:
 
 def train_config(p: Point, cfg: Any, run_dir: Path, steps: int | None = None):
     """The TrainConfig of point ``p`` (``steps``: default ``cfg.steps``)."""
-    from research.train.config import TrainConfig
+    from research.train.config import DataConfig, TrainConfig
 
     s = (PAPER_SETTINGS if cfg.paper_scale else MODEL_SETTINGS)[p.model]
     data = {**s.get("data_options", {})}
@@ -184,8 +184,7 @@ def train_config(p: Point, cfg: Any, run_dir: Path, steps: int | None = None):
     return TrainConfig(
         model=s["model"],
         model_options=model_options,
-        dataset=s["dataset"],
-        data_options=data,
+        data=DataConfig(name=s["dataset"], options=data),
         batch_size=p.batch,
         steps=steps or cfg.steps,
         eval_every=0,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from research.studies.sparcml_arms import arm_config, load_arm, run_arm
+from research.train.config import DataConfig
 
 #: Models of the comparison: what each trains on (full sizes; tiny ones for tests).
 COMM_BOUND: dict[str, dict[str, Any]] = {
@@ -67,8 +68,9 @@ def _one(cfg, root, world, model, spec, link, seed, link_label) -> list[dict]:
         cfg.train,
         model=model,
         model_options={},
-        dataset=spec["dataset"],
-        data_options=dict(spec.get("data_options", {})),
+        data=DataConfig(
+            name=spec["dataset"], options=dict(spec.get("data_options", {}))
+        ),
         batch_size=spec["batch_size"],
         steps=cfg.cb_steps,
         eval_every=cfg.cb_eval_every,

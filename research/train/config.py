@@ -69,6 +69,84 @@ MODEL, OPTIM, PARALLEL, OUTPUT, CKPT = (
 
 
 @dataclasses.dataclass
+class DataConfig:
+    """Which dataset a run reads and how (``--dataset``, ``--data-*``).
+
+    ``create`` builds this rank's dataset and loader (research.data.protocol:
+    in memory or streamed); a bad folder or option raises there, on one rank,
+    with no collective.
+    """
+
+    name: str = flag(
+        "synthetic_images",
+        "dataset name (see --list); default %(default)s",
+        MODEL,
+        name="--dataset",
+        metavar="DATASET",
+    )
+    dir: str | None = flag(
+        None,
+        "folder of an on-disk dataset (cifar10, candle_nt3, candle_p1b2, imagenet)",
+        MODEL,
+        name="--data-dir",
+        metavar="DATA_DIR",
+    )
+    options: dict[str, Any] = flag(
+        None,
+        "dataset option, repeatable (e.g. n_train=4096, features=512; "
+        "imagenet: image_size=112, eval_examples=10000)",
+        MODEL,
+        name="--data-opt",
+        factory=dict,
+    )
+    workers: int = flag(
+        0,
+        "decoding threads per rank for a streamed dataset (imagenet), beside "
+        "the feeder thread that decodes when 0 (on one core 0 was the fastest: "
+        "python -m scripts.bench_input); a GPU node wants several per GPU; "
+        "default %(default)s",
+        MODEL,
+        name="--data-workers",
+        metavar="N",
+    )
+
+    def create(
+        self, *, batch_size: int, rank: int, size: int, seed: int
+    ) -> tuple[Any, Any]:
+        """This rank's ``(dataset, loader)``: ``batch_size`` examples a step
+        for rank ``rank`` of ``size``, ``seed`` the data's and the order's."""
+        from research.data import get_dataset
+
+        dataset = get_dataset(self.name, path=self.dir, seed=seed, **self.options)
+        loader = dataset.loader(
+            batch_size=batch_size, rank=rank, size=size, seed=seed, workers=self.workers
+        )
+        return dataset, loader
+
+    def problem(self) -> str | None:
+        """The first problem with these values as one line, or None: the name,
+        the folder, its layout or shards and the options, checked before any
+        rank starts (a bad file is named)."""
+        import os
+
+        from research.data import check_dataset, list_datasets
+
+        if self.name not in list_datasets():
+            return (
+                f"unknown dataset {self.name!r}; choose one of "
+                f"{', '.join(list_datasets())}"
+            )
+        if self.dir is not None and not os.path.isdir(self.dir):
+            return f"--data-dir {self.dir!r} is not a folder"
+        if self.workers < 0:
+            return (
+                "--data-workers must be >= 0 (0: in the feeder thread), got "
+                f"{self.workers}"
+            )
+        return check_dataset(self.name, self.dir, self.options)
+
+
+@dataclasses.dataclass
 class TrainConfig:
     """Everything that defines a run; written resolved to ``config.json``.
 
@@ -93,30 +171,8 @@ class TrainConfig:
         MODEL,
         choices=("fp32", "bf16"),
     )
-    dataset: str = flag(
-        "synthetic_images", "dataset name (see --list); default %(default)s", MODEL
-    )
-    data_dir: str | None = flag(
-        None,
-        "folder of an on-disk dataset (cifar10, candle_nt3, candle_p1b2, imagenet)",
-        MODEL,
-    )
-    data_options: dict[str, Any] = flag(
-        None,
-        "dataset option, repeatable (e.g. n_train=4096, features=512; "
-        "imagenet: image_size=112, eval_examples=10000)",
-        MODEL,
-        name="--data-opt",
-        factory=dict,
-    )
-    data_workers: int = flag(
-        0,
-        "decoding threads per rank for a streamed dataset (imagenet), beside "
-        "the feeder thread that decodes when 0 (on one core 0 was the fastest: "
-        "python -m scripts.bench_input); a GPU node wants several per GPU; "
-        "default %(default)s",
-        MODEL,
-        metavar="N",
+    data: DataConfig = dataclasses.field(
+        default_factory=DataConfig, metadata={"nested": True}
     )
     batch_size: int = flag(32, "examples per rank per step; default %(default)s", OPTIM)
     steps: int = flag(
@@ -259,17 +315,8 @@ def load_data(config: TrainConfig, world: Any) -> tuple[Any, Any, int]:
     no collective; bad data raises here)."""
     import math
 
-    from research.data import get_dataset
-
-    dataset = get_dataset(
-        config.dataset, path=config.data_dir, seed=config.seed, **config.data_options
-    )
-    loader = dataset.loader(  # research.data.protocol: in memory or streamed
-        batch_size=config.batch_size,
-        rank=world.rank,
-        size=world.size,
-        seed=config.seed,
-        workers=config.data_workers,
+    dataset, loader = config.data.create(
+        batch_size=config.batch_size, rank=world.rank, size=world.size, seed=config.seed
     )
     steps = config.steps
     if steps <= 0:

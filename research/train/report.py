@@ -132,7 +132,7 @@ def summary_record(t: Run) -> dict[str, Any]:
         "strategy": t.strategy.name,
         "allreduce": t.strategy.allreduce_choice,
         "model": t.config.model,
-        "dataset": t.config.dataset,
+        "dataset": t.config.data.name,
         **platform_record(t),
         "link": link_label(t.config.link, t.world),
         "global_batch": global_batch,

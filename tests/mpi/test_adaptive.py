@@ -33,15 +33,17 @@ from research.rundir import read_metrics
 from research.strategies.host import HostOptions
 from research.train.callback import Callback
 from research.train.checkpointing import CheckpointCallback
-from research.train.config import TrainConfig
+from research.train.config import DataConfig, TrainConfig
 from research.train.loop import Trainer
 
 
 def _config(run_dir: str, total: int, strategy: str, **kw) -> TrainConfig:
     base = dict(
         model="candle_p1b2_tiny",
-        dataset="synthetic_tabular",
-        data_options={"features": 256, "n_train": 256, "n_test": 32},
+        data=DataConfig(
+            name="synthetic_tabular",
+            options={"features": 256, "n_train": 256, "n_test": 32},
+        ),
         batch_size=8,
         steps=total,
         eval_every=0,

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from research.train.config import TrainConfig
+from research.train.config import DataConfig, TrainConfig
 from research.train.loop import Trainer
 from tests.tiny import PLAIN_SGD, tiny_config
 
@@ -27,8 +27,10 @@ def _train(world, tmp_path_factory, strategy: str, steps: int = 6):
     cfg = TrainConfig(
         model="resnet_tiny",
         model_options={"stage_sizes": (1,), "width": 4},
-        dataset="synthetic_images",
-        data_options={"n_train": 256, "n_test": 64, "image_size": 8},
+        data=DataConfig(
+            name="synthetic_images",
+            options={"n_train": 256, "n_test": 64, "image_size": 8},
+        ),
         batch_size=8,
         steps=steps,
         eval_every=0,
