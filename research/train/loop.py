@@ -49,7 +49,12 @@ from research.train.report import (
     step_row,
     summary_record,
 )
-from research.train.setup import agreed_setup, implied_callbacks, start_process
+from research.train.setup import (
+    Setup,
+    agreed_setup,
+    implied_callbacks,
+    start_process,
+)
 from research.train.tensorboard import Board
 
 __all__ = ["Callback", "Trainer"]
@@ -71,32 +76,31 @@ class Trainer:
         callbacks: tuple[Callback, ...] | list[Callback] = (),
         run_dir: str | Path | None = None,
     ) -> None:
-        # When this run began: its time before the first step (the strategy's
-        # start-up, adaptive's candidates) is part of what a comparison counts.
+        # The run's clock: its start-up before step 1 counts in comparisons.
         self.t_made = time.perf_counter()
         self.config, self.world = config, world
-        # Absolute once: Orbax and other libraries refuse relative paths.
-        self.run_dir = Path(run_dir or config.run_dir).absolute()
+        self.run_dir = Path(run_dir or config.run_dir).absolute()  # for Orbax
         self.imbalance = imbalance or Imbalance()
         options = start_process(config, world, self.run_dir)  # before JAX computes
         setup = agreed_setup(config, world)  # the same outcome on every rank
-        # The next batch on the device before the step starts (research.train.prefetch).
-        self.dataset, self.loader = setup.dataset, DeviceFeed(setup.loader)
-        self.total_steps, self.schedule = setup.total_steps, setup.schedule
-        self.model, self.state = setup.model, setup.state
+        self._parts(setup)
         self.callbacks = [*callbacks, *implied_callbacks(config)]
-        if world.rank == 0:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.devices = world.allgather(devices.describe())  # for config.json
         self.strategy = strategy or options.create(world)
         self.ctx = StepContext(setup.optimizer, self.model, config.weight_decay)
         # Collective (a communicator of its own); catches SIGTERM and SIGUSR1.
         self.stop = StopAgreement(world, lag_for(self.strategy))
         self._records(setup.profile_window)
+        self._tallies()
+
+    def _parts(self, setup: Setup) -> None:
+        """The agreed set-up's parts: the data (the next batch already on the
+        device: research.train.prefetch), schedule, model and state."""
+        self.dataset, self.loader = setup.dataset, DeviceFeed(setup.loader)
+        self.total_steps, self.schedule = setup.total_steps, setup.schedule
+        self.model, self.state = setup.model, setup.state
         # BatchNorm statistics: the ring where every rank can load it, not a
         # timed choice, so a resumed run averages them exactly as before.
-        self._stats_mean = HostAllreduce(world, allreduce="ring")
-        self._tallies()
+        self._stats_mean = HostAllreduce(self.world, allreduce="ring")
 
     def _tallies(self) -> None:
         """What the run counts as it goes (``summary.json``'s figures)."""
@@ -111,10 +115,14 @@ class Trainer:
         self.start_s = 0.0  # from the constructor's start to the first step
 
     def _records(self, profile_window: Any) -> None:
-        """The timeline, metrics, TensorBoard's scalars (rank 0 writes;
+        """The run folder, the devices (for ``config.json``), the timeline,
+        metrics, TensorBoard's scalars (rank 0 writes;
         research.train.tensorboard) and XLA's profile of --profile's steps
         (research.train.profiling)."""
         cfg, world = self.config, self.world
+        if world.rank == 0:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.devices = world.allgather(devices.describe())  # for config.json
         with watchdog.watch("timeline start"):
             self.tracer: Tracer | NullTracer = Tracer.start(
                 self.run_dir,
