@@ -48,10 +48,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from research.entry.cli import nested, override, parse_config, without
+from research.entry.cli import override, parse_config, without
+from research.flags import CKPT, OUTPUT, flag, nested
 from research.studies.adaptive import ARMS, JUDGED_SEEDS, SCENARIOS, TUNED_SEEDS
 from research.studies.presets import ExperimentConfig
-from research.train.config import CKPT, OUTPUT, DataConfig, TrainConfig, flag
+from research.train.config import DataConfig, TrainConfig
 from research.usage import UsageError, fail_usage
 
 PROG = "python -m experiments.adaptive"

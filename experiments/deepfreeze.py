@@ -59,7 +59,8 @@ from pathlib import Path
 from typing import Any
 
 from research.checkpoint.savers import list_savers
-from research.entry.cli import nested, override, parse_config, without
+from research.entry.cli import override, parse_config, without
+from research.flags import CKPT, OUTPUT, flag, nested
 from research.studies.deepfreeze import (
     check_flags,
     launch_jobs,
@@ -72,7 +73,7 @@ from research.studies.presets import (
     with_dataset,
     with_model,
 )
-from research.train.config import CKPT, OUTPUT, TrainConfig, flag
+from research.train.config import TrainConfig
 from research.usage import UsageError, fail_usage
 
 PROG = "python -m experiments.deepfreeze"
@@ -133,7 +134,7 @@ def _train() -> TrainConfig:
 class Config(ExperimentConfig):
     """The savers compared, the interleaved periods and DeepFreeze's knobs.
 
-    The fast tier is ``train.fast_dir`` (``--fast-dir``).
+    The fast tier is ``train.checkpoint.fast_dir`` (``--fast-dir``).
     """
 
     train: TrainConfig = nested(_train)
@@ -280,7 +281,7 @@ def parse(argv: list[str]) -> Config:
         prog=PROG,
         doc=__doc__,
         # Of the checkpointing fields only the fast tier applies here.
-        hide=("checkpoint", "checkpoint_every", "resume"),
+        hide=tuple(f"train.checkpoint.{k}" for k in ("saver", "every", "resume")),
         select=select,
     )
 

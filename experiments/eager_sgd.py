@@ -59,8 +59,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from research.entry.cli import nested, override, parse_config
+from research.entry.cli import override, parse_config
 from research.entry.launch import maybe_relaunch
+from research.flags import CKPT, OUTPUT, flag, nested
 from research.studies.eager_sgd import (
     ARMS,
     DEFAULT_IMBALANCE,
@@ -82,7 +83,7 @@ from research.studies.presets import (
     with_dataset,
     with_model,
 )
-from research.train.config import CKPT, OUTPUT, TrainConfig, flag
+from research.train.config import TrainConfig
 from research.usage import UsageError, fail_usage
 
 PROG = "python -m experiments.eager_sgd"

@@ -64,6 +64,7 @@ from typing import Any
 
 from research.entry.cli import override, parse_config
 from research.entry.launch import relaunch
+from research.flags import OUTPUT, flag, flag_of
 from research.studies.overlap import (
     DEFAULT_STRATEGIES,
     LINKED,
@@ -74,7 +75,7 @@ from research.studies.overlap import (
     run_point,
 )
 from research.studies.presets import HOSTS_HELP
-from research.train.config import OUTPUT, DataConfig, flag, flag_of
+from research.train.config import DataConfig
 from research.usage import UsageError
 
 PROG = "python -m experiments.overlap"

@@ -47,9 +47,9 @@ from typing import Any
 
 from research.entry.cli import override, parse_config
 from research.entry.launch import relaunch
+from research.flags import OUTPUT, flag
 from research.studies.presets import HOSTS_HELP
 from research.studies.scalability import MODELS, STRATEGIES, SWEEPS, jobs, plan
-from research.train.config import OUTPUT, flag
 
 PROG = "python -m experiments.scalability"
 SC19, RUN = "sweeps", "runs and their folders"

@@ -45,12 +45,13 @@ import dataclasses
 import sys
 from typing import Any
 
-from research.entry.cli import nested, parse_config
+from research.entry.cli import parse_config
 from research.entry.launch import maybe_relaunch
+from research.flags import CKPT, OUTPUT, flag, nested
 from research.studies.presets import ExperimentConfig, start_job
 from research.studies.sparcml import ARMS, DENSITIES, RESNET50_DIM, run_experiment
 from research.studies.sparcml_commbound import COMM_BOUND
-from research.train.config import CKPT, OUTPUT, TrainConfig, flag
+from research.train.config import TrainConfig
 from research.usage import UsageError, fail_usage
 
 PROG = "python -m experiments.sparcml"

@@ -26,9 +26,10 @@ import sys
 from research.comm.process.env import launched_by_mpi
 from research.entry.cli import parse_config
 from research.entry.launch import maybe_relaunch
+from research.flags import PARALLEL, flag
 from research.studies.presets import NP_HELP, ExperimentConfig
 from research.threads import set_threads
-from research.train.config import PARALLEL, TrainConfig, flag
+from research.train.config import TrainConfig
 from research.usage import UsageError, fail_usage
 
 PROG = "python -m experiments.train"

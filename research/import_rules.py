@@ -41,6 +41,7 @@ UNITS: dict[str, tuple[str, ...]] = {
     # Foundations: nothing of ours.
     "research.import_rules": _FOUNDATION,
     "research.options": _FOUNDATION,  # typed options: strategies', savers'
+    "research.flags": _FOUNDATION,  # configs that carry their flags
     "research.trace": _FOUNDATION,
     "research.privdir": _FOUNDATION,
     "research.periodic": _FOUNDATION,
@@ -59,6 +60,7 @@ UNITS: dict[str, tuple[str, ...]] = {
     # Checkpointing: a library below training.
     "research.checkpoint": (
         "research.comm",
+        "research.flags",
         "research.options",
         "research.periodic",
         "research.privdir",
@@ -79,6 +81,7 @@ UNITS: dict[str, tuple[str, ...]] = {
         "research.checkpoint",
         "research.comm",
         "research.data",
+        "research.flags",
         "research.imbalance",
         "research.localnet",
         "research.periodic",
@@ -114,6 +117,7 @@ UNITS: dict[str, tuple[str, ...]] = {
         "research.checkpoint",
         "research.comm",
         "research.data",  # a preset's data options on another dataset
+        "research.flags",
         "research.entry",
         "research.imbalance",
         "research.localnet",

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from research.checkpoint.registry import NONE
 from research.checkpoint.savers import check_saver_options, list_savers, options_class
+from research.flags import CKPT, flag
 
 if TYPE_CHECKING:  # importing them imports mpi4py, which starts MPI: flag
     # parsing before an experiment relaunches itself must not
@@ -64,10 +65,31 @@ class CheckpointConfig:
       options: more options of the saver, by name (``--checkpoint-opt``).
     """
 
-    saver: str = "deepfreeze"
-    every: int = 10
+    saver: str = flag(
+        "deepfreeze",
+        "checkpoint saver (into RUN_DIR/checkpoints; see --list), or none; "
+        "default %(default)s",
+        CKPT,
+        name="--checkpoint",
+        metavar="SAVER",
+    )
+    every: int = flag(
+        10,
+        "checkpoint every N steps and after the last; default %(default)s",
+        CKPT,
+        name="--checkpoint-every",
+        metavar="N",
+    )
     directory: str = ""
-    fast_dir: str | None = "auto"
+    fast_dir: str | None = flag(
+        "auto",
+        "deepfreeze's node-local fast tier: a folder of yours that nobody else "
+        "can write in (created 0700), 'none' (persistent tier only), or 'auto': "
+        "/dev/shm/research-<user>/ckpt-<hash> (0700); default %(default)s",
+        CKPT,
+        metavar="DIR",
+        type=str,
+    )
     keep: int = 3
     keep_fast: int = 2
     max_inflight: int = 2
@@ -75,14 +97,29 @@ class CheckpointConfig:
     snapshot: str = "auto"
     compress: bool = False
     fsync: bool = True
-    resume: bool = True
+    resume: bool = flag(
+        True,
+        "start over even when --run-dir holds a committed checkpoint "
+        "(default: resume from the newest one)",
+        CKPT,
+    )
     final: bool = False
     rank_local: tuple[str, ...] = ("batch_stats", "strategy")
     writer: str = "process"
     nice: int = 10
     idle: bool = False
     keep_fast_tier: bool = False
-    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    options: dict[str, Any] = flag(
+        None,
+        "checkpoint saver option, repeatable (e.g. keep=5; see --list)",
+        CKPT,
+        name="--checkpoint-opt",
+        factory=dict,
+    )
+
+    def __post_init__(self) -> None:
+        if self.fast_dir == "none":  # --fast-dir none: the persistent tier only
+            self.fast_dir = None
 
     def saver_options(self) -> dict[str, Any]:
         """The options the saver is built with: each field named like one of

@@ -77,12 +77,6 @@ def without(argv: list[str], flag: str) -> list[str]:
     return out
 
 
-def nested(factory: Callable[[], Any]) -> Any:
-    """A field holding a nested config (an experiment's ``train: TrainConfig``):
-    its flags join the parent's, in the nested class's own ``--help`` groups."""
-    return dataclasses.field(default_factory=factory, metadata={"nested": True})
-
-
 def add_flags(
     p: argparse.ArgumentParser,
     defaults: Any,
@@ -96,7 +90,8 @@ def add_flags(
     dataclass instance ``defaults`` (recursing into :func:`nested` fields).
 
     ``defaults`` supplies the shown defaults (a preset's config); ``hide``
-    names ``--help`` groups or fields left out (they keep their defaults). The
+    names ``--help`` groups or fields left out (by name, or by path for a
+    nested one: ``train.checkpoint.saver``; they keep their defaults). The
     value of field ``x`` of a nested field ``train`` lands at ``train.x`` in the
     namespace; :func:`config_from` builds the config back from it. With
     ``given_only`` the namespace holds only the flags given.
@@ -115,6 +110,8 @@ def add_flags(
             )
             continue
         if not meta or meta["group"] in hide or f.name in hide:
+            continue
+        if _prefix + f.name in hide:  # by its path: train.checkpoint.saver
             continue
         if meta["group"] not in groups:
             groups[meta["group"]] = p.add_argument_group(meta["group"])
@@ -360,23 +357,24 @@ def validate(cfg: TrainConfig) -> str | None:
         return f"--threads must be >= 0 (0: XLA's default), got {cfg.threads}"
     from research.checkpoint.savers import check_saver_options, options_class
 
-    if cfg.checkpoint == "none" and cfg.checkpoint_options:
+    ck = cfg.checkpoint
+    if ck.saver == "none" and ck.options:
         return "--checkpoint-opt needs a saver: --checkpoint NAME (see --list)"
-    problem = check_saver_options(cfg.checkpoint, cfg.checkpoint_options)
+    problem = check_saver_options(ck.saver, ck.options)
     if problem:
         return f"--checkpoint: {problem}"
-    if cfg.checkpoint != "none" and cfg.checkpoint_every < 1:
-        return f"--checkpoint-every must be >= 1, got {cfg.checkpoint_every}"
+    if ck.saver != "none" and ck.every < 1:
+        return f"--checkpoint-every must be >= 1, got {ck.every}"
     needs = registry.make_options(cfg.strategy, cfg.strategy_options).xla_runtime
-    saver = None if cfg.checkpoint == "none" else options_class(cfg.checkpoint)
+    saver = None if ck.saver == "none" else options_class(ck.saver)
     if saver and not saver.beside_xla_runtime and needs("cpu") == "needed":
         return (
-            f"--checkpoint {cfg.checkpoint} cannot go with allreduce=xla: under "
+            f"--checkpoint {ck.saver} cannot go with allreduce=xla: under "
             "JAX's distributed runtime orbax-checkpoint writes numpy arrays from "
             "process 0 only; use --checkpoint deepfreeze or rank0-blocking"
         )
-    if cfg.checkpoint == "deepfreeze" and cfg.fast_dir not in ("auto", "none"):
-        problem = check_private_dir(cfg.fast_dir, "--fast-dir")
+    if ck.saver == "deepfreeze" and ck.fast_dir not in ("auto", None):
+        problem = check_private_dir(ck.fast_dir, "--fast-dir")
         if problem:
             return problem
     from research.train.profiling import ProfileWindow

@@ -50,8 +50,9 @@ def check_flags(cfg: Any) -> str | None:
         problem = check_saver_options(saver, {})
         if problem:
             return f"--savers: {problem}"
-    if cfg.tiers != "persistent" and cfg.train.fast_dir != "auto":
-        return check_private_dir(cfg.train.fast_dir, "--fast-dir")
+    fast = cfg.train.checkpoint.fast_dir
+    if cfg.tiers != "persistent" and fast not in ("auto", None):
+        return check_private_dir(fast, "--fast-dir")
     return None
 
 
@@ -61,7 +62,7 @@ def arms_and_configs(cfg: Any) -> tuple[dict, dict, dict]:
     minor arms ``{name: periods}`` (no target depends on them)."""
     from research.checkpoint import CheckpointConfig
 
-    fast = None if cfg.tiers == "persistent" else cfg.train.fast_dir
+    fast = None if cfg.tiers == "persistent" else cfg.train.checkpoint.fast_dir
     df = CheckpointConfig(
         saver="deepfreeze",
         fast_dir=fast,

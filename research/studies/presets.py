@@ -16,8 +16,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from research.entry.cli import nested, override
-from research.train.config import PARALLEL, TrainConfig, flag
+from research.entry.cli import override
+from research.flags import PARALLEL, flag, nested
+from research.train.config import TrainConfig
 
 NP_HELP = (
     "ranks to launch when started without mpiexec, at least 1 (1: run in this "

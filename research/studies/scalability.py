@@ -173,7 +173,7 @@ def steps_of(tags: list[str], cfg: Any) -> int:
 
 def train_config(p: Point, cfg: Any, run_dir: Path, steps: int | None = None):
     """The TrainConfig of point ``p`` (``steps``: default ``cfg.steps``)."""
-    from research.train.config import DataConfig, TrainConfig
+    from research.train.config import DataConfig, TrainConfig, checkpointing
 
     s = (PAPER_SETTINGS if cfg.paper_scale else MODEL_SETTINGS)[p.model]
     data = {**s.get("data_options", {})}
@@ -197,9 +197,9 @@ def train_config(p: Point, cfg: Any, run_dir: Path, steps: int | None = None):
         warmup_steps=0,
         progress=False,
         trace=True,
-        checkpoint="deepfreeze" if p.ckpt_every else "none",
-        checkpoint_every=p.ckpt_every or 100,
-        resume=False,
+        checkpoint=checkpointing(
+            "deepfreeze" if p.ckpt_every else "none", p.ckpt_every or 100, resume=False
+        ),
         run_dir=str(run_dir),
     )
 

@@ -13,6 +13,7 @@ run continues exactly like one that never stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -49,19 +50,9 @@ class CheckpointCallback(Callback):
 
     @classmethod
     def for_run(cls, config: Any) -> CheckpointCallback:
-        """The callback a ``TrainConfig`` asks for (``checkpoint``, its interval,
-        ``resume``, ``fast_dir``), checkpointing after the last step too."""
-        fast = getattr(config, "fast_dir", "auto")
-        return cls(
-            CheckpointConfig(
-                saver=config.checkpoint,
-                every=config.checkpoint_every,
-                resume=config.resume,
-                final=True,
-                fast_dir=None if fast == "none" else fast,
-                options=dict(getattr(config, "checkpoint_options", {})),
-            )
-        )
+        """The callback a ``TrainConfig`` asks for (its ``checkpoint``),
+        checkpointing after the last step too."""
+        return cls(dataclasses.replace(config.checkpoint, final=True))
 
     def on_train_start(self, trainer: Run) -> None:
         with watchdog.watch("checkpoint start-up and restore"):

@@ -12,60 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-
-def flag(
-    default: Any,
-    help: str,  # noqa: A002 - argparse's own name
-    group: str,
-    *,
-    name: str | None = None,
-    choices: tuple[str, ...] | None = None,
-    metavar: str | None = None,
-    factory: Any = None,
-    nargs: str | None = None,
-    type: Any = None,  # noqa: A002 - argparse's own name
-    negatable: bool = False,
-) -> Any:
-    """A dataclass field with its command-line flag.
-
-    Args:
-      default: the field's default (shown in ``--help`` as ``%(default)s``).
-      help: the flag's help text (``argparse.SUPPRESS`` hides the flag).
-      group: the ``--help`` section it appears in.
-      name: the flag (default ``--field-name``); ``--no-X`` for a boolean that
-        defaults to True, ``--X-opt`` (repeatable ``KEY=VALUE``) for a dict.
-      choices, metavar, nargs: as in argparse (``nargs`` for list fields).
-      factory: a default factory instead of ``default`` (dicts, lists).
-      type: the value's type where the default does not say (``None``
-        defaults); for a list, its items' type.
-      negatable: a boolean with both ``--X`` and ``--no-X``.
-    """
-    meta = {"help": help, "group": group, "name": name, "choices": choices}
-    meta.update(metavar=metavar, nargs=nargs, type=type, negatable=negatable)
-    if factory is not None:
-        return dataclasses.field(default_factory=factory, metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
-
-
-def flag_of(cls: type, name: str, **changes: Any) -> Any:
-    """A field with the flag of ``cls``'s field ``name`` (its default, help,
-    group and name), ``changes`` (:func:`flag`'s metadata: ``help``, ``group``,
-    ``choices``, ...) over it: one definition of a flag for a config that
-    does not nest ``cls`` (``experiments/overlap.py`` takes the data flags)."""
-    f = next(f for f in dataclasses.fields(cls) if f.name == name)
-    meta = {**f.metadata, **changes}
-    if f.default_factory is not dataclasses.MISSING:
-        return dataclasses.field(default_factory=f.default_factory, metadata=meta)
-    return dataclasses.field(default=f.default, metadata=meta)
-
-
-MODEL, OPTIM, PARALLEL, OUTPUT, CKPT = (
-    "model and data",
-    "optimisation",
-    "parallelism",
-    "output",
-    "checkpointing",
-)
+from research.checkpoint.config import CheckpointConfig
+from research.flags import MODEL, OPTIM, OUTPUT, PARALLEL, flag, nested
 
 
 @dataclasses.dataclass
@@ -146,6 +94,12 @@ class DataConfig:
         return check_dataset(self.name, self.dir, self.options)
 
 
+def checkpointing(saver: str = "none", every: int = 100, **kw: Any) -> CheckpointConfig:
+    """A run's checkpointing: ``saver`` every ``every`` steps and after the
+    last (``kw``: more of :class:`CheckpointConfig`'s fields)."""
+    return CheckpointConfig(saver=saver, every=every, final=True, **kw)
+
+
 @dataclasses.dataclass
 class TrainConfig:
     """Everything that defines a run; written resolved to ``config.json``.
@@ -171,9 +125,7 @@ class TrainConfig:
         MODEL,
         choices=("fp32", "bf16"),
     )
-    data: DataConfig = dataclasses.field(
-        default_factory=DataConfig, metadata={"nested": True}
-    )
+    data: DataConfig = nested(DataConfig)
     batch_size: int = flag(32, "examples per rank per step; default %(default)s", OPTIM)
     steps: int = flag(
         0, "training steps (overrides --epochs when > 0); default %(default)s", OPTIM
@@ -274,40 +226,7 @@ class TrainConfig:
     progress: bool = flag(True, "no progress bar on rank 0", OUTPUT)
     # Checkpointing (research.checkpoint): a saver's name or "none"; every N
     # steps and after the last one; resume from the newest committed step.
-    checkpoint: str = flag(
-        "none",
-        "checkpoint saver (into RUN_DIR/checkpoints; see --list), or none; "
-        "default %(default)s",
-        CKPT,
-        metavar="SAVER",
-    )
-    checkpoint_options: dict[str, Any] = flag(
-        None,
-        "checkpoint saver option, repeatable (e.g. keep=5; see --list)",
-        CKPT,
-        name="--checkpoint-opt",
-        factory=dict,
-    )
-    checkpoint_every: int = flag(
-        100,
-        "checkpoint every N steps and after the last; default %(default)s",
-        CKPT,
-        metavar="N",
-    )
-    resume: bool = flag(
-        True,
-        "start over even when --run-dir holds a committed checkpoint "
-        "(default: resume from the newest one)",
-        CKPT,
-    )
-    fast_dir: str = flag(
-        "auto",
-        "deepfreeze's node-local fast tier: a folder of yours that nobody else "
-        "can write in (created 0700), 'none' (persistent tier only), or 'auto': "
-        "/dev/shm/research-<user>/ckpt-<hash> (0700); default %(default)s",
-        CKPT,
-        metavar="DIR",
-    )
+    checkpoint: CheckpointConfig = nested(lambda: checkpointing())
 
 
 def load_data(config: TrainConfig, world: Any) -> tuple[Any, Any, int]:

@@ -105,7 +105,7 @@ def start_process(config: TrainConfig, world: Any, run_dir: Any) -> StrategyOpti
         raise UsageError(str(e)) from None
     # XLA's collectives (allreduce=xla, or auto on GPUs) need JAX's runtime.
     want = options.xla_runtime(xla.platform()) if world.size > 1 else None
-    if xla.wanted(want, beside_xla_runtime(config.checkpoint)):
+    if xla.wanted(want, beside_xla_runtime(config.checkpoint.saver)):
         xla.start(world)
     return options
 
@@ -114,7 +114,7 @@ def implied_callbacks(config: TrainConfig) -> list[Callback]:
     """The hooks a run's config implies: checkpoints (``--checkpoint``) and, in
     a run that :mod:`research.entry.restart` relaunched, the restart's record."""
     out: list[Callback] = []
-    if config.checkpoint != "none":
+    if config.checkpoint.saver != "none":
         from research.train.checkpointing import CheckpointCallback
 
         out.append(CheckpointCallback.for_run(config))
