@@ -1,10 +1,13 @@
 """The typed configuration of one training run, and its command-line flags.
 
-Each field that users set from the command line carries its flag in its
-metadata (:func:`flag`), so a new field is one line here and ``research.entry.cli``
-builds the parser and the config from this class alone. The experiments'
-configs (``experiments/*.py``) declare their own fields the same way and nest
-this class as ``train``.
+``TrainConfig`` nests the parts that build themselves: ``data`` (a
+:class:`DataConfig`: ``create()`` gives a rank's dataset and loader) and
+``checkpoint`` (a :class:`~research.checkpoint.config.CheckpointConfig`:
+``create()`` builds the saver). Each field that users set from the command line
+carries its flag in its metadata (:func:`research.flags.flag`), so a new field is
+one line and ``research.entry.cli`` builds the parser and the config from these
+classes alone. The experiments' configs (``experiments/*.py``) declare their own
+fields the same way and nest this class as ``train``.
 """
 
 from __future__ import annotations
