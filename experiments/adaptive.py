@@ -52,7 +52,7 @@ from research.entry.cli import override, parse_config, without
 from research.flags import CKPT, OUTPUT, flag, nested
 from research.studies.adaptive import ARMS, JUDGED_SEEDS, SCENARIOS, TUNED_SEEDS
 from research.studies.presets import ExperimentConfig
-from research.train.config import DataConfig, TrainConfig
+from research.train.config import DataConfig, ModelConfig, TrainConfig
 from research.usage import UsageError, fail_usage
 
 PROG = "python -m experiments.adaptive"
@@ -62,8 +62,7 @@ FEATURES = 4096
 
 def _train() -> TrainConfig:
     return TrainConfig(
-        model="candle_p1b2",
-        model_options={"features": FEATURES},
+        model=ModelConfig("candle_p1b2", {"features": FEATURES}),
         data=DataConfig(
             name="synthetic_tabular",
             options={"features": FEATURES, "n_train": 4096, "n_test": 1024},
@@ -176,14 +175,12 @@ def get_config(
         link_schedule=sc["link_schedule"], straggler=sc["straggler"],
     )  # fmt: skip
     if model:
-        cfg = dataclasses.replace(
-            cfg, train=dataclasses.replace(cfg.train, model=model)
-        )
+        cfg = override(cfg, **{"model.name": model})
     return cfg
 
 
 def _select(given: dict[str, Any]) -> dict[str, Any]:
-    return {"model": given.get("train.model"), "scenario": given.get("scenario")}
+    return {"model": given.get("train.model.name"), "scenario": given.get("scenario")}
 
 
 def parse(argv: list[str]) -> Config:

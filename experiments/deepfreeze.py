@@ -73,7 +73,7 @@ from research.studies.presets import (
     with_dataset,
     with_model,
 )
-from research.train.config import TrainConfig
+from research.train.config import ModelConfig, TrainConfig
 from research.usage import UsageError, fail_usage
 
 PROG = "python -m experiments.deepfreeze"
@@ -110,7 +110,7 @@ PAPER_SCALE: dict[str, Any] = {
         "n_train": 2048,
         "n_test": 256,
     },
-    "model_options": {"stem": "imagenet", "image_size": 224},
+    "model.options": {"stem": "imagenet", "image_size": 224},
     "batch_size": 32,
     "rounds": 3,
     "np": 64,
@@ -119,7 +119,7 @@ PAPER_SCALE: dict[str, Any] = {
 
 def _train() -> TrainConfig:
     return TrainConfig(
-        model="candle",
+        model=ModelConfig("candle"),
         strategy="sync",
         batch_size=16,
         lr=0.01,
@@ -242,7 +242,7 @@ class Config(ExperimentConfig):
 def select(given: dict[str, Any]) -> dict[str, Any]:
     """The preset the flags given choose: model, paper scale, dataset."""
     return {
-        "model": given.get("train.model"),
+        "model": given.get("train.model.name"),
         "paper_scale": bool(given.get("paper_scale", False)),
         "dataset": given.get("train.data.name"),
     }
@@ -266,10 +266,10 @@ def get_config(
         cfg = override(cfg, **PAPER_SCALE, paper_scale=True)
         name = model or "resnet50"
         name = MODEL_PRESETS.get(name, {}).get("model", name)
-        options = cfg.train.model_options
+        options = cfg.train.model.options
         if not name.startswith("resnet"):  # the stem is a ResNet's; VGG has none
             options = {k: v for k, v in options.items() if k != "stem"}
-        cfg = override(cfg, model=name, model_options=options)
+        cfg = override(cfg, **{"model.name": name, "model.options": options})
         return with_dataset(cfg, dataset)
     return with_dataset(with_model(cfg, model, MODEL_PRESETS), dataset)
 

@@ -83,7 +83,7 @@ from research.studies.presets import (
     with_dataset,
     with_model,
 )
-from research.train.config import TrainConfig
+from research.train.config import ModelConfig, TrainConfig
 from research.usage import UsageError, fail_usage
 
 PROG = "python -m experiments.eager_sgd"
@@ -133,7 +133,7 @@ DIGITS_CNN_OPTIONS = {"image_size": 8, "channels": 1, "pooled_size": 2}
 #: accuracy. With --dataset imagenet (with_dataset) only image_size stays: the
 #: classes and examples are the dataset's.
 PAPER_SCALE: dict[str, Any] = {
-    "model": "resnet50",
+    "model.name": "resnet50",
     "momentum": 0.9,
     "steps": 2000,
     "batch_size": 64,
@@ -150,7 +150,7 @@ PAPER_SCALE: dict[str, Any] = {
         "n_train": 4096,
         "n_test": 1024,
     },
-    "model_options": {"stem": "imagenet", "image_size": 224},
+    "model.options": {"stem": "imagenet", "image_size": 224},
     "eval_every": 200,
     "target_acc": 0.5,
     "reference_steps": 200,
@@ -159,7 +159,7 @@ PAPER_SCALE: dict[str, Any] = {
 
 def _train() -> TrainConfig:
     return TrainConfig(
-        model="cnn_small",
+        model=ModelConfig("cnn_small"),
         epochs=4.0,
         batch_size=32,
         eval_every=16,
@@ -266,7 +266,7 @@ def select(given: dict[str, Any]) -> dict[str, Any]:
     """The preset the flags given choose: model, paper scale, digits, sweep."""
     sweep = any(k in given for k in ("sweep", "sweep_model_size", "sweep_ranks"))
     return {
-        "model": given.get("train.model"),
+        "model": given.get("train.model.name"),
         "paper_scale": bool(given.get("paper_scale", False)),
         "dataset": given.get("train.data.name"),
         "sweep": sweep,
@@ -296,13 +296,13 @@ def get_config(
     if paper_scale:
         cfg = override(cfg, **PAPER_SCALE, paper_scale=True)
     cfg = with_dataset(with_model(cfg, model, MODEL_PRESETS), dataset)
-    if paper_scale and not cfg.train.model.startswith("resnet"):
+    if paper_scale and not cfg.train.model.name.startswith("resnet"):
         # The paper's stem is a ResNet's option; VGG and the others have none.
-        options = {k: v for k, v in cfg.train.model_options.items() if k != "stem"}
-        cfg = override(cfg, model_options=options)
-    if dataset == "digits" and cfg.train.model == "cnn_small":
-        options = {**DIGITS_CNN_OPTIONS, **cfg.train.model_options}
-        cfg = override(cfg, model_options=options)
+        options = {k: v for k, v in cfg.train.model.options.items() if k != "stem"}
+        cfg = override(cfg, **{"model.options": options})
+    if dataset == "digits" and cfg.train.model.name == "cnn_small":
+        options = {**DIGITS_CNN_OPTIONS, **cfg.train.model.options}
+        cfg = override(cfg, **{"model.options": options})
     return cfg
 
 

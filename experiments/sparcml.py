@@ -51,7 +51,7 @@ from research.flags import CKPT, OUTPUT, flag, nested
 from research.studies.presets import ExperimentConfig, start_job
 from research.studies.sparcml import ARMS, DENSITIES, RESNET50_DIM, run_experiment
 from research.studies.sparcml_commbound import COMM_BOUND
-from research.train.config import TrainConfig
+from research.train.config import ModelConfig, TrainConfig
 from research.usage import UsageError, fail_usage
 
 PROG = "python -m experiments.sparcml"
@@ -60,7 +60,7 @@ SPARCML, COMM = "SparCML", "communication-bound comparison (--comm-bound)"
 
 def _train(model: str | None = None) -> TrainConfig:
     return TrainConfig(
-        model=model or "cnn_small",
+        model=ModelConfig(model or "cnn_small"),
         steps=160,
         batch_size=32,
         eval_every=20,

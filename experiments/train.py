@@ -24,7 +24,7 @@ import dataclasses
 import sys
 
 from research.comm.process.env import launched_by_mpi
-from research.entry.cli import parse_config
+from research.entry.cli import override, parse_config
 from research.entry.launch import maybe_relaunch
 from research.flags import PARALLEL, flag
 from research.studies.presets import NP_HELP, ExperimentConfig
@@ -59,7 +59,7 @@ class Config(ExperimentConfig):
 def get_config(model: str | None = None, paper_scale: bool = False) -> Config:
     """The defaults: the embedded synthetic task, 3 epochs, 2 ranks."""
     train = TrainConfig(epochs=3, eval_every=100)
-    return Config(train=dataclasses.replace(train, model=model or train.model))
+    return Config(train=override(train, **{"model.name": model or train.model.name}))
 
 
 def parse(argv: list[str]) -> Config:

@@ -162,7 +162,7 @@ def bench_step(world, args) -> dict:
     """Part 2: ResNet-50 steps, host and sparse alternating (collective)."""
     import tempfile
 
-    from research.train.config import DataConfig, TrainConfig
+    from research.train.config import DataConfig, ModelConfig, TrainConfig
     from research.train.loop import Trainer
 
     tmp = world.bcast(
@@ -176,7 +176,7 @@ def bench_step(world, args) -> dict:
         for strategy in order:
             opts = {"density": args.density} if strategy == "sparse" else {}
             cfg = TrainConfig(
-                model="resnet50",
+                model=ModelConfig("resnet50"),
                 data=DataConfig(
                     name="synthetic_images",
                     options={

@@ -34,16 +34,16 @@ def test_explicit_flags_win_over_presets():
     from experiments.eager_sgd import parse
 
     paper = parse(["--paper-scale"])
-    assert (paper.train.model, paper.train.lr, paper.np) == ("resnet50", 0.1, 64)
-    assert paper.train.model_options == {"stem": "imagenet", "image_size": 224}
+    assert (paper.train.model.name, paper.train.lr, paper.np) == ("resnet50", 0.1, 64)
+    assert paper.train.model.options == {"stem": "imagenet", "image_size": 224}
     mine = parse(["--paper-scale", "--lr", "0.3", "--np", "8", "--model", "vgg16"])
-    assert (mine.train.model, mine.train.lr, mine.np) == ("vgg16", 0.3, 8)
+    assert (mine.train.model.name, mine.train.lr, mine.np) == ("vgg16", 0.3, 8)
     # A --model that names a preset: its model, task and options, under the
     # user's own --model-opt.
     candle = parse(["--model", "candle", "--model-opt", "features=64"])
-    assert candle.train.model == "candle_p1b2"
+    assert candle.train.model.name == "candle_p1b2"
     assert candle.train.data.name == "synthetic_tabular"
-    assert candle.train.model_options == {"features": 64}
+    assert candle.train.model.options == {"features": 64}
     assert candle.train.data.options == {"features": 512}
 
 
@@ -54,11 +54,11 @@ def test_a_preset_chosen_by_a_flag_keeps_the_flag_names():
 
     cfg = parse(["--sweep-ranks", "2", "3"])
     assert cfg.sweep and cfg.sweep_ranks == [2, 3]
-    assert cfg.train.model == "candle_p1b2" and cfg.train.steps == 16
+    assert cfg.train.model.name == "candle_p1b2" and cfg.train.steps == 16
     assert parse(["--sweep"]).sweep_model_size == [256, 2048, 8192]
     digits = parse(["--dataset", "digits"])
     assert (digits.train.lr, digits.target_acc) == (0.2, 0.95)
-    assert digits.train.model_options["image_size"] == 8
+    assert digits.train.model.options["image_size"] == 8
 
 
 def test_bad_values_are_one_line_and_exit_2(capsys):

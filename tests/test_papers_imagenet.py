@@ -39,7 +39,7 @@ def _reaches_training_on_imagenet(train, sample: Path) -> None:
 
     assert (train.data.name, train.data.dir) == ("imagenet", str(sample))
     assert train.data.options == {"image_size": 224}
-    assert train.model_options["image_size"] == 224
+    assert train.model.options["image_size"] == 224
     data = get_dataset(train.data.name, path=train.data.dir, **train.data.options)
     assert data.num_classes == 3 and data.input_shape == (224, 224, 3)
     assert data.record()["classes"] == WNIDS
@@ -50,7 +50,7 @@ def test_eager_sgd_at_paper_scale_trains_every_arm_on_imagenet(sample):
     from research.studies.eager_sgd import arm_config, base_config
 
     cfg = parse([*_paper(sample), "--data-workers", "8"])
-    assert (cfg.train.model, cfg.np, cfg.full_every) == ("resnet50", 64, 32)
+    assert (cfg.train.model.name, cfg.np, cfg.full_every) == ("resnet50", 64, 32)
     for arm in ("balanced", "allreduce", "solo", "ps"):
         run = arm_config(
             base_config(cfg), arm, 0, Path("runs"), allreduce_strategy="sync",
@@ -69,16 +69,16 @@ def test_deepfreeze_at_paper_scale_checkpoints_a_run_on_imagenet(sample):
     from experiments.deepfreeze import parse
 
     cfg = parse(_paper(sample))
-    assert (cfg.train.model, cfg.np) == ("resnet50", 64)
+    assert (cfg.train.model.name, cfg.np) == ("resnet50", 64)
     _reaches_training_on_imagenet(cfg.train, sample)
     vgg = parse([*_paper(sample), "--model", "vgg16"]).train
     _reaches_training_on_imagenet(vgg, sample)
     # The ResNet stem is not VGG's: the paper's VGG builds with these options.
-    assert "stem" not in vgg.model_options
-    models.get_model("vgg16", num_classes=3, **vgg.model_options)
+    assert "stem" not in vgg.model.options
+    models.get_model("vgg16", num_classes=3, **vgg.model.options)
     # On ImageNet the default model is an image model at laptop scale too.
     small = parse(["--dataset", "imagenet", "--data-dir", str(sample)]).train
-    assert small.model == "resnet50" and small.data.options == {"image_size": 32}
+    assert small.model.name == "resnet50" and small.data.options == {"image_size": 32}
 
 
 def test_overlap_at_paper_scale_times_steps_on_imagenet(sample):

@@ -131,11 +131,11 @@ def test_flag_checks_before_relaunch_do_not_start_mpi_or_jax():
     code = (
         "import sys\n"
         "from research.entry.cli import listing, validate\n"
-        "from research.train.config import TrainConfig\n"
+        "from research.train.config import ModelConfig, TrainConfig\n"
         "assert validate(TrainConfig(strategy='majority')) is None\n"
-        "assert validate(TrainConfig(model='resnet50')) is None\n"
+        "assert validate(TrainConfig(model=ModelConfig('resnet50'))) is None\n"
         "assert 'unknown strategy' in validate(TrainConfig(strategy='nope'))\n"
-        "assert 'unknown model' in validate(TrainConfig(model='nope'))\n"
+        "assert 'unknown model' in validate(TrainConfig(model=ModelConfig('nope')))\n"
         "assert 'solo' in listing() and 'resnet50' in listing()\n"
         "heavy = ('mpi4py', 'mpi4jax', 'jax', 'flax', 'optax', 'orbax')\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
@@ -227,7 +227,7 @@ def test_flags_come_from_the_config_fields():
             assert getattr(cfg, f.name) == getattr(want, f.name), f.name
     argv = ["--momentum", "0.5", "--no-resume", "--model-opt", "width=8", "--trace"]
     cfg = parse(argv).train
-    assert (cfg.momentum, cfg.checkpoint.resume, cfg.model_options, cfg.trace) == (
+    assert (cfg.momentum, cfg.checkpoint.resume, cfg.model.options, cfg.trace) == (
         0.5,
         False,
         {"width": 8},

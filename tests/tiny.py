@@ -29,12 +29,12 @@ PLAIN_SGD: dict[str, Any] = {
 def tiny_config(run_dir: str, **fields: Any):
     """The tiny run's ``TrainConfig`` into ``run_dir`` (batch 4, no evaluation,
     no progress bar), ``fields`` set over it; ``data_options`` are merged."""
-    from research.train.config import DataConfig, TrainConfig
+    from research.train.config import DataConfig, ModelConfig, TrainConfig
 
     data = {"features": 256, "n_train": 256, "n_test": 32}
     data.update(fields.pop("data_options", {}))
     base: dict[str, Any] = dict(
-        model="candle_p1b2_tiny",
+        model=ModelConfig("candle_p1b2_tiny"),
         batch_size=4,
         eval_every=0,
         progress=False,

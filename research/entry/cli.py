@@ -191,7 +191,7 @@ def parse_config(
     by default ``model`` from ``--model`` or None, and ``paper_scale``). The
     flags are then parsed over that config, so an explicit flag always wins
     over a preset. ``get_config(model=X)`` says what ``--model X`` means: its
-    ``train.model`` is a preset's model (``candle`` -> ``candle_p1b2``) or
+    ``train.model.name`` is a preset's model (``candle`` -> ``candle_p1b2``) or
     ``X``; with ``model=None``, the preset's default model.
     ``doc``'s first paragraph is the description, the rest the epilog.
 
@@ -215,7 +215,7 @@ def parse_config(
 
     given = vars(parser(get_config(), given_only=True).parse_known_args(argv)[0])
     if select is None:
-        chosen = {"model": given.get("train.model")}
+        chosen = {"model": given.get("train.model.name")}
         chosen["paper_scale"] = bool(given.get("paper_scale", False))
     else:
         chosen = select(given)
@@ -227,7 +227,8 @@ def parse_config(
     try:
         cfg = config_from(preset, ns)
         if hasattr(cfg, "train"):
-            train = dataclasses.replace(cfg.train, model=preset.train.model)
+            model = dataclasses.replace(cfg.train.model, name=preset.train.model.name)
+            train = dataclasses.replace(cfg.train, model=model)
             cfg = dataclasses.replace(cfg, train=train_config(train))
         problem = cfg.problem() if hasattr(cfg, "problem") else None
         problem = problem or hosts_problem(cfg)
@@ -321,12 +322,11 @@ def check_writable_dir(path: str | os.PathLike, flag: str) -> str | None:
 
 def validate(cfg: TrainConfig) -> str | None:
     """The first problem with ``cfg`` as one line, or None."""
-    import models
     from research.strategies import registry
 
-    if cfg.model not in models.list_models():
-        names = ", ".join(models.list_models())
-        return f"unknown model {cfg.model!r}; choose one of {names}"
+    problem = cfg.model.problem()
+    if problem:
+        return problem
     if cfg.strategy not in registry.names():
         return (
             f"unknown strategy {cfg.strategy!r}; choose one of "

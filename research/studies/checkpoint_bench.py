@@ -267,7 +267,7 @@ def run_interleaved(
     stats = summarize(periods, window * base, versus=vs, seed=seed)
     out: dict[str, Any] = {
         "ranks": world.size,
-        "model": train.model,
+        "model": train.model.name,
         "steps": train.steps,
         "median_step_s": summary["median_step_s"],
         "reference_step_s": base,

@@ -47,7 +47,7 @@ PAPER_FEATURES = 28204
 #: global batch of 32 at 4096 features (measured here); batch 16 keeps compute
 #: small beside the messages, as on an accelerator, where the crossover matters.
 SWEEP_DEFAULTS: dict[str, Any] = {
-    "model": "candle_p1b2",
+    "model.name": "candle_p1b2",
     "data.name": "synthetic_tabular",
     "batch_size": 16,
     "steps": 16,
@@ -66,10 +66,10 @@ SWEEP_DATA = {"n_train": 2048, "n_test": 256}
 
 def check_sweep_flags(cfg: Any) -> str | None:
     """The first problem with the sweep's flags as one line, or None."""
-    if cfg.train.model != "candle_p1b2":
+    if cfg.train.model.name != "candle_p1b2":
         return (
             "--sweep grows CANDLE P1B2 (--sweep-model-size is its input features): "
-            f"leave --model out (got {cfg.train.model!r})"
+            f"leave --model out (got {cfg.train.model.name!r})"
         )
     if any(f < 160 for f in cfg.sweep_model_size):
         return (
@@ -87,7 +87,9 @@ def size_config(base: TrainConfig, features: int) -> TrainConfig:
 
     return dataclasses.replace(
         base,
-        model_options={**base.model_options, "features": features},
+        model=dataclasses.replace(
+            base.model, options={**base.model.options, "features": features}
+        ),
         data=dataclasses.replace(
             base.data,
             options={**SWEEP_DATA, **base.data.options, "features": features},

@@ -75,7 +75,7 @@ def run_config(
     bucket_mb: float | None = None,
 ):
     """The TrainConfig of one run (``run_dir`` None: none, for the checks)."""
-    from research.train.config import DataConfig, TrainConfig
+    from research.train.config import DataConfig, ModelConfig, TrainConfig
 
     options = (PAPER_MODELS if cfg.paper_scale else MODELS).get(model, {})
     options = {**options, "image_size": cfg.image_size}
@@ -95,8 +95,7 @@ def run_config(
         data = {**cfg.data_options, "image_size": cfg.image_size}
     on = DataConfig(cfg.dataset, cfg.data_dir, data, cfg.data_workers)
     return TrainConfig(
-        model=model,
-        model_options=options,
+        model=ModelConfig(model, options),
         data=on,
         batch_size=cfg.batch_size,
         steps=cfg.steps,

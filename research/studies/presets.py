@@ -47,7 +47,7 @@ def with_model(cfg: Any, model: str | None, presets: Mapping[str, Mapping]) -> A
     task (where ``cfg`` still has the default one) and its model and data
     options beneath ``cfg``'s own.
     """
-    name = model or cfg.train.model
+    name = model or cfg.train.model.name
     preset = presets.get(name, {})
     train = cfg.train
     dataset = train.data.name
@@ -60,8 +60,11 @@ def with_model(cfg: Any, model: str | None, presets: Mapping[str, Mapping]) -> A
     )
     train = dataclasses.replace(
         train,
-        model=preset.get("model", name),
-        model_options={**preset.get("model_options", {}), **train.model_options},
+        model=dataclasses.replace(
+            train.model,
+            name=preset.get("model", name),
+            options={**preset.get("model_options", {}), **train.model.options},
+        ),
         data=data,
     )
     return dataclasses.replace(cfg, train=train)

@@ -173,7 +173,12 @@ def steps_of(tags: list[str], cfg: Any) -> int:
 
 def train_config(p: Point, cfg: Any, run_dir: Path, steps: int | None = None):
     """The TrainConfig of point ``p`` (``steps``: default ``cfg.steps``)."""
-    from research.train.config import DataConfig, TrainConfig, checkpointing
+    from research.train.config import (
+        DataConfig,
+        ModelConfig,
+        TrainConfig,
+        checkpointing,
+    )
 
     s = (PAPER_SETTINGS if cfg.paper_scale else MODEL_SETTINGS)[p.model]
     data = {**s.get("data_options", {})}
@@ -182,8 +187,7 @@ def train_config(p: Point, cfg: Any, run_dir: Path, steps: int | None = None):
         data["features"] = model_options["features"] = cfg.nt3_features
     data.update(n_train=max(64, 2 * p.batch * p.ranks), n_test=p.batch)
     return TrainConfig(
-        model=s["model"],
-        model_options=model_options,
+        model=ModelConfig(s["model"], model_options),
         data=DataConfig(name=s["dataset"], options=data),
         batch_size=p.batch,
         steps=steps or cfg.steps,

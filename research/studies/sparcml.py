@@ -141,7 +141,7 @@ def run_experiment(cfg, root: Path, world) -> dict[str, Any]:
         if world.rank == 0:
             results = [combine_seeds(runs[arm]) for arm in cfg.arms]
             heads["train_head"] = (
-                f"training: {base.model}, {world.size} ranks, top-k density "
+                f"training: {base.model.name}, {world.size} ranks, top-k density "
                 f"{cfg.train_density:g} ({cfg.scope}), link {base.link}"
             )
     comm: list[dict[str, Any]] = []

@@ -66,8 +66,7 @@ def _one(cfg, root, world, model, spec, link, seed, link_label) -> list[dict]:
     rows = []
     base = dataclasses.replace(
         cfg.train,
-        model=model,
-        model_options={},
+        model=dataclasses.replace(cfg.train.model, name=model, options={}),
         data=DataConfig(
             name=spec["dataset"], options=dict(spec.get("data_options", {}))
         ),

@@ -18,6 +18,58 @@ from typing import Any
 from research.checkpoint.config import CheckpointConfig
 from research.flags import MODEL, OPTIM, OUTPUT, PARALLEL, flag, nested
 
+#: The model's computation dtype for each ``--precision``.
+PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """Which model a run trains (``--model``, ``--model-opt``, ``--precision``);
+    ``create`` builds it (``models.get_model``)."""
+
+    name: str = flag(
+        "cnn_small",
+        "model name (see --list); default %(default)s",
+        MODEL,
+        name="--model",
+        metavar="MODEL",
+    )
+    options: dict[str, Any] = flag(
+        None,
+        "model option, repeatable (e.g. width=16, stem=cifar)",
+        MODEL,
+        name="--model-opt",
+        factory=dict,
+    )
+    precision: str = flag(
+        "fp32",
+        "bf16: the model computes in bfloat16 (mixed precision), parameters, "
+        "gradients, optimizer and updates stay float32; fp32: all float32 "
+        "(a --model-opt dtype=... wins); default %(default)s",
+        MODEL,
+        choices=("fp32", "bf16"),
+    )
+
+    def built_with(self) -> dict[str, Any]:
+        """``--model-opt``'s options, with the computation dtype ``--precision``
+        asks for (a ``dtype`` given there wins)."""
+        return {"dtype": PRECISION_DTYPES[self.precision], **self.options}
+
+    def create(self, num_classes: int) -> Any:
+        """The model (a Flax module) for ``num_classes`` classes."""
+        import models
+
+        return models.get_model(self.name, num_classes=num_classes, **self.built_with())
+
+    def problem(self) -> str | None:
+        """An unknown model as one line, or None."""
+        import models
+
+        if self.name not in models.list_models():
+            names = ", ".join(models.list_models())
+            return f"unknown model {self.name!r}; choose one of {names}"
+        return None
+
 
 @dataclasses.dataclass
 class DataConfig:
@@ -110,24 +162,7 @@ class TrainConfig:
     Steps: ``steps`` when positive, else ``epochs`` times the steps of one epoch.
     """
 
-    model: str = flag(
-        "cnn_small", "model name (see --list); default %(default)s", MODEL
-    )
-    model_options: dict[str, Any] = flag(
-        None,
-        "model option, repeatable (e.g. width=16, stem=cifar)",
-        MODEL,
-        name="--model-opt",
-        factory=dict,
-    )
-    precision: str = flag(
-        "fp32",
-        "bf16: the model computes in bfloat16 (mixed precision), parameters, "
-        "gradients, optimizer and updates stay float32; fp32: all float32 "
-        "(a --model-opt dtype=... wins); default %(default)s",
-        MODEL,
-        choices=("fp32", "bf16"),
-    )
+    model: ModelConfig = nested(ModelConfig)
     data: DataConfig = nested(DataConfig)
     batch_size: int = flag(32, "examples per rank per step; default %(default)s", OPTIM)
     steps: int = flag(
@@ -244,13 +279,3 @@ def load_data(config: TrainConfig, world: Any) -> tuple[Any, Any, int]:
     if steps <= 0:
         steps = max(1, math.ceil(config.epochs * loader.steps_per_epoch))
     return dataset, loader, steps
-
-
-#: The model's computation dtype for each ``--precision``.
-PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
-
-
-def model_options(config: TrainConfig) -> dict[str, Any]:
-    """``--model-opt``'s options, with the computation dtype ``--precision``
-    asks for (a ``dtype`` given there wins)."""
-    return {"dtype": PRECISION_DTYPES[config.precision], **config.model_options}

@@ -75,7 +75,7 @@ def platform_record(t: Run) -> dict[str, Any]:
     return {
         "devices": t.devices,
         "precision": {
-            "flag": t.config.precision,
+            "flag": t.config.model.precision,
             "compute": str(getattr(t.model, "dtype", "float32")),
             "params_and_updates": "float32",
         },
@@ -131,7 +131,7 @@ def summary_record(t: Run) -> dict[str, Any]:
         "nodes": nodes_record(t.world),
         "strategy": t.strategy.name,
         "allreduce": t.strategy.allreduce_choice,
-        "model": t.config.model,
+        "model": t.config.model.name,
         "dataset": t.config.data.name,
         **platform_record(t),
         "link": link_label(t.config.link, t.world),

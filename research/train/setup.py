@@ -20,7 +20,7 @@ from research.comm.faults import failures, watchdog
 from research.steps.state import TrainState, create_train_state
 from research.strategies.base import StrategyOptions
 from research.train.callback import Callback
-from research.train.config import TrainConfig, load_data, model_options
+from research.train.config import TrainConfig, load_data
 from research.train.optim import make_optimizer_for
 from research.train.profiling import ProfileWindow
 from research.usage import UsageError
@@ -47,14 +47,11 @@ class Setup:
 
 def local_setup(config: TrainConfig, world: Any) -> Setup:
     """This rank's set-up, no collective. Raises ValueError or UsageError."""
-    import models
 
     dataset, loader, total_steps = load_data(config, world)
     optimizer = functools.partial(make_optimizer_for, config, world.size, total_steps)
     schedule, tx = optimizer(1)
-    model = models.get_model(
-        config.model, num_classes=dataset.num_classes, **model_options(config)
-    )
+    model = config.model.create(dataset.num_classes)
     state = create_train_state(model, dataset.example_batch(), tx, config.seed)
     window = ProfileWindow.parse(config.profile, config.profile_ranks)
     if window is not None:

@@ -33,13 +33,13 @@ from research.rundir import read_metrics
 from research.strategies.host import HostOptions
 from research.train.callback import Callback
 from research.train.checkpointing import CheckpointCallback
-from research.train.config import DataConfig, TrainConfig
+from research.train.config import DataConfig, ModelConfig, TrainConfig
 from research.train.loop import Trainer
 
 
 def _config(run_dir: str, total: int, strategy: str, **kw) -> TrainConfig:
     base = dict(
-        model="candle_p1b2_tiny",
+        model=ModelConfig("candle_p1b2_tiny"),
         data=DataConfig(
             name="synthetic_tabular",
             options={"features": 256, "n_train": 256, "n_test": 32},

@@ -20,7 +20,7 @@ import pytest
 
 from research.steps.flat import ALIGN
 from research.steps.state import tree_bytes
-from research.train.config import DataConfig, TrainConfig
+from research.train.config import DataConfig, ModelConfig, TrainConfig
 from research.train.loop import Trainer
 
 # Small inputs: the suite runs on 2 cores and its time is mostly compiles.
@@ -69,8 +69,7 @@ def _train(world, tmp_path_factory, model: str, run: str) -> Trainer:
         str(tmp_path_factory.mktemp(f"{model}-{run}")) if world.rank == 0 else None
     )
     cfg = TrainConfig(
-        model=name,
-        model_options=model_options,
+        model=ModelConfig(name, model_options),
         data=DataConfig(name=dataset, options=data_options),
         batch_size=4,
         steps=STEPS,

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from research.train.config import DataConfig, TrainConfig
+from research.train.config import DataConfig, ModelConfig, TrainConfig
 from research.train.loop import Trainer
 from tests.tiny import PLAIN_SGD, tiny_config
 
@@ -25,8 +25,7 @@ def _train(world, tmp_path_factory, strategy: str, steps: int = 6):
     # A one-stage ResNet on 8x8 images: BatchNorm statistics are exercised while
     # XLA:CPU compiles the steps in seconds (the suite's time is mostly compiles).
     cfg = TrainConfig(
-        model="resnet_tiny",
-        model_options={"stage_sizes": (1,), "width": 4},
+        model=ModelConfig("resnet_tiny", {"stage_sizes": (1,), "width": 4}),
         data=DataConfig(
             name="synthetic_images",
             options={"n_train": 256, "n_test": 64, "image_size": 8},
