@@ -1,7 +1,8 @@
 """The typed configuration of one training run, and its command-line flags.
 
-``TrainConfig`` nests the parts that build themselves: ``data`` (a
-:class:`DataConfig`: ``create()`` gives a rank's dataset and loader) and
+``TrainConfig`` nests the parts that build themselves: ``model`` (a
+:class:`ModelConfig`: ``create()`` builds it), ``data`` (a :class:`DataConfig`:
+``create()`` gives a rank's dataset and loader) and
 ``checkpoint`` (a :class:`~research.checkpoint.config.CheckpointConfig`:
 ``create()`` builds the saver). Each field that users set from the command line
 carries its flag in its metadata (:func:`research.flags.flag`), so a new field is
