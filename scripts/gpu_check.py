@@ -46,10 +46,8 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -58,8 +56,8 @@ from typing import Any
 
 from research.entry.cli import doc_parser
 from research.strategies import registry
+from scripts.gpu_jobs import Check, end_job, gpu_names, python_cmd
 
-ROOT = Path(__file__).resolve().parent.parent
 STAGES = (
     "machine",
     "models",
@@ -77,8 +75,6 @@ STRATEGIES = tuple(registry.names())
 #: (model, batch) at 224x224 (the target: ``scripts.gpu_report.TARGET_RATIO``).
 MODELS = {"models": (("resnet50", 128),), "vgg": (("vgg16", 64),)}
 TRAIN_STEPS = 300
-#: Each job's limit; a job past it is ended (SIGTERM, then SIGKILL).
-JOB_TIMEOUT_S = 240
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -131,107 +127,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-class Check:
-    """The run folder, the clock and the log of one check."""
-
-    def __init__(self, root: Path, args: argparse.Namespace) -> None:
-        self.root = root
-        self.args = args
-        self.t0 = time.monotonic()
-        self.deadline = self.t0 + args.deadline_s
-        self.results: dict[str, Any] = {"skipped": [], "cut": []}
-
-    def say(self, text: str) -> None:
-        print(f"gpu_check [{time.monotonic() - self.t0:5.0f} s] {text}", flush=True)
-
-    def env(self, **extra: str) -> dict[str, str]:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p
-        )
-        for var in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK"):
-            env.pop(var, None)
-        env.update(extra)
-        return env
-
-    def left(self, timeout: float = JOB_TIMEOUT_S) -> float:
-        """Seconds a job starting now may take: ``timeout`` or less, to the
-        deadline."""
-        return min(timeout, self.deadline - time.monotonic())
-
-    def start(self, name: str, cmd: list[str], **env) -> subprocess.Popen:
-        """Start ``cmd`` in its own process group, output to ``logs/<name>.log``."""
-        log = self.root / "logs" / f"{name}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "w") as out:
-            return subprocess.Popen(
-                cmd,
-                cwd=ROOT,
-                env=self.env(**env),
-                stdout=out,
-                stderr=out,
-                start_new_session=True,
-            )
-
-    def run(self, name: str, cmd: list[str], timeout: float = JOB_TIMEOUT_S, **env):
-        """Run ``cmd`` (its output to ``logs/<name>.log``); ``(rc, seconds)``;
-        rc None where the deadline came before it could start."""
-        limit = self.left(timeout)
-        if limit < 10:
-            self.results["cut"].append(name)
-            return None, 0.0
-        t = time.monotonic()
-        proc = self.start(name, cmd, **env)
-        try:
-            rc = proc.wait(limit)
-        except subprocess.TimeoutExpired:
-            if limit < timeout:
-                self.results["cut"].append(name)
-            rc = _end(proc)
-        return rc, time.monotonic() - t
-
-
-def _end(proc: subprocess.Popen, grace: float = 20.0, group: bool = True) -> int:
-    """SIGTERM to ``proc``'s process group (``group``) or to ``proc`` alone (as a
-    scheduler signals a job's launcher), then SIGKILL to the group after
-    ``grace``: the exit code, or -9. The group's other processes (mpiexec, the
-    ranks) go with it, so that nothing is left holding the GPU."""
-    if group:
-        _signal_group(proc, signal.SIGTERM)
-    else:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        rc = proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        rc = -9
-    _signal_group(proc, signal.SIGKILL)
-    proc.wait()
-    return rc
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
-
-
-def _python(*args: str) -> list[str]:
-    return [sys.executable, *args]
-
-
-def _gpus() -> list[str]:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version"]
-            + ["--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
-
-
 def stage_machine(c: Check) -> None:
     probe = (
         "import json, jax, flax, optax, mpi4py.MPI as M;"
@@ -245,12 +140,16 @@ def stage_machine(c: Check) -> None:
         "'mpi4jax_cuda': mpi4jax.has_cuda_support()}))"
     )
     out = subprocess.run(
-        _python("-c", probe), capture_output=True, text=True, env=c.env(), timeout=300
+        python_cmd("-c", probe),
+        capture_output=True,
+        text=True,
+        env=c.env(),
+        timeout=300,
     )
     info = {}
     if out.returncode == 0:
         info = json.loads(out.stdout.strip().splitlines()[-1])
-    info["gpus"] = _gpus()
+    info["gpus"] = gpu_names()
     info["cores"] = os.cpu_count()
     if out.returncode != 0:
         info["error"] = out.stderr.strip().splitlines()[-1:]
@@ -276,7 +175,7 @@ def stage_models(c: Check, stage: str = "models") -> None:
                 if fw == "torch" and model == "resnet_tiny":
                     continue
                 name = f"bench-{fw}-{model}-{precision}"
-                cmd = _python(
+                cmd = python_cmd(
                     "-m", "scripts.bench_gpu", "--framework", fw, "--model", model,
                     "--precision", precision, "--batch", str(batch),
                     "--image-size", size, *steps, "--json", str(out),
@@ -294,7 +193,7 @@ def stage_vgg(c: Check) -> None:
 
 def _has_torchvision(c: Check) -> bool:
     probe = subprocess.run(
-        _python("-c", "import torchvision"), capture_output=True, env=c.env()
+        python_cmd("-c", "import torchvision"), capture_output=True, env=c.env()
     )
     return probe.returncode == 0
 
@@ -308,7 +207,7 @@ def _strategy_runs(c: Check) -> list[tuple[str, str, int]]:
 
 
 def _train_cmd(run_dir: Path, strategy: str, ranks: int, steps: int) -> list[str]:
-    return _python(
+    return python_cmd(
         "-m", "experiments.train", "--np", str(ranks), "--strategy", strategy,
         "--steps", str(steps), "--no-progress", "--run-dir", str(run_dir),
     )  # fmt: skip
@@ -407,7 +306,7 @@ def _stop_when_training(
     if proc.poll() is not None:
         return proc.returncode, float("nan")
     t = time.monotonic()
-    rc = _end(proc, 40.0, group=False)
+    rc = end_job(proc, 40.0, group=False)
     return rc, time.monotonic() - t
 
 
@@ -428,7 +327,7 @@ def _trained(metrics: Path, step: int) -> bool:
 
 def stage_allreduce(c: Check) -> None:
     out = c.root / "allreduce.json"
-    cmd = _python("-m", "scripts.bench_allreduce", "--ranks", "2", "--xla")
+    cmd = python_cmd("-m", "scripts.bench_allreduce", "--ranks", "2", "--xla")
     cmd += ["--json", str(out)]
     if not _on_gpu(c):
         cmd += ["--model", "resnet_tiny", "--reps", "2"]
@@ -438,7 +337,9 @@ def stage_allreduce(c: Check) -> None:
 
 
 def stage_staging(c: Check) -> None:
-    cmd = _python("-m", "scripts.bench_staging", "--json", str(c.root / "staging.json"))
+    cmd = python_cmd(
+        "-m", "scripts.bench_staging", "--json", str(c.root / "staging.json")
+    )
     if not _on_gpu(c):
         cmd += ["--mb", "1", "--reps", "2"]
     rc, secs = c.run("staging", cmd, timeout=120)
@@ -449,7 +350,7 @@ def stage_staging(c: Check) -> None:
 def stage_stall(c: Check) -> None:
     out = c.root / "stall.json"
     paths = "fused-mpi" if c.args.quick else "fused-mpi,fused-ring,host"
-    cmd = _python("-m", "scripts.gpu_stall", "--paths", paths, "--json", str(out))
+    cmd = python_cmd("-m", "scripts.gpu_stall", "--paths", paths, "--json", str(out))
     cmd += ["--out", str(c.root / "stall"), "--comm-timeout", "15"]
     env = {} if _on_gpu(c) else {"JAX_PLATFORMS": "cpu"}
     rc, secs = c.run("stall", cmd, timeout=100 * len(paths.split(",")), **env)
@@ -461,7 +362,7 @@ def stage_input(c: Check) -> None:
     """``scripts.bench_input``: the ImageNet pipeline per core and per worker
     count against torchvision's, and ResNet-50 reading it against synthetic
     data (on the GPU: can the host's cores feed it?)."""
-    cmd = _python("-m", "scripts.bench_input", "--json", str(c.root / "input.json"))
+    cmd = python_cmd("-m", "scripts.bench_input", "--json", str(c.root / "input.json"))
     if _on_gpu(c):
         cmd += ["--images", "800", "--workers", "0", "1", "4", "8", "15"]
         cmd += ["--train-workers", "8"]
@@ -477,7 +378,7 @@ def stage_input(c: Check) -> None:
 
 def stage_eager_sgd(c: Check) -> None:
     run_dir = c.root / "eager_sgd"
-    cmd = _python("-m", "experiments.eager_sgd", "--seeds", "0", "--no-progress")
+    cmd = python_cmd("-m", "experiments.eager_sgd", "--seeds", "0", "--no-progress")
     cmd += ["--run-dir", str(run_dir)]
     rc, secs = c.run("eager_sgd", cmd, timeout=300)
     c.results["eager_sgd_rc"] = rc

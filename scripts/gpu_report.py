@@ -231,7 +231,7 @@ def _input(root: Path) -> list[str]:
     path = root / "input.json"
     if not path.exists():
         return []
-    from scripts.bench_input import markdown
+    from scripts.input_report import markdown
 
     res = json.loads(path.read_text())
     return ["## ImageNet input (this pipeline against torchvision's)", "",
