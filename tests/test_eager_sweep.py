@@ -135,7 +135,7 @@ def test_digits_trains_on_two_ranks(tmp_path):
     for arm in ("allreduce", "solo"):
         config = json.loads((out / f"{arm}-s0" / "config.json").read_text())
         assert config["dataset"].startswith("digits: ")
-        assert config["config"]["model_options"]["pooled_size"] == 2
+        assert config["config"]["model"]["options"]["pooled_size"] == 2
         summary = json.loads((out / f"{arm}-s0" / "summary.json").read_text())
         assert summary["steps"] == 6 and summary["world_size"] == 2
         assert 0.0 <= summary["final_test_acc"] <= 1.0
