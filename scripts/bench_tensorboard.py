@@ -53,11 +53,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def run_one(world, root: Path, args, log_every: int, on: bool, rnd: int) -> dict:
-    from research.train.config import TrainConfig
+    from research.train.config import ModelConfig, TrainConfig
     from research.train.loop import Trainer
 
     cfg = TrainConfig(
-        model=args.model,
+        model=ModelConfig(args.model),
         strategy=args.strategy,
         steps=args.steps,
         log_every=log_every,
