@@ -52,7 +52,7 @@ from research.entry.cli import override, parse_config, without
 from research.flags import CKPT, OUTPUT, flag, nested
 from research.studies.adaptive import ARMS, JUDGED_SEEDS, SCENARIOS, TUNED_SEEDS
 from research.studies.presets import ExperimentConfig
-from research.train.config import DataConfig, ModelConfig, TrainConfig
+from research.train.config import DataConfig, ModelConfig, StrategyConfig, TrainConfig
 from research.usage import UsageError, fail_usage
 
 PROG = "python -m experiments.adaptive"
@@ -78,7 +78,7 @@ def _train() -> TrainConfig:
         weight_decay=0.0,
         eval_every=10,
         log_every=1,
-        strategy="adaptive",
+        strategy=StrategyConfig("adaptive"),
     )
 
 
@@ -185,7 +185,7 @@ def _select(given: dict[str, Any]) -> dict[str, Any]:
 
 def parse(argv: list[str]) -> Config:
     # Each arm sets its strategy, seed and link; the jobs their ranks.
-    hide = (CKPT, "strategy", "strategy_options", "seed", "link", "np")
+    hide = (CKPT, "strategy", "seed", "np")
     return parse_config(
         argv, get_config, prog=PROG, doc=__doc__, hide=hide, select=_select
     )

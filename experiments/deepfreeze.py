@@ -73,7 +73,7 @@ from research.studies.presets import (
     with_dataset,
     with_model,
 )
-from research.train.config import ModelConfig, TrainConfig
+from research.train.config import ModelConfig, StrategyConfig, TrainConfig
 from research.usage import UsageError, fail_usage
 
 PROG = "python -m experiments.deepfreeze"
@@ -120,7 +120,7 @@ PAPER_SCALE: dict[str, Any] = {
 def _train() -> TrainConfig:
     return TrainConfig(
         model=ModelConfig("candle"),
-        strategy="sync",
+        strategy=StrategyConfig("sync"),
         batch_size=16,
         lr=0.01,
         warmup_steps=5,

@@ -331,7 +331,7 @@ def summarise_sweep(root: Path, cfg: Config) -> None:
     """Table, crossover lines and figure of the sweep under ``root``."""
     from research.studies.eager_sweep import format_sweep
 
-    link = cfg.train.link
+    link = cfg.train.strategy.link
     rows = write_sweep(root, cfg.target_acc, link)
     print(format_sweep(rows, cfg.target_acc, link), flush=True)
     if cfg.plots:

@@ -51,7 +51,7 @@ from research.flags import CKPT, OUTPUT, flag, nested
 from research.studies.presets import ExperimentConfig, start_job
 from research.studies.sparcml import ARMS, DENSITIES, RESNET50_DIM, run_experiment
 from research.studies.sparcml_commbound import COMM_BOUND
-from research.train.config import ModelConfig, TrainConfig
+from research.train.config import ModelConfig, StrategyConfig, TrainConfig
 from research.usage import UsageError, fail_usage
 
 PROG = "python -m experiments.sparcml"
@@ -66,8 +66,8 @@ def _train(model: str | None = None) -> TrainConfig:
         eval_every=20,
         log_every=1,
         momentum=0.9,
-        link="10gbps",
-        strategy="host",  # each arm sets its own; host accepts the link
+        # Each arm sets its own strategy; host accepts the link.
+        strategy=StrategyConfig("host", link="10gbps"),
     )
 
 

@@ -162,7 +162,12 @@ def bench_step(world, args) -> dict:
     """Part 2: ResNet-50 steps, host and sparse alternating (collective)."""
     import tempfile
 
-    from research.train.config import DataConfig, ModelConfig, TrainConfig
+    from research.train.config import (
+        DataConfig,
+        ModelConfig,
+        StrategyConfig,
+        TrainConfig,
+    )
     from research.train.loop import Trainer
 
     tmp = world.bcast(
@@ -189,8 +194,7 @@ def bench_step(world, args) -> dict:
                 batch_size=args.batch,
                 steps=args.steps,
                 eval_every=0,
-                strategy=strategy,
-                strategy_options=opts,
+                strategy=StrategyConfig(strategy, opts),
                 schedule="constant",
                 warmup_steps=0,
                 weight_decay=0.0,

@@ -53,12 +53,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def run_one(world, root: Path, args, log_every: int, on: bool, rnd: int) -> dict:
-    from research.train.config import ModelConfig, TrainConfig
+    from research.train.config import ModelConfig, StrategyConfig, TrainConfig
     from research.train.loop import Trainer
 
     cfg = TrainConfig(
         model=ModelConfig(args.model),
-        strategy=args.strategy,
+        strategy=StrategyConfig(args.strategy),
         steps=args.steps,
         log_every=log_every,
         eval_every=args.eval_every,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
 from pathlib import Path
 
 import pytest
@@ -123,7 +124,7 @@ def test_sync_names_only_the_strategy_and_full_every_the_rounds(capsys):
 
     assert eager(["--full-every", "6"]).full_every == 6
     cfg = train(["--strategy", "solo", "--strategy-opt", "full_every=4"]).train
-    assert cfg.strategy_options == {"full_every": 4}
+    assert cfg.strategy.options == {"full_every": 4}
     line = _one_error_line(capsys, eager, ["--sync-every", "6"])
     assert "unrecognized arguments: --sync-every" in line
     argv = ["--strategy", "solo", "--strategy-opt", "sync_every=4"]
@@ -131,3 +132,34 @@ def test_sync_names_only_the_strategy_and_full_every_the_rounds(capsys):
     assert problem("majority", {"full_every": 0}) == (
         "strategy option full_every=0 must be >= 1"
     )
+
+
+def test_the_strategy_flags_make_one_typed_strategy_config(capsys):
+    """``--strategy``, ``--strategy-opt`` and ``--link`` land on
+    ``train.strategy``; ``typed()`` is the strategy's own options dataclass,
+    ``to()`` another strategy on the same link, a bad value one line; an
+    experiment that hides ``strategy`` hides all three flags."""
+    from experiments.adaptive import parse as adaptive
+    from experiments.train import parse as train
+    from research.strategies.host import HostOptions
+    from research.train.config import StrategyConfig
+
+    argv = ["--strategy", "host", "--strategy-opt", "allreduce=ring"]
+    cfg = train([*argv, "--link", "10gbps"]).train
+    assert cfg.strategy == StrategyConfig("host", {"allreduce": "ring"}, "10gbps")
+    assert cfg.strategy.typed() == HostOptions(allreduce="ring", link="10gbps")
+    arm = cfg.strategy.to("sparse", {"density": 0.1})
+    assert (arm.name, arm.options, arm.link) == ("sparse", {"density": 0.1}, "10gbps")
+    assert cfg.strategy.options == {"allreduce": "ring"}  # not shared with the arm
+    assert "unknown strategy 'nope'" in StrategyConfig("nope").problem()
+    bad = StrategyConfig("host", {"bucket_bytes": "big"}).problem()
+    assert bad.startswith("--strategy-opt: ")
+    assert StrategyConfig("fused", link="10gbps").problem().startswith("--link: ")
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        StrategyConfig("host", {"bucket_bytes": "big"}).typed()
+    with pytest.raises(SystemExit):
+        adaptive(["--help"])
+    shown = capsys.readouterr().out
+    assert "--link-schedule" in shown  # adaptive's own
+    for flag in ("--strategy", "--strategy-opt", "--link"):
+        assert not re.search(rf"^\s+{flag}(?![\w-])", shown, re.M), flag

@@ -131,10 +131,11 @@ def test_flag_checks_before_relaunch_do_not_start_mpi_or_jax():
     code = (
         "import sys\n"
         "from research.entry.cli import listing, validate\n"
-        "from research.train.config import ModelConfig, TrainConfig\n"
-        "assert validate(TrainConfig(strategy='majority')) is None\n"
+        "from research.train.config import ModelConfig, StrategyConfig, TrainConfig\n"
+        "assert validate(TrainConfig(strategy=StrategyConfig('majority'))) is None\n"
         "assert validate(TrainConfig(model=ModelConfig('resnet50'))) is None\n"
-        "assert 'unknown strategy' in validate(TrainConfig(strategy='nope'))\n"
+        "bad = TrainConfig(strategy=StrategyConfig('nope'))\n"
+        "assert 'unknown strategy' in validate(bad)\n"
         "assert 'unknown model' in validate(TrainConfig(model=ModelConfig('nope')))\n"
         "assert 'solo' in listing() and 'resnet50' in listing()\n"
         "heavy = ('mpi4py', 'mpi4jax', 'jax', 'flax', 'optax', 'orbax')\n"
@@ -178,8 +179,7 @@ def test_every_strategy_takes_its_own_defaults_from_the_command_line():
             if not isinstance(o.default, tuple):
                 flags += ["--strategy-opt", f"{key}={o.default!r}"]
         cfg = parse(["--strategy", name, *flags]).train
-        made = registry.make_options(name, cfg.strategy_options, cfg.link)
-        assert made == cls(), name
+        assert cfg.strategy.typed() == cls(), name
 
 
 def test_a_strategy_is_declared_in_its_own_module_only(tmp_path):

@@ -28,11 +28,23 @@ PLAIN_SGD: dict[str, Any] = {
 
 def tiny_config(run_dir: str, **fields: Any):
     """The tiny run's ``TrainConfig`` into ``run_dir`` (batch 4, no evaluation,
-    no progress bar), ``fields`` set over it; ``data_options`` are merged."""
-    from research.train.config import DataConfig, ModelConfig, TrainConfig
+    no progress bar), ``fields`` set over it; ``data_options`` are merged, and
+    ``strategy`` (a name), ``strategy_options`` and ``link`` make its
+    ``StrategyConfig``."""
+    from research.train.config import (
+        DataConfig,
+        ModelConfig,
+        StrategyConfig,
+        TrainConfig,
+    )
 
     data = {"features": 256, "n_train": 256, "n_test": 32}
     data.update(fields.pop("data_options", {}))
+    fields["strategy"] = StrategyConfig(
+        fields.pop("strategy", "fused"),
+        fields.pop("strategy_options", {}),
+        fields.pop("link", "real"),
+    )
     base: dict[str, Any] = dict(
         model=ModelConfig("candle_p1b2_tiny"),
         batch_size=4,

@@ -100,6 +100,8 @@ def add_flags(
     for f in dataclasses.fields(defaults):
         meta = f.metadata
         if meta.get("nested"):
+            if f.name in hide or _prefix + f.name in hide:  # all its flags
+                continue
             add_flags(
                 p,
                 getattr(defaults, f.name),
@@ -322,20 +324,11 @@ def check_writable_dir(path: str | os.PathLike, flag: str) -> str | None:
 
 def validate(cfg: TrainConfig) -> str | None:
     """The first problem with ``cfg`` as one line, or None."""
-    from research.strategies import registry
 
     problem = cfg.model.problem()
     if problem:
         return problem
-    if cfg.strategy not in registry.names():
-        return (
-            f"unknown strategy {cfg.strategy!r}; choose one of "
-            f"{', '.join(registry.names())}"
-        )
-    problem = registry.options_class(cfg.strategy).problem(cfg.strategy_options)
-    if problem:
-        return f"--strategy-opt: {problem}"
-    problem = registry.problem(cfg.strategy, {}, cfg.link)
+    problem = cfg.strategy.problem()
     if problem:
         return problem
     if cfg.batch_size <= 0:
@@ -365,7 +358,7 @@ def validate(cfg: TrainConfig) -> str | None:
         return f"--checkpoint: {problem}"
     if ck.saver != "none" and ck.every < 1:
         return f"--checkpoint-every must be >= 1, got {ck.every}"
-    needs = registry.make_options(cfg.strategy, cfg.strategy_options).xla_runtime
+    needs = cfg.strategy.typed().xla_runtime
     saver = None if ck.saver == "none" else options_class(ck.saver)
     if saver and not saver.beside_xla_runtime and needs("cpu") == "needed":
         return (

@@ -122,7 +122,7 @@ def run_job(cfg: Any, root: Path, world: Any) -> None:
     # Two steps of dense first, apart: the arms share one process, so the
     # first arm would otherwise pay alone for compiling what all of them run.
     warm = dataclasses.replace(
-        cfg.train, strategy="host", strategy_options={}, steps=2,
+        cfg.train, strategy=cfg.train.strategy.to("host"), steps=2,
         run_dir=str(root / f"np{world.size}" / "warm-up"),
     )  # fmt: skip
     Trainer(warm, world).run()
@@ -132,8 +132,7 @@ def run_job(cfg: Any, root: Path, world: Any) -> None:
             folder = root / f"np{world.size}" / f"{arm}-s{seed}"
             train = dataclasses.replace(
                 cfg.train,
-                strategy=strategy,
-                strategy_options=options,
+                strategy=cfg.train.strategy.to(strategy, options),
                 seed=seed,
                 run_dir=str(folder),
             )

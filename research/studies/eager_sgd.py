@@ -30,7 +30,7 @@ DEFAULT_TARGET = 0.85
 def check_flags(cfg: Any) -> str | None:
     """The first problem with the experiment's own values as one line, or None
     (``cfg``: ``experiments.eager_sgd.Config``)."""
-    if cfg.train.strategy != "fused":
+    if cfg.train.strategy.name != "fused":
         return (
             "--strategy does not apply here: choose arms with --arms "
             "and the synchronous arm's strategy with --allreduce-strategy"
@@ -39,7 +39,7 @@ def check_flags(cfg: Any) -> str | None:
 
     for arm in cfg.arms:
         name = cfg.allreduce_strategy if arm == "allreduce" else arm
-        problem = registry.problem(name, {}, cfg.train.link)
+        problem = registry.problem(name, {}, cfg.train.strategy.link)
         if problem:
             return f"arm {arm}: {problem}"
     if cfg.full_every < 0:
@@ -81,8 +81,7 @@ def arm_config(
         options = {"seed": seed, "full_every": full_every or None}
     cfg = dataclasses.replace(
         base,
-        strategy=strategy,
-        strategy_options=options,
+        strategy=base.strategy.to(strategy, options),
         seed=seed,
         run_dir=str(run_dir / f"{arm}-s{seed}"),
     )
@@ -146,7 +145,9 @@ def base_config(cfg: Any) -> TrainConfig:
     """The arms' shared TrainConfig: the synchronous arm's; each sets its own."""
     import dataclasses
 
-    return dataclasses.replace(cfg.train, strategy=cfg.allreduce_strategy)
+    return dataclasses.replace(
+        cfg.train, strategy=cfg.train.strategy.to(cfg.allreduce_strategy)
+    )
 
 
 def run_arms(cfg: Any, base: TrainConfig, root: Path, world) -> str:

@@ -75,7 +75,12 @@ def run_config(
     bucket_mb: float | None = None,
 ):
     """The TrainConfig of one run (``run_dir`` None: none, for the checks)."""
-    from research.train.config import DataConfig, ModelConfig, TrainConfig
+    from research.train.config import (
+        DataConfig,
+        ModelConfig,
+        StrategyConfig,
+        TrainConfig,
+    )
 
     options = (PAPER_MODELS if cfg.paper_scale else MODELS).get(model, {})
     options = {**options, "image_size": cfg.image_size}
@@ -102,9 +107,7 @@ def run_config(
         eval_every=0,
         eval_batch_size=cfg.batch_size,
         log_every=1,
-        strategy=strategy,
-        strategy_options=strategy_options,
-        link=link,
+        strategy=StrategyConfig(strategy, strategy_options, link),
         lr=0.01,
         warmup_steps=0,
         progress=False,

@@ -176,6 +176,7 @@ def train_config(p: Point, cfg: Any, run_dir: Path, steps: int | None = None):
     from research.train.config import (
         DataConfig,
         ModelConfig,
+        StrategyConfig,
         TrainConfig,
         checkpointing,
     )
@@ -194,8 +195,7 @@ def train_config(p: Point, cfg: Any, run_dir: Path, steps: int | None = None):
         eval_every=0,
         eval_batch_size=p.batch,
         log_every=1,
-        strategy=p.strategy,
-        link=p.link,
+        strategy=StrategyConfig(p.strategy, link=p.link),
         threads=p.threads,
         lr=0.01,
         warmup_steps=0,

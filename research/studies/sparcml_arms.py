@@ -26,8 +26,7 @@ def arm_config(base, arm: str, run_dir: Path, *, density: float, bits: int, **op
         strategy = "sparse"
     return dataclasses.replace(
         base,
-        strategy=strategy,
-        strategy_options=options,
+        strategy=base.strategy.to(strategy, options),
         run_dir=str(run_dir / f"{arm}-s{base.seed}"),
     )
 

@@ -73,7 +73,7 @@ def _one(cfg, root, world, model, spec, link, seed, link_label) -> list[dict]:
         batch_size=spec["batch_size"],
         steps=cfg.cb_steps,
         eval_every=cfg.cb_eval_every,
-        link=link,
+        strategy=dataclasses.replace(cfg.train.strategy, link=link),
         seed=seed,
     )
     for arm in COMM_ARMS:

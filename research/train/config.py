@@ -2,7 +2,9 @@
 
 ``TrainConfig`` nests the parts that build themselves: ``model`` (a
 :class:`ModelConfig`: ``create()`` builds it), ``data`` (a :class:`DataConfig`:
-``create()`` gives a rank's dataset and loader) and
+``create()`` gives a rank's dataset and loader), ``strategy`` (a
+:class:`StrategyConfig`: ``typed()`` is the strategy's options dataclass,
+``create()`` the strategy) and
 ``checkpoint`` (a :class:`~research.checkpoint.config.CheckpointConfig`:
 ``create()`` builds the saver). Each field that users set from the command line
 carries its flag in its metadata (:func:`research.flags.flag`), so a new field is
@@ -150,6 +152,67 @@ class DataConfig:
         return check_dataset(self.name, self.dir, self.options)
 
 
+@dataclasses.dataclass
+class StrategyConfig:
+    """How the ranks average (``--strategy``, ``--strategy-opt``, ``--link``):
+    ``typed()`` is the chosen strategy's own options dataclass (its fields and
+    ranges: ``research.strategies``), ``create(world)`` builds the strategy."""
+
+    name: str = flag(
+        "fused",
+        "gradient averaging: fused (mpi4jax in jit), host (on the host), or a "
+        "paper's strategy (see --list); default %(default)s",
+        PARALLEL,
+        name="--strategy",
+        metavar="STRATEGY",
+    )
+    options: dict[str, Any] = flag(
+        None,
+        "strategy option, repeatable (e.g. bucket_bytes=67108864; see --list)",
+        PARALLEL,
+        name="--strategy-opt",
+        factory=dict,
+    )
+    link: str = flag(
+        "real",
+        "emulated network link for host-side collectives, e.g. 10gbps or "
+        "100gbps:2us (each also sleeps as long as that link would take); "
+        "default %(default)s",
+        PARALLEL,
+    )
+
+    def to(self, name: str, options: dict[str, Any] | None = None) -> StrategyConfig:
+        """Strategy ``name`` with ``options`` on the same link (how a study
+        sets each arm's)."""
+        return dataclasses.replace(self, name=name, options=dict(options or {}))
+
+    def typed(self) -> Any:
+        """The strategy's options dataclass (``--link`` applied where the
+        strategy has a link); a bad option is a ``ValueError`` naming it."""
+        from research.strategies.registry import make_options
+
+        return make_options(self.name, self.options, self.link)
+
+    def create(self, world: Any) -> Any:
+        """The strategy (collective over ``world``: every rank makes it alike)."""
+        return self.typed().create(world)
+
+    def problem(self) -> str | None:
+        """An unknown strategy, a bad option or a link it cannot run on, as one
+        line, or None."""
+        from research.strategies import registry
+
+        if self.name not in registry.names():
+            return (
+                f"unknown strategy {self.name!r}; choose one of "
+                f"{', '.join(registry.names())}"
+            )
+        problem = registry.options_class(self.name).problem(self.options)
+        if problem:
+            return f"--strategy-opt: {problem}"
+        return registry.problem(self.name, {}, self.link)
+
+
 def checkpointing(saver: str = "none", every: int = 100, **kw: Any) -> CheckpointConfig:
     """A run's checkpointing: ``saver`` every ``every`` steps and after the
     last (``kw``: more of :class:`CheckpointConfig`'s fields)."""
@@ -188,26 +251,7 @@ class TrainConfig:
     seed: int = flag(
         0, "seed of data, initialisation and sharding; default %(default)s", OPTIM
     )
-    strategy: str = flag(
-        "fused",
-        "gradient averaging: fused (mpi4jax in jit), host (on the host), or a "
-        "paper's strategy (see --list); default %(default)s",
-        PARALLEL,
-    )
-    strategy_options: dict[str, Any] = flag(
-        None,
-        "strategy option, repeatable (e.g. bucket_bytes=67108864; see --list)",
-        PARALLEL,
-        name="--strategy-opt",
-        factory=dict,
-    )
-    link: str = flag(
-        "real",
-        "emulated network link for host-side collectives, e.g. 10gbps or "
-        "100gbps:2us (each also sleeps as long as that link would take); "
-        "default %(default)s",
-        PARALLEL,
-    )
+    strategy: StrategyConfig = nested(StrategyConfig)
     comm_timeout: str = flag(
         "auto",
         "end the job when a collective makes no progress for this many seconds "

@@ -94,7 +94,7 @@ def config_record(t: Run) -> dict[str, Any]:
         # Which allreduce ran and why (research.comm.dense: agreed by all ranks).
         "allreduce": t.strategy.allreduce_choice,
         **platform_record(t),
-        "link": link_label(t.config.link, t.world),
+        "link": link_label(t.config.strategy.link, t.world),
         "imbalance": getattr(t.imbalance, "describe", lambda: t.imbalance.name)(),
         "model_params": param_count(t.state.params),
         "param_bytes": tree_bytes(t.state.params),
@@ -134,7 +134,7 @@ def summary_record(t: Run) -> dict[str, Any]:
         "model": t.config.model.name,
         "dataset": t.config.data.name,
         **platform_record(t),
-        "link": link_label(t.config.link, t.world),
+        "link": link_label(t.config.strategy.link, t.world),
         "global_batch": global_batch,
         "median_step_s": med,
         "median_step_s_per_rank": per_rank,

@@ -92,12 +92,11 @@ def start_process(config: TrainConfig, world: Any, run_dir: Any) -> StrategyOpti
     rank: the flags are the same)."""
     from research.checkpoint.savers import beside_xla_runtime
     from research.comm.dense import xla
-    from research.strategies.registry import make_options
 
     watchdog.configure(config.comm_timeout)  # research.comm.faults.watchdog
     failures.set_dir(run_dir)  # where a failing rank says why
     try:
-        options = make_options(config.strategy, config.strategy_options, config.link)
+        options = config.strategy.typed()
     except ValueError as e:
         raise UsageError(str(e)) from None
     # XLA's collectives (allreduce=xla, or auto on GPUs) need JAX's runtime.

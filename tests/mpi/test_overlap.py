@@ -20,7 +20,7 @@ import pytest
 
 from research.steps.flat import ALIGN
 from research.steps.state import tree_bytes
-from research.train.config import DataConfig, ModelConfig, TrainConfig
+from research.train.config import DataConfig, ModelConfig, StrategyConfig, TrainConfig
 from research.train.loop import Trainer
 
 # Small inputs: the suite runs on 2 cores and its time is mostly compiles.
@@ -76,8 +76,7 @@ def _train(world, tmp_path_factory, model: str, run: str) -> Trainer:
         eval_every=2,
         eval_batch_size=16,
         log_every=1,
-        strategy=strategy,
-        strategy_options=options,
+        strategy=StrategyConfig(strategy, options),
         lr=0.05,
         warmup_steps=1,
         momentum=0.9,

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from research.train.config import DataConfig, ModelConfig, TrainConfig
+from research.train.config import DataConfig, ModelConfig, StrategyConfig, TrainConfig
 from research.train.loop import Trainer
 from tests.tiny import PLAIN_SGD, tiny_config
 
@@ -34,7 +34,7 @@ def _train(world, tmp_path_factory, strategy: str, steps: int = 6):
         steps=steps,
         eval_every=0,
         log_every=1,
-        strategy=strategy,
+        strategy=StrategyConfig(strategy),
         lr=0.05,
         warmup_steps=2,
         progress=False,
