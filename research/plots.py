@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from research.rundir import read_metrics
-
 
 def save_figure(fig, path: str | os.PathLike) -> Path:
     """Lay out, write as PNG and close ``fig``; returns the path."""
@@ -18,14 +16,15 @@ def save_figure(fig, path: str | os.PathLike) -> Path:
     return Path(path)
 
 
-def plot_training_curves(run_dir: str | os.PathLike, out: str = "curves.png") -> Path:
-    """Training loss and test accuracy against step and wall-clock time."""
+def plot_training_curves(rows: list[dict], path: str | os.PathLike) -> Path:
+    """Training loss and test accuracy of a run's ``metrics.jsonl`` ``rows``
+    (``research.rundir.read_metrics``) against step and wall-clock time, as
+    the PNG ``path`` (titled by its folder's name)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = read_metrics(run_dir)
     train = [r for r in rows if r.get("kind") != "eval" and "loss" in r]
     evals = [r for r in rows if r.get("kind") == "eval"]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.6))
@@ -40,8 +39,8 @@ def plot_training_curves(run_dir: str | os.PathLike, out: str = "curves.png") ->
         ylim=(0, 1),
     )
     b.grid(alpha=0.3)
-    fig.suptitle(Path(run_dir).name, fontsize=9)
-    return save_figure(fig, Path(run_dir) / out)
+    fig.suptitle(Path(path).parent.name, fontsize=9)
+    return save_figure(fig, path)
 
 
 #: Colours of the overlap figures, by trace track / step part.

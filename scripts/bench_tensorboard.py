@@ -73,7 +73,7 @@ def run_one(world, root: Path, args, log_every: int, on: bool, rnd: int) -> dict
     wall = time.perf_counter() - t0
     # The scalars' own CPU: every rank's training thread in the board's calls,
     # rank 0's writer thread; over every rank's training time.
-    board = trainer.board
+    board = trainer.records.board
     own = sum(world.allgather(getattr(board, "cost_s", 0.0)))
     writer = getattr(board, "writer", None)
     own += writer.cpu_s if writer is not None else 0.0

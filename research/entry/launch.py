@@ -227,10 +227,10 @@ def relaunch(
     env = launch_env(
         dict(os.environ)
     )  # huge pages for malloc (research.comm.process.malloc)
-    env.update(thread_env(threads))
     env.setdefault("PYTHONUNBUFFERED", "1")
     check_may_launch()
     launcher, extra_env = launch_command(np_, hosts)
+    env.update(thread_env(threads))  # then the launcher's own (a cluster's) win
     env.update(extra_env)
     env.update(env_extra or {})
     env[JOB_ENV] = tag = uuid.uuid4().hex

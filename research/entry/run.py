@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from research.comm.world import get_world, install_abort_on_error
-from research.rundir import default_run_dir
+from research.rundir import default_run_dir, read_metrics
 from research.train.config import TrainConfig
 from research.train.process import freeze_imports
 
@@ -33,7 +34,8 @@ def run_training(
     if world.rank == 0:
         from research.plots import plot_training_curves
 
-        plot_training_curves(cfg.run_dir)
+        rows = read_metrics(cfg.run_dir)
+        plot_training_curves(rows, Path(cfg.run_dir) / "curves.png")
         acc = summary.get("final_test_acc")
         print(
             f"r0 | done: {summary['steps']} steps on {world.size} ranks, "

@@ -29,7 +29,9 @@ class Run(Protocol):
     tracer: Any  # research.trace.Tracer or NullTracer
     schedule: Any
     callbacks: list[Callback]
-    devices: list[dict[str, Any]]  # each rank's platform and device
+    # research.train.records.Records: the run folder's writers and each
+    # rank's platform and device (``records.devices``)
+    records: Any
     run_dir: Path
     step: int  # completed steps
     total_steps: int

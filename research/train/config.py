@@ -310,17 +310,3 @@ class TrainConfig:
     # Checkpointing (research.checkpoint): a saver's name or "none"; every N
     # steps and after the last one; resume from the newest committed step.
     checkpoint: CheckpointConfig = nested(lambda: checkpointing())
-
-
-def load_data(config: TrainConfig, world: Any) -> tuple[Any, Any, int]:
-    """This rank's ``(dataset, loader, total_steps)`` for ``config`` (local work:
-    no collective; bad data raises here)."""
-    import math
-
-    dataset, loader = config.data.create(
-        batch_size=config.batch_size, rank=world.rank, size=world.size, seed=config.seed
-    )
-    steps = config.steps
-    if steps <= 0:
-        steps = max(1, math.ceil(config.epochs * loader.steps_per_epoch))
-    return dataset, loader, steps

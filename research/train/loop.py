@@ -1,11 +1,12 @@
 """The training loop: steps, evaluation, logging, callbacks; the strategy runs the step.
 
 ``Trainer(config, world, strategy=..., imbalance=..., callbacks=...).run()``
-trains, evaluates and writes the run folder (``research.rundir``). How a step
-runs is its strategy's (``research.strategies``): the loop asks it for each
-step's new state, metrics and communication record, and has it drain what is
-in flight before an evaluation, a checkpoint snapshot and the end. Rows go
-to ``metrics.jsonl`` and TensorBoard (``research.train.tensorboard``).
+trains, evaluates and writes the run folder. How a step runs is its
+strategy's (``research.strategies``): the loop asks it for each step's new
+state, metrics and communication record, and has it drain what is in flight
+before an evaluation, a checkpoint snapshot and the end. What the run writes
+(the timeline, ``metrics.jsonl``, TensorBoard, the profile, ``config.json``
+and ``summary.json``) goes through one object, ``research.train.records``.
 The loop blocks on each step's metrics, so step times are honest.
 
 Failures: set-up is agreed before any collective (``research.train.setup``).
@@ -19,27 +20,23 @@ point, whose abort hook (``research.comm.world``) ends the job. Told to stop
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 from research.comm.dense import HostAllreduce
 from research.comm.faults import watchdog
 from research.comm.info import CommInfo
-from research.comm.process import devices
 from research.comm.world import World
 from research.imbalance import Imbalance
 from research.periodic import itstime
-from research.rundir import MetricsWriter, write_json
 from research.steps.state import TrainState
 from research.strategies.base import StepContext, Strategy
-from research.trace import NullTracer, Tracer, get_tracer, set_tracer
 from research.train.callback import Callback  # re-exported: callbacks subclass it
 from research.train.config import TrainConfig
 from research.train.evaluate import average_batch_stats, evaluate
 from research.train.preemption import StopAgreement, Stopped, lag_for, save_at_stop
 from research.train.prefetch import DeviceFeed
-from research.train.profiling import StepProfiler
+from research.train.records import Records
 from research.train.report import (
     config_record,
     eval_row,
@@ -55,7 +52,6 @@ from research.train.setup import (
     implied_callbacks,
     start_process,
 )
-from research.train.tensorboard import Board
 
 __all__ = ["Callback", "Trainer"]
 
@@ -89,8 +85,14 @@ class Trainer:
         self.ctx = StepContext(setup.optimizer, self.model, config.weight_decay)
         # Collective (a communicator of its own); catches SIGTERM and SIGUSR1.
         self.stop = StopAgreement(world, lag_for(self.strategy))
-        self._records(setup.profile_window)
+        self.records = Records.open(config, world, self.run_dir, setup.profile_window)
         self._tallies()
+
+    @property
+    def tracer(self) -> Any:
+        """The run's timeline (``research.trace``), for the loop's and the
+        callbacks' spans."""
+        return self.records.tracer
 
     def _parts(self, setup: Setup) -> None:
         """The agreed set-up's parts: the data (the next batch already on the
@@ -113,30 +115,6 @@ class Trainer:
         self.train_time = 0.0  # wall time in training steps, evaluation excluded
         self.t_start = 0.0  # when the first step began (perf_counter)
         self.start_s = 0.0  # from the constructor's start to the first step
-
-    def _records(self, profile_window: Any) -> None:
-        """The run folder, the devices (for ``config.json``), the timeline,
-        metrics, TensorBoard's scalars (rank 0 writes;
-        research.train.tensorboard) and XLA's profile of --profile's steps
-        (research.train.profiling)."""
-        cfg, world = self.config, self.world
-        if world.rank == 0:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.devices = world.allgather(devices.describe())  # for config.json
-        with watchdog.watch("timeline start"):
-            self.tracer: Tracer | NullTracer = Tracer.start(
-                self.run_dir,
-                rank=world.rank,
-                size=world.size,
-                comm=world.comm,
-                enabled=cfg.trace,
-                max_events=cfg.trace_max_events,
-            )
-        self.metrics = MetricsWriter(self.run_dir, enabled=world.rank == 0)
-        self.board = Board.start(self.run_dir, world, enabled=cfg.tensorboard)
-        self.profiler = StepProfiler.start(
-            profile_window, self.run_dir, world.rank, self.tracer
-        )
 
     # -- resume -------------------------------------------------------------------
     def restore(self, state: TrainState, step: int, data_position: dict | None) -> None:
@@ -185,38 +163,25 @@ class Trainer:
         the exception propagates; the collective clean-up runs on success only.
         A run told to stop raises :class:`Stopped` after its clean-up.
         """
-        prev_tracer = get_tracer()
-        set_tracer(self.tracer)
-        try:
-            summary = self._run()
-        except BaseException:
-            self.stop.restore_handlers()
-            self.loader.close()  # the feeder and decoding threads; no collective
-            self._close_records(collective=False)  # rank 0 writes what it has
-            set_tracer(prev_tracer)
-            raise
-        self.loader.close()
-        self._close_records(collective=True)
-        set_tracer(prev_tracer)
+        with self.records.current():
+            try:
+                summary = self._run()
+            except BaseException:
+                self.stop.restore_handlers()
+                self.loader.close()  # the feeder and decoding threads; no collective
+                self.records.close(collective=False)  # rank 0 writes what it has
+                raise
+            self.loader.close()
+            self.records.close(collective=True)
         with watchdog.watch("strategy close"):
             self.strategy.close()
         if self.stop.stopped is not None:
             raise Stopped(self.stop.stopped)
         return summary
 
-    def _close_records(self, collective: bool) -> None:
-        """Close the profiler, TensorBoard, metrics and the timeline (merged
-        into ``trace.json`` only when ``collective``)."""
-        self.profiler.close()
-        self.board.close()
-        self.metrics.close()
-        with watchdog.watch("timeline merge") if collective else nullcontext():
-            self.tracer.close(collective=collective)
-
     def _run(self) -> dict[str, Any]:
         world = self.world
-        if world.rank == 0:
-            write_json(self.run_dir / "config.json", config_record(self))
+        self.records.write("config.json", config_record(self))
         started = self.strategy.start(self.state, self.ctx)
         if started is not None:  # the strategy's own state fields, before restore
             self.state = started
@@ -229,7 +194,7 @@ class Trainer:
         self.t_start = time.perf_counter()
         self.start_s = self.t_start - self.t_made
         while self.step < self.total_steps:
-            with self.profiler.step(self.step + 1):
+            with self.records.profiler.step(self.step + 1):
                 t0 = time.perf_counter()
                 watchdog.set_step(self.step + 1)
                 m, info, phases = self._train_step()
@@ -255,28 +220,24 @@ class Trainer:
             self._eval_and_log()
         for cb in self.callbacks:
             cb.on_train_end(self)
-        self.board.gather()  # collective: the ranks' figures since the last eval
+        self.records.gather()  # collective: the ranks' figures since the last eval
         if bar is not None:
             bar.close()
         summary = summary_record(self)
-        if world.rank == 0:
-            write_json(self.run_dir / "summary.json", summary)
+        self.records.write("summary.json", summary)
         return summary
 
     def _after_step(self, m, info, phases, dt, bar) -> None:
         cfg = self.config
-        if (self.world.rank == 0 or self.board.per_rank) and itstime(
-            self.step, cfg.log_every, self.total_steps, first=True
-        ):
+        due = itstime(self.step, cfg.log_every, self.total_steps, first=True)
+        if self.records.wants_step(due):
             if self.world.rank == 0:
                 row = step_row(self, m, info, phases, dt)
                 self.logged = (self.step, self.train_time)
-                self.metrics.write(row)
-                self.board.step(row)
+                self.records.step(row)
             else:  # this rank's own figures, for TensorBoard's per-rank tags
-                self.board.step(rank_row(self, info, phases, dt))
-        for row in self.strategy.take_rows():  # a strategy's own events
-            self.metrics.write(row)
+                self.records.rank_step(rank_row(self, info, phases, dt))
+        self.records.events(self.strategy.take_rows())  # a strategy's own
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{float(m['loss']):.3f}", refresh=False)
@@ -299,14 +260,13 @@ class Trainer:
         t0 = time.perf_counter()
         row = eval_row(self, self.evaluate(), t0)
         self.evals.append(row)
+        self.records.eval(row)
         if self.world.rank == 0:
-            self.metrics.write({"kind": "eval", **row})
-            self.board.eval(row)
             say_eval(self, row)
-        self.board.gather()  # collective, where the ranks meet anyway
+        self.records.gather()  # collective, where the ranks meet anyway
 
     def log_scalars(self, step: int, values: dict[str, float]) -> None:
         """More TensorBoard scalars at ``step``, from any rank (a callback's:
         ``checkpoint/blocking_s``); rank 0's are written as they are, every
         rank's also as ``per_rank/<tag>/rank<r>`` where the ranks differ."""
-        self.board.scalars(step, values)
+        self.records.scalars(step, values)

@@ -73,7 +73,7 @@ def platform_record(t: Run) -> dict[str, Any]:
     (research.comm.process.devices), the computation dtype, and XLA's
     collectives where they run."""
     return {
-        "devices": t.devices,
+        "devices": t.records.devices,
         "precision": {
             "flag": t.config.model.precision,
             "compute": str(getattr(t.model, "dtype", "float32")),

@@ -20,7 +20,7 @@ from research.comm.faults import failures, watchdog
 from research.steps.state import TrainState, create_train_state
 from research.strategies.base import StrategyOptions
 from research.train.callback import Callback
-from research.train.config import TrainConfig, load_data
+from research.train.config import TrainConfig
 from research.train.optim import make_optimizer_for
 from research.train.profiling import ProfileWindow
 from research.usage import UsageError
@@ -43,6 +43,20 @@ class Setup:
     model: Any
     state: TrainState
     profile_window: ProfileWindow | None
+
+
+def load_data(config: TrainConfig, world: Any) -> tuple[Any, Any, int]:
+    """This rank's ``(dataset, loader, total_steps)`` for ``config`` (local work:
+    no collective; bad data raises here)."""
+    import math
+
+    dataset, loader = config.data.create(
+        batch_size=config.batch_size, rank=world.rank, size=world.size, seed=config.seed
+    )
+    steps = config.steps
+    if steps <= 0:
+        steps = max(1, math.ceil(config.epochs * loader.steps_per_epoch))
+    return dataset, loader, steps
 
 
 def local_setup(config: TrainConfig, world: Any) -> Setup:
