@@ -52,7 +52,13 @@ from research.entry.cli import override, parse_config, without
 from research.flags import CKPT, OUTPUT, flag, nested
 from research.studies.adaptive import ARMS, JUDGED_SEEDS, SCENARIOS, TUNED_SEEDS
 from research.studies.presets import ExperimentConfig
-from research.train.config import DataConfig, ModelConfig, StrategyConfig, TrainConfig
+from research.train.config import (
+    DataConfig,
+    ModelConfig,
+    RecordsConfig,
+    StrategyConfig,
+    TrainConfig,
+)
 from research.usage import UsageError, fail_usage
 
 PROG = "python -m experiments.adaptive"
@@ -77,7 +83,7 @@ def _train() -> TrainConfig:
         # there for top-k too); 0 keeps the fixed top-k arm the same method.
         weight_decay=0.0,
         eval_every=10,
-        log_every=1,
+        records=RecordsConfig(log_every=1),
         strategy=StrategyConfig("adaptive"),
     )
 

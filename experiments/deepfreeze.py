@@ -73,7 +73,12 @@ from research.studies.presets import (
     with_dataset,
     with_model,
 )
-from research.train.config import ModelConfig, StrategyConfig, TrainConfig
+from research.train.config import (
+    ModelConfig,
+    RecordsConfig,
+    StrategyConfig,
+    TrainConfig,
+)
 from research.usage import UsageError, fail_usage
 
 PROG = "python -m experiments.deepfreeze"
@@ -125,8 +130,7 @@ def _train() -> TrainConfig:
         lr=0.01,
         warmup_steps=5,
         eval_every=0,
-        log_every=1000,
-        trace=True,
+        records=RecordsConfig(log_every=1000, trace=True),
     )
 
 

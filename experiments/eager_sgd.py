@@ -83,7 +83,7 @@ from research.studies.presets import (
     with_dataset,
     with_model,
 )
-from research.train.config import ModelConfig, TrainConfig
+from research.train.config import ModelConfig, RecordsConfig, TrainConfig
 from research.usage import UsageError, fail_usage
 
 PROG = "python -m experiments.eager_sgd"
@@ -163,8 +163,7 @@ def _train() -> TrainConfig:
         epochs=4.0,
         batch_size=32,
         eval_every=16,
-        log_every=1,
-        trace=True,
+        records=RecordsConfig(log_every=1, trace=True),
         momentum=0.7,
     )
 

@@ -51,7 +51,12 @@ from research.flags import CKPT, OUTPUT, flag, nested
 from research.studies.presets import ExperimentConfig, start_job
 from research.studies.sparcml import ARMS, DENSITIES, RESNET50_DIM, run_experiment
 from research.studies.sparcml_commbound import COMM_BOUND
-from research.train.config import ModelConfig, StrategyConfig, TrainConfig
+from research.train.config import (
+    ModelConfig,
+    RecordsConfig,
+    StrategyConfig,
+    TrainConfig,
+)
 from research.usage import UsageError, fail_usage
 
 PROG = "python -m experiments.sparcml"
@@ -64,7 +69,7 @@ def _train(model: str | None = None) -> TrainConfig:
         steps=160,
         batch_size=32,
         eval_every=20,
-        log_every=1,
+        records=RecordsConfig(log_every=1),
         momentum=0.9,
         # Each arm sets its own strategy; host accepts the link.
         strategy=StrategyConfig("host", link="10gbps"),

@@ -165,6 +165,7 @@ def bench_step(world, args) -> dict:
     from research.train.config import (
         DataConfig,
         ModelConfig,
+        RecordsConfig,
         StrategyConfig,
         TrainConfig,
     )
@@ -198,7 +199,7 @@ def bench_step(world, args) -> dict:
                 schedule="constant",
                 warmup_steps=0,
                 weight_decay=0.0,
-                log_every=0,
+                records=RecordsConfig(log_every=0),
                 progress=False,
                 run_dir=f"{tmp}/{strategy}-{rnd}",
             )

@@ -53,16 +53,20 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def run_one(world, root: Path, args, log_every: int, on: bool, rnd: int) -> dict:
-    from research.train.config import ModelConfig, StrategyConfig, TrainConfig
+    from research.train.config import (
+        ModelConfig,
+        RecordsConfig,
+        StrategyConfig,
+        TrainConfig,
+    )
     from research.train.loop import Trainer
 
     cfg = TrainConfig(
         model=ModelConfig(args.model),
         strategy=StrategyConfig(args.strategy),
         steps=args.steps,
-        log_every=log_every,
+        records=RecordsConfig(log_every=log_every, tensorboard=on),
         eval_every=args.eval_every,
-        tensorboard=on,
         progress=False,
         run_dir=str(root / f"r{rnd}-log{log_every}-{'on' if on else 'off'}"),
     )

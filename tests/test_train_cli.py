@@ -227,7 +227,12 @@ def test_flags_come_from_the_config_fields():
             assert getattr(cfg, f.name) == getattr(want, f.name), f.name
     argv = ["--momentum", "0.5", "--no-resume", "--model-opt", "width=8", "--trace"]
     cfg = parse(argv).train
-    assert (cfg.momentum, cfg.checkpoint.resume, cfg.model.options, cfg.trace) == (
+    assert (
+        cfg.momentum,
+        cfg.checkpoint.resume,
+        cfg.model.options,
+        cfg.records.trace,
+    ) == (
         0.5,
         False,
         {"width": 8},

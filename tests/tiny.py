@@ -30,10 +30,12 @@ def tiny_config(run_dir: str, **fields: Any):
     """The tiny run's ``TrainConfig`` into ``run_dir`` (batch 4, no evaluation,
     no progress bar), ``fields`` set over it; ``data_options`` are merged, and
     ``strategy`` (a name), ``strategy_options`` and ``link`` make its
-    ``StrategyConfig``."""
+    ``StrategyConfig``, ``log_every``, ``trace`` and ``tensorboard`` its
+    ``RecordsConfig``."""
     from research.train.config import (
         DataConfig,
         ModelConfig,
+        RecordsConfig,
         StrategyConfig,
         TrainConfig,
     )
@@ -45,6 +47,8 @@ def tiny_config(run_dir: str, **fields: Any):
         fields.pop("strategy_options", {}),
         fields.pop("link", "real"),
     )
+    kept = ("log_every", "trace", "tensorboard")
+    fields["records"] = RecordsConfig(**{k: fields.pop(k) for k in kept if k in fields})
     base: dict[str, Any] = dict(
         model=ModelConfig("candle_p1b2_tiny"),
         batch_size=4,

@@ -373,7 +373,7 @@ def validate(cfg: TrainConfig) -> str | None:
     from research.train.profiling import ProfileWindow
 
     try:  # the steps against the run's length: on the ranks, once data are known
-        ProfileWindow.parse(cfg.profile, cfg.profile_ranks)
+        ProfileWindow.parse(cfg.records.profile, cfg.records.profile_ranks)
     except ValueError as e:
         return str(e)
     from research.threads import check_xla_flags, xla_thread_flags

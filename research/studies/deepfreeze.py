@@ -109,7 +109,9 @@ def run_job(cfg: Any, root: Path) -> dict[str, Any]:
         cfg.train,
         run_dir=str(root / f"{job}-np{world.size}"),
         progress=False,
-        trace=cfg.train.trace and job != "ranks",
+        records=dataclasses.replace(
+            cfg.train.records, trace=cfg.train.records.trace and job != "ranks"
+        ),
     )
     arms, configs, minor = arms_and_configs(cfg)
     # The ranks figure needs blocking times only: a few rounds are plenty.

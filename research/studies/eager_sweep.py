@@ -57,7 +57,7 @@ SWEEP_DEFAULTS: dict[str, Any] = {
     "eval_every": 4,
     "target_acc": 0.4,
     "reference_steps": 4,
-    "trace": False,
+    "records.trace": False,
 }
 #: Examples of the synthetic task per size (train, test): enough for 16 steps
 #: of 8 ranks x 16 without repeats, small enough that 8 ranks at 118 MB hold it.

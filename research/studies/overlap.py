@@ -78,6 +78,7 @@ def run_config(
     from research.train.config import (
         DataConfig,
         ModelConfig,
+        RecordsConfig,
         StrategyConfig,
         TrainConfig,
     )
@@ -106,12 +107,11 @@ def run_config(
         steps=cfg.steps,
         eval_every=0,
         eval_batch_size=cfg.batch_size,
-        log_every=1,
+        records=RecordsConfig(log_every=1, trace=cfg.trace),
         strategy=StrategyConfig(strategy, strategy_options, link),
         lr=0.01,
         warmup_steps=0,
         progress=False,
-        trace=cfg.trace,
         run_dir="" if run_dir is None else str(run_dir),
     )
 

@@ -176,6 +176,7 @@ def train_config(p: Point, cfg: Any, run_dir: Path, steps: int | None = None):
     from research.train.config import (
         DataConfig,
         ModelConfig,
+        RecordsConfig,
         StrategyConfig,
         TrainConfig,
         checkpointing,
@@ -194,13 +195,12 @@ def train_config(p: Point, cfg: Any, run_dir: Path, steps: int | None = None):
         steps=steps or cfg.steps,
         eval_every=0,
         eval_batch_size=p.batch,
-        log_every=1,
+        records=RecordsConfig(log_every=1, trace=True),
         strategy=StrategyConfig(p.strategy, link=p.link),
         threads=p.threads,
         lr=0.01,
         warmup_steps=0,
         progress=False,
-        trace=True,
         checkpoint=checkpointing(
             "deepfreeze" if p.ckpt_every else "none", p.ckpt_every or 100, resume=False
         ),

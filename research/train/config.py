@@ -4,7 +4,8 @@
 :class:`ModelConfig`: ``create()`` builds it), ``data`` (a :class:`DataConfig`:
 ``create()`` gives a rank's dataset and loader), ``strategy`` (a
 :class:`StrategyConfig`: ``typed()`` is the strategy's options dataclass,
-``create()`` the strategy) and
+``create()`` the strategy), ``records`` (a :class:`RecordsConfig`:
+``create()`` opens the run's writers) and
 ``checkpoint`` (a :class:`~research.checkpoint.config.CheckpointConfig`:
 ``create()`` builds the saver). Each field that users set from the command line
 carries its flag in its metadata (:func:`research.flags.flag`), so a new field is
@@ -213,6 +214,51 @@ class StrategyConfig:
         return registry.problem(self.name, {}, self.link)
 
 
+@dataclasses.dataclass
+class RecordsConfig:
+    """What a run writes as it trains besides its summary (``--log-every``,
+    ``--trace``, ``--tensorboard``, ``--profile``); ``create`` opens the
+    writers (:class:`research.train.records.Records`)."""
+
+    log_every: int = flag(
+        10, "write a metrics.jsonl row every N steps; default %(default)s", OUTPUT
+    )
+    trace: bool = flag(False, "write the timeline trace.json", OUTPUT, negatable=True)
+    trace_max_events: int = flag(
+        200_000, "timeline events kept per rank; default %(default)s", OUTPUT
+    )
+    tensorboard: bool = flag(
+        True,
+        "TensorBoard scalars (loss, accuracy, rate, step phases, communication, "
+        "checkpoint blocking) into the run folder, written off the training "
+        "thread; view with `tensorboard --logdir runs/`",
+        OUTPUT,
+        negatable=True,
+    )
+    profile: str | None = flag(
+        None,
+        "capture jax.profiler traces of COUNT steps from step START (counted "
+        "from 1, as metrics.jsonl and TensorBoard count) into "
+        "RUN_DIR/plugins/profile/, for TensorBoard's profile plugin "
+        "(pip install tensorboard xprof)",
+        OUTPUT,
+        metavar="START:COUNT",
+        type=str,
+    )
+    profile_ranks: str = flag(
+        "all",
+        "the ranks --profile captures, e.g. 0,2; default %(default)s",
+        OUTPUT,
+        metavar="RANKS",
+    )
+
+    def create(self, world: Any, run_dir: Any, profile_window: Any) -> Any:
+        """The run's records in ``run_dir`` (collective: every rank calls it)."""
+        from research.train.records import Records
+
+        return Records.open(self, world, run_dir, profile_window)
+
+
 def checkpointing(saver: str = "none", every: int = 100, **kw: Any) -> CheckpointConfig:
     """A run's checkpointing: ``saver`` every ``every`` steps and after the
     last (``kw``: more of :class:`CheckpointConfig`'s fields)."""
@@ -272,37 +318,7 @@ class TrainConfig:
     eval_batch_size: int = flag(
         256, "examples per rank per evaluation batch; default %(default)s", OUTPUT
     )
-    log_every: int = flag(
-        10, "write a metrics.jsonl row every N steps; default %(default)s", OUTPUT
-    )
-    trace: bool = flag(False, "write the timeline trace.json", OUTPUT, negatable=True)
-    trace_max_events: int = flag(
-        200_000, "timeline events kept per rank; default %(default)s", OUTPUT
-    )
-    tensorboard: bool = flag(
-        True,
-        "TensorBoard scalars (loss, accuracy, rate, step phases, communication, "
-        "checkpoint blocking) into the run folder, written off the training "
-        "thread; view with `tensorboard --logdir runs/`",
-        OUTPUT,
-        negatable=True,
-    )
-    profile: str | None = flag(
-        None,
-        "capture jax.profiler traces of COUNT steps from step START (counted "
-        "from 1, as metrics.jsonl and TensorBoard count) into "
-        "RUN_DIR/plugins/profile/, for TensorBoard's profile plugin "
-        "(pip install tensorboard xprof)",
-        OUTPUT,
-        metavar="START:COUNT",
-        type=str,
-    )
-    profile_ranks: str = flag(
-        "all",
-        "the ranks --profile captures, e.g. 0,2; default %(default)s",
-        OUTPUT,
-        metavar="RANKS",
-    )
+    records: RecordsConfig = nested(RecordsConfig)
     run_dir: str = flag(
         "", "run folder (default runs/<experiment>-<timestamp>)", OUTPUT
     )

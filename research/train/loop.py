@@ -36,7 +36,6 @@ from research.train.config import TrainConfig
 from research.train.evaluate import average_batch_stats, evaluate
 from research.train.preemption import StopAgreement, Stopped, lag_for, save_at_stop
 from research.train.prefetch import DeviceFeed
-from research.train.records import Records
 from research.train.report import (
     config_record,
     eval_row,
@@ -85,7 +84,7 @@ class Trainer:
         self.ctx = StepContext(setup.optimizer, self.model, config.weight_decay)
         # Collective (a communicator of its own); catches SIGTERM and SIGUSR1.
         self.stop = StopAgreement(world, lag_for(self.strategy))
-        self.records = Records.open(config, world, self.run_dir, setup.profile_window)
+        self.records = config.records.create(world, self.run_dir, setup.profile_window)
         self._tallies()
 
     @property
@@ -229,8 +228,7 @@ class Trainer:
 
     def _after_step(self, m, info, phases, dt, bar) -> None:
         cfg = self.config
-        due = itstime(self.step, cfg.log_every, self.total_steps, first=True)
-        if self.records.wants_step(due):
+        if self.records.wants_step(self.step, self.total_steps):
             if self.world.rank == 0:
                 row = step_row(self, m, info, phases, dt)
                 self.logged = (self.step, self.train_time)

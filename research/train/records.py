@@ -1,6 +1,7 @@
 """What a run writes as it goes: its folder, timeline, metrics, TensorBoard, profile.
 
-``Records.open(config, world, run_dir, profile_window)`` makes the run folder
+``Records.open(options, world, run_dir, profile_window)`` (``options``: the
+run's :class:`research.train.config.RecordsConfig`) makes the run folder
 (rank 0), gathers every rank's device for ``config.json`` and starts the
 timeline (``research.trace``; both collective), ``metrics.jsonl``
 (``research.rundir``, rank 0), TensorBoard's scalars
@@ -22,6 +23,7 @@ from typing import Any
 
 from research.comm.faults import watchdog
 from research.comm.process import devices
+from research.periodic import itstime
 from research.rundir import MetricsWriter, write_json
 from research.trace import NullTracer, Tracer, get_tracer, set_tracer
 from research.train.profiling import StepProfiler
@@ -41,15 +43,16 @@ class Records:
         board: Any,
         profiler: Any,
         devices: list[Any],
+        log_every: int = 1,
     ) -> None:
-        self.run_dir, self.world = run_dir, world
+        self.run_dir, self.world, self.log_every = run_dir, world, log_every
         self.tracer, self.metrics, self.board = tracer, metrics, board
         self.profiler = profiler
         self.devices = devices  # every rank's platform and device (config.json)
 
     @classmethod
     def open(
-        cls, config: Any, world: Any, run_dir: Path, profile_window: Any
+        cls, options: Any, world: Any, run_dir: Path, profile_window: Any
     ) -> Records:
         """The run's records in ``run_dir`` (collective: every rank calls it)."""
         if world.rank == 0:
@@ -61,17 +64,18 @@ class Records:
                 rank=world.rank,
                 size=world.size,
                 comm=world.comm,
-                enabled=config.trace,
-                max_events=config.trace_max_events,
+                enabled=options.trace,
+                max_events=options.trace_max_events,
             )
         return cls(
             run_dir,
             world,
             tracer=tracer,
             metrics=MetricsWriter(run_dir, enabled=world.rank == 0),
-            board=Board.start(run_dir, world, enabled=config.tensorboard),
+            board=Board.start(run_dir, world, enabled=options.tensorboard),
             profiler=StepProfiler.start(profile_window, run_dir, world.rank, tracer),
             devices=found,
+            log_every=options.log_every,
         )
 
     @contextmanager
@@ -85,11 +89,13 @@ class Records:
         finally:
             set_tracer(before)
 
-    def wants_step(self, due: bool) -> bool:
-        """Whether this rank logs a step that is ``due``: rank 0 writes the
-        row, and every rank adds its own figures where TensorBoard keeps them
-        per rank."""
-        return due and (self.world.rank == 0 or self.board.per_rank)
+    def wants_step(self, step: int, total_steps: int) -> bool:
+        """Whether this rank logs ``step`` (every ``--log-every`` steps, the
+        first and the last): rank 0 writes the row, and every rank adds its
+        own figures where TensorBoard keeps them per rank."""
+        if self.world.rank != 0 and not self.board.per_rank:
+            return False
+        return itstime(step, self.log_every, total_steps, first=True)
 
     def step(self, row: dict[str, Any]) -> None:
         """Rank 0's row of a step: ``metrics.jsonl`` and TensorBoard."""

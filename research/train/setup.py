@@ -67,7 +67,7 @@ def local_setup(config: TrainConfig, world: Any) -> Setup:
     schedule, tx = optimizer(1)
     model = config.model.create(dataset.num_classes)
     state = create_train_state(model, dataset.example_batch(), tx, config.seed)
-    window = ProfileWindow.parse(config.profile, config.profile_ranks)
+    window = ProfileWindow.parse(config.records.profile, config.records.profile_ranks)
     if window is not None:
         problem = window.problem(total_steps, world.size)
         if problem:

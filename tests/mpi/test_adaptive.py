@@ -33,7 +33,13 @@ from research.rundir import read_metrics
 from research.strategies.host import HostOptions
 from research.train.callback import Callback
 from research.train.checkpointing import CheckpointCallback
-from research.train.config import DataConfig, ModelConfig, StrategyConfig, TrainConfig
+from research.train.config import (
+    DataConfig,
+    ModelConfig,
+    RecordsConfig,
+    StrategyConfig,
+    TrainConfig,
+)
 from research.train.loop import Trainer
 
 
@@ -47,7 +53,7 @@ def _config(run_dir: str, total: int, strategy: str, **kw) -> TrainConfig:
         batch_size=8,
         steps=total,
         eval_every=0,
-        log_every=1,
+        records=RecordsConfig(log_every=1),
         strategy=StrategyConfig(strategy, kw.pop("strategy_options", {})),
         schedule="constant",
         warmup_steps=0,

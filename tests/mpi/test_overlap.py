@@ -20,7 +20,13 @@ import pytest
 
 from research.steps.flat import ALIGN
 from research.steps.state import tree_bytes
-from research.train.config import DataConfig, ModelConfig, StrategyConfig, TrainConfig
+from research.train.config import (
+    DataConfig,
+    ModelConfig,
+    RecordsConfig,
+    StrategyConfig,
+    TrainConfig,
+)
 from research.train.loop import Trainer
 
 # Small inputs: the suite runs on 2 cores and its time is mostly compiles.
@@ -75,14 +81,13 @@ def _train(world, tmp_path_factory, model: str, run: str) -> Trainer:
         steps=STEPS,
         eval_every=2,
         eval_batch_size=16,
-        log_every=1,
+        records=RecordsConfig(log_every=1, trace=True),
         strategy=StrategyConfig(strategy, options),
         lr=0.05,
         warmup_steps=1,
         momentum=0.9,
         weight_decay=5e-4,
         progress=False,
-        trace=True,
         run_dir=run_dir,
     )
     trainer = Trainer(cfg, world)

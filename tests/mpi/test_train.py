@@ -8,7 +8,13 @@ import jax
 import numpy as np
 import pytest
 
-from research.train.config import DataConfig, ModelConfig, StrategyConfig, TrainConfig
+from research.train.config import (
+    DataConfig,
+    ModelConfig,
+    RecordsConfig,
+    StrategyConfig,
+    TrainConfig,
+)
 from research.train.loop import Trainer
 from tests.tiny import PLAIN_SGD, tiny_config
 
@@ -33,12 +39,11 @@ def _train(world, tmp_path_factory, strategy: str, steps: int = 6):
         batch_size=8,
         steps=steps,
         eval_every=0,
-        log_every=1,
+        records=RecordsConfig(log_every=1, trace=True),
         strategy=StrategyConfig(strategy),
         lr=0.05,
         warmup_steps=2,
         progress=False,
-        trace=True,
         run_dir=run_dir,
     )
     trainer = Trainer(cfg, world)
