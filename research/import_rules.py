@@ -189,6 +189,7 @@ INSIDE: dict[str, tuple[str, ...]] = {
     "research.train": (
         *("optim", "profiling", "config", "callback", "checkpointing"),
         *("restart_record", "preemption", "evaluate", "tensorboard", "report"),
+        "records",
         *("setup", "prefetch", "loop", "process"),
     ),
     "research.entry": ("launch", "restart", "cli", "run"),

@@ -5,7 +5,7 @@
 ``create()`` gives a rank's dataset and loader), ``strategy`` (a
 :class:`StrategyConfig`: ``typed()`` is the strategy's options dataclass,
 ``create()`` the strategy), ``records`` (a :class:`RecordsConfig`:
-``create()`` opens the run's writers) and
+``research.train.records.Records.open`` opens the run's writers with it) and
 ``checkpoint`` (a :class:`~research.checkpoint.config.CheckpointConfig`:
 ``create()`` builds the saver). Each field that users set from the command line
 carries its flag in its metadata (:func:`research.flags.flag`), so a new field is
@@ -217,8 +217,9 @@ class StrategyConfig:
 @dataclasses.dataclass
 class RecordsConfig:
     """What a run writes as it trains besides its summary (``--log-every``,
-    ``--trace``, ``--tensorboard``, ``--profile``); ``create`` opens the
-    writers (:class:`research.train.records.Records`)."""
+    ``--trace``, ``--tensorboard``, ``--profile``); the loop opens the writers
+    with them (:meth:`research.train.records.Records.open`, a module above this
+    one)."""
 
     log_every: int = flag(
         10, "write a metrics.jsonl row every N steps; default %(default)s", OUTPUT
@@ -251,12 +252,6 @@ class RecordsConfig:
         OUTPUT,
         metavar="RANKS",
     )
-
-    def create(self, world: Any, run_dir: Any, profile_window: Any) -> Any:
-        """The run's records in ``run_dir`` (collective: every rank calls it)."""
-        from research.train.records import Records
-
-        return Records.open(self, world, run_dir, profile_window)
 
 
 def checkpointing(saver: str = "none", every: int = 100, **kw: Any) -> CheckpointConfig:

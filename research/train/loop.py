@@ -36,6 +36,7 @@ from research.train.config import TrainConfig
 from research.train.evaluate import average_batch_stats, evaluate
 from research.train.preemption import StopAgreement, Stopped, lag_for, save_at_stop
 from research.train.prefetch import DeviceFeed
+from research.train.records import Records
 from research.train.report import (
     config_record,
     eval_row,
@@ -84,7 +85,9 @@ class Trainer:
         self.ctx = StepContext(setup.optimizer, self.model, config.weight_decay)
         # Collective (a communicator of its own); catches SIGTERM and SIGUSR1.
         self.stop = StopAgreement(world, lag_for(self.strategy))
-        self.records = config.records.create(world, self.run_dir, setup.profile_window)
+        self.records = Records.open(
+            config.records, world, self.run_dir, setup.profile_window
+        )
         self._tallies()
 
     @property
