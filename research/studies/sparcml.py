@@ -142,7 +142,7 @@ def run_experiment(cfg, root: Path, world) -> dict[str, Any]:
             results = [combine_seeds(runs[arm]) for arm in cfg.arms]
             heads["train_head"] = (
                 f"training: {base.model.name}, {world.size} ranks, top-k density "
-                f"{cfg.train_density:g} ({cfg.scope}), link {base.link}"
+                f"{cfg.train_density:g} ({cfg.scope}), link {base.strategy.link}"
             )
     comm: list[dict[str, Any]] = []
     if cfg.comm_bound:
