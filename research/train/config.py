@@ -4,7 +4,7 @@
 :class:`ModelConfig`: ``create()`` builds it), ``data`` (a :class:`DataConfig`:
 ``create()`` gives a rank's dataset and loader), ``strategy`` (a
 :class:`StrategyConfig`: ``typed()`` is the strategy's options dataclass,
-``create()`` the strategy), ``records`` (a :class:`RecordsConfig`:
+whose ``create()`` builds the strategy), ``records`` (a :class:`RecordsConfig`:
 ``research.train.records.Records.open`` opens the run's writers with it) and
 ``checkpoint`` (a :class:`~research.checkpoint.config.CheckpointConfig`:
 ``create()`` builds the saver). Each field that users set from the command line
@@ -157,7 +157,8 @@ class DataConfig:
 class StrategyConfig:
     """How the ranks average (``--strategy``, ``--strategy-opt``, ``--link``):
     ``typed()`` is the chosen strategy's own options dataclass (its fields and
-    ranges: ``research.strategies``), ``create(world)`` builds the strategy."""
+    ranges: ``research.strategies``), whose ``create(world)`` builds the
+    strategy."""
 
     name: str = flag(
         "fused",
@@ -193,10 +194,6 @@ class StrategyConfig:
         from research.strategies.registry import make_options
 
         return make_options(self.name, self.options, self.link)
-
-    def create(self, world: Any) -> Any:
-        """The strategy (collective over ``world``: every rank makes it alike)."""
-        return self.typed().create(world)
 
     def problem(self) -> str | None:
         """An unknown strategy, a bad option or a link it cannot run on, as one
