@@ -173,6 +173,11 @@ def test_comm_bound_check_pairs_the_seeds_on_emulated_links_only():
     assert _lines(comm_bound_checks(one))[0].startswith("UNDECIDED")
     rows[1]["time_to_target_s"] = None
     assert _lines(comm_bound_checks(rows))[0].startswith("FAIL  candle_p1b2, 10gbps")
+    # Where neither arm got there, the seed says nothing: left out, and named.
+    rows[0]["time_to_target_s"] = None
+    (check,) = _lines(comm_bound_checks(rows))
+    assert check.startswith("PASS") and "2 seeds" in check, check
+    assert "neither reached it with seed(s) [0]" in check
 
 
 def test_comm_bound_check_says_where_the_time_goes():
@@ -220,3 +225,17 @@ def test_real_network_rows_get_the_checks_shared_memory_rows_do_not():
     checks = _lines(bench_checks(bench, "real network, 4 nodes"))
     assert checks[0].startswith("PASS  real network, 4 nodes, P=4, density 0.001")
     assert format_bench(bench, "link: the network")[0] == "link: the network"
+
+
+def test_the_readme_names_where_each_run_measured():
+    """The README's paragraph says each run's nodes and rate (from the job's
+    record), or its emulated link; a run without a benchmark, the links."""
+    from research.studies.sparcml_page import _where
+
+    job = {"network": "real network link, 2 nodes at 10gbit per node (local cluster)"}
+    assert _where({"where": "real network, 2 nodes"}, [job]) == (
+        "2 local nodes at 10gbit (TCP)"
+    )
+    bench = {"where": "10gbps:0us", "bench": [{"P": 2}]}
+    assert _where(bench, [{"network": None}]) == "emulated link 10gbps:0us"
+    assert _where({"where": "10gbps:0us", "bench": []}, []) == "emulated links"
