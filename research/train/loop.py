@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from research.comm.dense import HostAllreduce
-from research.comm.faults import watchdog
+from research.comm.faults.watchdog import note_step, set_step, watch
 from research.comm.info import CommInfo
 from research.comm.world import World
 from research.imbalance import Imbalance
@@ -175,7 +175,7 @@ class Trainer:
                 raise
             self.loader.close()
             self.records.close(collective=True)
-        with watchdog.watch("strategy close"):
+        with watch("strategy close"):
             self.strategy.close()
         if self.stop.stopped is not None:
             raise Stopped(self.stop.stopped)
@@ -198,10 +198,10 @@ class Trainer:
         while self.step < self.total_steps:
             with self.records.profiler.step(self.step + 1):
                 t0 = time.perf_counter()
-                watchdog.set_step(self.step + 1)
+                set_step(self.step + 1)
                 m, info, phases = self._train_step()
                 dt = time.perf_counter() - t0
-                watchdog.note_step(dt)
+                note_step(dt)
             self.train_time += dt
             self.step += 1
             self.step_times.append(dt)
@@ -213,7 +213,7 @@ class Trainer:
             if self.stop.check(self.step):  # the same step on every rank
                 world.log(f"stopping at step {self.step}: {self.stop.stopped}")
                 break
-        watchdog.set_step(None)
+        set_step(None)
         self.stop.close()
         self.drain(final=True)
         if self.stop.stopped is not None:
