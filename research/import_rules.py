@@ -187,7 +187,7 @@ INSIDE: dict[str, tuple[str, ...]] = {
         *("seeding", "call", "trainer", "strategy"),
     ),
     "research.train": (
-        *("optim", "profiling", "config", "callback", "checkpointing"),
+        *("optim", "profiling", "faults", "config", "callback", "checkpointing"),
         *("restart_record", "preemption", "evaluate", "tensorboard", "report"),
         "records",
         *("setup", "prefetch", "loop", "process"),

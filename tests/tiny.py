@@ -31,7 +31,7 @@ def tiny_config(run_dir: str, **fields: Any):
     no progress bar), ``fields`` set over it; ``data_options`` are merged, and
     ``strategy`` (a name), ``strategy_options`` and ``link`` make its
     ``StrategyConfig``, ``log_every``, ``trace`` and ``tensorboard`` its
-    ``RecordsConfig``."""
+    ``RecordsConfig``, ``comm_timeout`` its ``FaultConfig``."""
     from research.train.config import (
         DataConfig,
         ModelConfig,
@@ -39,6 +39,7 @@ def tiny_config(run_dir: str, **fields: Any):
         StrategyConfig,
         TrainConfig,
     )
+    from research.train.faults import FaultConfig
 
     data = {"features": 256, "n_train": 256, "n_test": 32}
     data.update(fields.pop("data_options", {}))
@@ -49,6 +50,8 @@ def tiny_config(run_dir: str, **fields: Any):
     )
     kept = ("log_every", "trace", "tensorboard")
     fields["records"] = RecordsConfig(**{k: fields.pop(k) for k in kept if k in fields})
+    if "comm_timeout" in fields:
+        fields["faults"] = FaultConfig(fields.pop("comm_timeout"))
     base: dict[str, Any] = dict(
         model=ModelConfig("candle_p1b2_tiny"),
         batch_size=4,

@@ -340,12 +340,9 @@ def validate(cfg: TrainConfig) -> str | None:
     problem = cfg.data.problem()
     if problem:  # before any rank starts: one line naming the file
         return problem
-    from research.comm.faults.watchdog import parse_timeout
-
-    try:
-        parse_timeout(cfg.comm_timeout)
-    except ValueError as e:
-        return str(e)
+    problem = cfg.faults.problem()
+    if problem:
+        return problem
     if cfg.threads < 0:
         return f"--threads must be >= 0 (0: XLA's default), got {cfg.threads}"
     from research.checkpoint.savers import check_saver_options, options_class

@@ -5,9 +5,11 @@
 ``create()`` gives a rank's dataset and loader), ``strategy`` (a
 :class:`StrategyConfig`: ``typed()`` is the strategy's options dataclass,
 whose ``create()`` builds the strategy), ``records`` (a :class:`RecordsConfig`:
-``research.train.records.Records.open`` opens the run's writers with it) and
-``checkpoint`` (a :class:`~research.checkpoint.config.CheckpointConfig`:
-``create()`` builds the saver). Each field that users set from the command line
+``research.train.records.Records.open`` opens the run's writers with it),
+``faults`` (a :class:`~research.train.faults.FaultConfig`: ``create(run_dir)``
+arms the watchdog's timeout) and ``checkpoint`` (a
+:class:`~research.checkpoint.config.CheckpointConfig`: ``create()`` builds the
+saver). Each field that users set from the command line
 carries its flag in its metadata (:func:`research.flags.flag`), so a new field is
 one line and ``research.entry.cli`` builds the parser and the config from these
 classes alone. The experiments' configs (``experiments/*.py``) declare their own
@@ -21,6 +23,7 @@ from typing import Any
 
 from research.checkpoint.config import CheckpointConfig
 from research.flags import MODEL, OPTIM, OUTPUT, PARALLEL, flag, nested
+from research.train.faults import FaultConfig
 
 #: The model's computation dtype for each ``--precision``.
 PRECISION_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -290,14 +293,7 @@ class TrainConfig:
         0, "seed of data, initialisation and sharding; default %(default)s", OPTIM
     )
     strategy: StrategyConfig = nested(StrategyConfig)
-    comm_timeout: str = flag(
-        "auto",
-        "end the job when a collective makes no progress for this many seconds "
-        "(a warning at a third of it): 'auto' (180 s, or 10x the slowest step "
-        "measured), 'off' or SECONDS; default %(default)s",
-        PARALLEL,
-        metavar="SECONDS",
-    )
+    faults: FaultConfig = nested(FaultConfig)
     threads: int = flag(
         1,
         "compute threads per rank (XLA:CPU's pool; 0: XLA's default); "

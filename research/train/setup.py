@@ -16,7 +16,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from research.comm.faults import failures, watchdog
+from research.comm.faults import failures
 from research.steps.state import TrainState, create_train_state
 from research.strategies.base import StrategyOptions
 from research.train.callback import Callback
@@ -107,8 +107,7 @@ def start_process(config: TrainConfig, world: Any, run_dir: Any) -> StrategyOpti
     from research.checkpoint.savers import beside_xla_runtime
     from research.comm.dense import xla
 
-    watchdog.configure(config.comm_timeout)  # research.comm.faults.watchdog
-    failures.set_dir(run_dir)  # where a failing rank says why
+    config.faults.create(run_dir)  # the watchdog's timeout, where a rank says why
     try:
         options = config.strategy.typed()
     except ValueError as e:
