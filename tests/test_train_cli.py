@@ -53,6 +53,8 @@ def test_smoke_two_ranks_relaunch(tmp_path):
             "bucket_bytes='big' must be int",
         ),
         (["--threads", "-1"], "--threads must be >= 0"),
+        (["--comm-timeout", "soon"], "--comm-timeout must be seconds, 'auto' or 'off'"),
+        (["--comm-timeout", "-3"], "--comm-timeout must be >= 0 seconds"),
         (  # out of its range: before any rank starts
             ["--strategy", "solo", "--strategy-opt", "full_every=-3"],
             "full_every=-3 must be >= 1",
