@@ -207,14 +207,14 @@ def _driver(cfg: Config, argv: list[str]) -> Path:
     root = Path(cfg.train.run_dir or default_run_dir("adaptive")).absolute()
     root.mkdir(parents=True, exist_ok=True)
     made = None
-    if not cfg.hosts and not cfg.no_link:
+    if not cfg.launch.hosts and not cfg.no_link:
         first = cfg.link_schedule.split(",")[0].split(":")[1]
         try:
             made = localnet.up(max(cfg.nps), rate=first, name=cfg.cluster)
         except localnet.LocalnetError as e:
             raise UsageError(f"{e} (or name nodes of a cluster with --hosts)") from None
         os.environ[localnet.DIR_ENV] = str(made.dir)
-    hosts = cfg.hosts or (",".join(made.hosts()) if made else "")
+    hosts = cfg.launch.hosts or (",".join(made.hosts()) if made else "")
     try:
         cluster = localnet.find_cluster(hosts.split(",")) if hosts else None
         if cluster is None and not cfg.no_link:

@@ -60,7 +60,6 @@ from pathlib import Path
 from typing import Any
 
 from research.entry.cli import override, parse_config
-from research.entry.launch import maybe_relaunch
 from research.flags import CKPT, OUTPUT, flag, nested
 from research.studies.eager_sgd import (
     ARMS,
@@ -320,7 +319,7 @@ def sweep_driver(argv: list[str], cfg: Config) -> None:
     for size in cfg.sweep_ranks:
         job = [*argv, "--sweep-ranks", str(size), "--run-dir", str(root)]
         code = relaunch("experiments.eager_sgd", [*job, "--sweep-child"], size,
-                        cfg.train.threads, cfg.hosts)  # fmt: skip
+                        cfg.train.threads, cfg.launch.hosts)  # fmt: skip
         if code != 0:
             raise SystemExit(code)
     summarise_sweep(root, cfg)
@@ -354,7 +353,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]] | None:
     if cfg.sweep and not launched_by_mpi():
         sweep_driver(argv, cfg)
         return None
-    maybe_relaunch("experiments.eager_sgd", argv, cfg.np, cfg.train.threads, cfg.hosts)
+    cfg.launch.create("experiments.eager_sgd", argv, cfg.train.threads)
     world, root = start_job(cfg.train.threads, cfg.train.run_dir, "eager_sgd")
     plot = _plot if cfg.plots else None
     try:

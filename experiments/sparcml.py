@@ -46,7 +46,6 @@ import sys
 from typing import Any
 
 from research.entry.cli import parse_config
-from research.entry.launch import maybe_relaunch
 from research.flags import CKPT, OUTPUT, flag, nested
 from research.studies.presets import ExperimentConfig, start_job
 from research.studies.sparcml import ARMS, DENSITIES, RESNET50_DIM, run_experiment
@@ -171,7 +170,7 @@ def parse(argv: list[str]) -> Config:
 def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     argv = sys.argv[1:] if argv is None else argv
     cfg = parse(argv)  # bad flags end here, before paying for MPI start-up
-    maybe_relaunch("experiments.sparcml", argv, cfg.np, cfg.train.threads, cfg.hosts)
+    cfg.launch.create("experiments.sparcml", argv, cfg.train.threads)
     world, root = start_job(cfg.train.threads, cfg.train.run_dir, "sparcml")
     try:
         return run_experiment(cfg, root, world)

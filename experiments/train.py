@@ -25,9 +25,8 @@ import sys
 
 from research.comm.process.env import launched_by_mpi
 from research.entry.cli import override, parse_config
-from research.entry.launch import maybe_relaunch
-from research.flags import PARALLEL, flag
-from research.studies.presets import NP_HELP, ExperimentConfig
+from research.flags import PARALLEL, flag, nested
+from research.studies.presets import ExperimentConfig, LaunchConfig
 from research.threads import set_threads
 from research.train.config import TrainConfig
 from research.usage import UsageError, fail_usage
@@ -39,7 +38,7 @@ PROG = "python -m experiments.train"
 class Config(ExperimentConfig):
     """One run: the training config (checkpoint flags included) and its ranks."""
 
-    np: int = flag(2, NP_HELP, PARALLEL)
+    launch: LaunchConfig = nested(lambda: LaunchConfig(np=2))
     max_restarts: int = flag(
         0,
         "when the job fails (a lost node, a stalled collective, a rank's error), "
@@ -75,13 +74,13 @@ def with_restarts(cfg: Config, argv: list[str]) -> int:
     job = restart.Job(
         "experiments.train",
         argv,
-        np=cfg.np,
+        np=cfg.launch.np,
         threads=train.threads,
         run_dir=train.run_dir or default_run_dir("train"),
         batch_size=train.batch_size,
         lr=train.lr,
         scale_lr=train.scale_lr,
-        hosts=cfg.hosts,
+        hosts=cfg.launch.hosts,
         max_restarts=cfg.max_restarts,
     )
     return restart.run(job)
@@ -90,9 +89,9 @@ def with_restarts(cfg: Config, argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> dict | None:
     argv = sys.argv[1:] if argv is None else argv
     cfg = parse(argv)
-    if cfg.max_restarts and not launched_by_mpi() and cfg.np > 0:
+    if cfg.max_restarts and not launched_by_mpi() and cfg.launch.np > 0:
         raise SystemExit(with_restarts(cfg, argv))
-    maybe_relaunch("experiments.train", argv, cfg.np, cfg.train.threads, cfg.hosts)
+    cfg.launch.create("experiments.train", argv, cfg.train.threads)
     set_threads(cfg.train.threads)
     from research.entry.run import run_training
 

@@ -35,10 +35,14 @@ def test_explicit_flags_win_over_presets():
     from experiments.eager_sgd import parse
 
     paper = parse(["--paper-scale"])
-    assert (paper.train.model.name, paper.train.lr, paper.np) == ("resnet50", 0.1, 64)
+    assert (paper.train.model.name, paper.train.lr, paper.launch.np) == (
+        "resnet50",
+        0.1,
+        64,
+    )
     assert paper.train.model.options == {"stem": "imagenet", "image_size": 224}
     mine = parse(["--paper-scale", "--lr", "0.3", "--np", "8", "--model", "vgg16"])
-    assert (mine.train.model.name, mine.train.lr, mine.np) == ("vgg16", 0.3, 8)
+    assert (mine.train.model.name, mine.train.lr, mine.launch.np) == ("vgg16", 0.3, 8)
     # A --model that names a preset: its model, task and options, under the
     # user's own --model-opt.
     candle = parse(["--model", "candle", "--model-opt", "features=64"])

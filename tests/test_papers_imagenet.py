@@ -50,7 +50,7 @@ def test_eager_sgd_at_paper_scale_trains_every_arm_on_imagenet(sample):
     from research.studies.eager_sgd import arm_config, base_config
 
     cfg = parse([*_paper(sample), "--data-workers", "8"])
-    assert (cfg.train.model.name, cfg.np, cfg.full_every) == ("resnet50", 64, 32)
+    assert (cfg.train.model.name, cfg.launch.np, cfg.full_every) == ("resnet50", 64, 32)
     for arm in ("balanced", "allreduce", "solo", "ps"):
         run = arm_config(
             base_config(cfg), arm, 0, Path("runs"), allreduce_strategy="sync",
@@ -69,7 +69,7 @@ def test_deepfreeze_at_paper_scale_checkpoints_a_run_on_imagenet(sample):
     from experiments.deepfreeze import parse
 
     cfg = parse(_paper(sample))
-    assert (cfg.train.model.name, cfg.np) == ("resnet50", 64)
+    assert (cfg.train.model.name, cfg.launch.np) == ("resnet50", 64)
     _reaches_training_on_imagenet(cfg.train, sample)
     vgg = parse([*_paper(sample), "--model", "vgg16"]).train
     _reaches_training_on_imagenet(vgg, sample)

@@ -238,21 +238,23 @@ def parse_config(
         fail_usage(prog, str(e))
     if problem:
         fail_usage(prog, problem)
-    if getattr(cfg, "np", 1) < 1:  # before any launch: 0 once meant "alone"
-        fail_usage(prog, f"--np must be >= 1 (1: this process alone), got {cfg.np}")
+    np_ = getattr(getattr(cfg, "launch", cfg), "np", 1)
+    if np_ < 1:  # before any launch: 0 once meant "alone"
+        fail_usage(prog, f"--np must be >= 1 (1: this process alone), got {np_}")
     return cfg
 
 
 def hosts_problem(cfg: Any) -> str | None:
     """A one-line problem with ``--hosts`` for the rank counts ``cfg`` launches
-    (``np``, or each of ``ranks``), or None."""
-    hosts = getattr(cfg, "hosts", "")
+    (``launch.np``, or each of ``ranks``), or None."""
+    launch = getattr(cfg, "launch", cfg)  # overlap and scalability: flat
+    hosts = getattr(launch, "hosts", "")
     if not hosts:
         return None
     from research.entry.launch import placement
     from research.usage import UsageError
 
-    counts = getattr(cfg, "ranks", None) or [getattr(cfg, "np", 1)]
+    counts = getattr(cfg, "ranks", None) or [getattr(launch, "np", 1)]
     for n in counts:
         if n < 1:
             return f"--hosts needs at least one rank, got {n}"

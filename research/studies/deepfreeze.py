@@ -183,9 +183,10 @@ def launch_jobs(cfg: Any, argv: list[str], root: Path, module: str) -> int:
         "--run-dir",
         str(root),
     ]
-    jobs = [(cfg.np, "main")] + [(n, "ranks") for n in cfg.sweep_ranks if n != cfg.np]
+    np_ = cfg.launch.np
+    jobs = [(np_, "main")] + [(n, "ranks") for n in cfg.sweep_ranks if n != np_]
     for n, job in jobs:
-        launcher, extra = launch_command(n, cfg.hosts)
+        launcher, extra = launch_command(n, cfg.launch.hosts)
         cmd = [*launcher, *bind, *rest, "--job", job]
         code = subprocess.call(cmd, env={**env, **extra})
         if code != 0:

@@ -54,7 +54,9 @@ def check_flags(cfg: Any) -> str | None:
     if cfg.delay_scale < 0:
         return f"--delay-scale must be >= 0, got {cfg.delay_scale}"
     try:
-        parse_imbalance(resolve_auto(cfg.imbalance, 0.1), size=max(cfg.np, 1), seed=0)
+        parse_imbalance(
+            resolve_auto(cfg.imbalance, 0.1), size=max(cfg.launch.np, 1), seed=0
+        )
     except ValueError as e:
         return f"--imbalance: {e}"
     return None

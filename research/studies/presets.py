@@ -1,8 +1,9 @@
 """What the experiment entry points share: the config frame, run folder, start.
 
 Each experiment's flags come from one dataclass (``experiments/<name>.py``):
-``train`` (:class:`~research.train.config.TrainConfig`, nested), ``np`` (ranks
-of a laptop launch) and the experiment's own fields, each declared with
+``train`` (:class:`~research.train.config.TrainConfig`, nested), ``launch``
+(a :class:`LaunchConfig`: ``--np``, ``--hosts``; ``create(...)`` starts the
+job's ranks) and the experiment's own fields, each declared with
 :func:`~research.train.config.flag`; ``get_config(model, paper_scale)``
 returns it with a preset's defaults and :func:`research.entry.cli.parse_config`
 builds it from the command line (explicit flags win over the preset).
@@ -32,12 +33,29 @@ HOSTS_HELP = (
 
 
 @dataclasses.dataclass
-class ExperimentConfig:
-    """What every experiment's config has: its training run and launch size."""
+class LaunchConfig:
+    """Where a job's ranks run when it is started without a launcher (``--np``,
+    ``--hosts``); under mpiexec, srun or a PBS job the world given wins."""
 
-    train: TrainConfig = nested(TrainConfig)
     np: int = flag(4, NP_HELP, PARALLEL)
     hosts: str = flag("", HOSTS_HELP, PARALLEL, metavar="HOSTS")
+
+    def create(self, module: str, argv: list[str], threads: int = 1) -> None:
+        """Start the job: relaunch ``python -m module argv`` under the
+        environment's mpiexec with ``np`` ranks (on ``hosts``) and exit with its
+        code; return at once inside a job, or where ``np`` is 1 on this node
+        (this process alone). ``threads``: compute threads per rank."""
+        from research.entry.launch import maybe_relaunch
+
+        maybe_relaunch(module, argv, self.np, threads, self.hosts)
+
+
+@dataclasses.dataclass
+class ExperimentConfig:
+    """What every experiment's config has: its training run and its launch."""
+
+    train: TrainConfig = nested(TrainConfig)
+    launch: LaunchConfig = nested(LaunchConfig)
 
 
 def with_model(cfg: Any, model: str | None, presets: Mapping[str, Mapping]) -> Any:
