@@ -72,19 +72,17 @@ class Trainer:
         callbacks: tuple[Callback, ...] | list[Callback] = (),
         run_dir: str | Path | None = None,
     ) -> None:
-        # The run's clock: its start-up before step 1 counts in comparisons.
-        self.t_made = time.perf_counter()
+        self.t_made = time.perf_counter()  # the run's clock: start-up counts
         self.config, self.world = config, world
-        self.run_dir = Path(run_dir or config.run_dir).absolute()  # for Orbax
         self.imbalance = imbalance or Imbalance()
+        self.run_dir = Path(run_dir or config.run_dir).absolute()  # for Orbax
         options = start_process(config, world, self.run_dir)  # before JAX computes
         setup = agreed_setup(config, world)  # the same outcome on every rank
         self._parts(setup)
         self.callbacks = [*callbacks, *implied_callbacks(config)]
         self.strategy = strategy or options.create(world)
         self.ctx = StepContext(setup.optimizer, self.model, config.weight_decay)
-        # Collective (a communicator of its own); catches SIGTERM and SIGUSR1.
-        self.stop = StopAgreement(world, lag_for(self.strategy))
+        self.stop = StopAgreement(world, lag_for(self.strategy))  # SIGTERM, SIGUSR1
         self.records = Records.open(
             config.records, world, self.run_dir, setup.profile_window
         )
