@@ -74,15 +74,15 @@ class Trainer:
     ) -> None:
         self.t_made = time.perf_counter()  # the run's clock: start-up counts
         self.config, self.world = config, world
-        self.imbalance = imbalance or Imbalance()
         self.run_dir = Path(run_dir or config.run_dir).absolute()  # for Orbax
+        self.imbalance = imbalance or Imbalance()
         options = start_process(config, world, self.run_dir)  # before JAX computes
         setup = agreed_setup(config, world)  # the same outcome on every rank
         self._parts(setup)
         self.callbacks = [*callbacks, *implied_callbacks(config)]
         self.strategy = strategy or options.create(world)
         self.ctx = StepContext(setup.optimizer, self.model, config.weight_decay)
-        self.stop = StopAgreement(world, lag_for(self.strategy))  # SIGTERM, SIGUSR1
+        self.stop = StopAgreement(world, lag_for(self.strategy))  # collective; signals
         self.records = Records.open(
             config.records, world, self.run_dir, setup.profile_window
         )
